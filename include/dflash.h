@@ -1,0 +1,187 @@
+/* dflash.h - the one public door into the engine.
+ *
+ * An engine holds what is loaded once: the target model, an optional DFlash
+ * drafter, the tokenizer and a thread pool. A session is one sequence: its KV
+ * cache, the drafter's side store and its statistics. The CLI and the server
+ * use only this header; they never see tensors. */
+#ifndef DFLASH_H
+#define DFLASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------ */
+
+enum {
+    DFL_OK = 0,
+    DFL_EIO = -1,       /* a file could not be opened or read */
+    DFL_EFORMAT = -2,   /* a file is malformed (names the field or tensor) */
+    DFL_EUNSUP = -3,    /* valid but not supported (architecture, dtype) */
+    DFL_ENOMEM = -4,
+    DFL_EARG = -5,      /* a bad argument from the caller */
+    DFL_ECTX = -6,      /* the context window is full */
+    DFL_ECANCEL = -7,   /* the caller's callback asked to stop */
+};
+
+typedef struct dfl_error {
+    int code;        /* one of DFL_E* (0 when no error) */
+    char msg[1024];  /* what went wrong and what to do about it */
+} dfl_error;
+
+/* ---- progress ---------------------------------------------------------- */
+
+/* One callback for long operations: what (e.g. "load"), done of total units. */
+typedef void (*dfl_progress_fn)(void *ud, const char *what, uint64_t done, uint64_t total);
+
+/* ---- engine ------------------------------------------------------------ */
+
+typedef struct dfl_engine dfl_engine;
+typedef struct dfl_session dfl_session;
+
+typedef struct dfl_engine_opts {
+    const char *model_path;   /* Hugging Face folder or .gguf file */
+    const char *draft_path;   /* DFlash drafter folder or .gguf; NULL for none */
+    const char *dtype;        /* convert weights at load: NULL/"auto" keeps the file's */
+    int n_threads;            /* 0: all cores */
+    int ctx_size;             /* KV cache rows per session; 0: min(model max, 4096) */
+    int max_block;            /* largest verify block; 0: drafter block size or 16 */
+    dfl_progress_fn progress;
+    void *progress_ud;
+} dfl_engine_opts;
+
+void dfl_engine_opts_default(dfl_engine_opts *o);
+int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err);
+void dfl_engine_free(dfl_engine *e);
+
+typedef struct dfl_model_info {
+    char arch[32];         /* "llama", "qwen2", "qwen3" */
+    char name[128];        /* file or folder name */
+    char dtype[16];        /* weight type as loaded */
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
+    int ctx_size;          /* per session */
+    int max_ctx;           /* model's max_position_embeddings */
+    uint64_t weight_bytes; /* bytes read per decoded token (all layers + lm_head) */
+    int has_draft;
+    int draft_block;       /* drafter's trained block size */
+    int draft_layers;
+    int n_threads;
+} dfl_model_info;
+
+void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);
+
+/* ---- tokenizer --------------------------------------------------------- */
+
+/* Encodes text. add_special: add BOS (and EOS) as the tokenizer config says.
+ * parse_special: text like "<|im_start|>" becomes its special token.
+ * Returns the number of ids (may exceed cap: then only cap were written), or < 0. */
+int dfl_tokenize(const dfl_engine *e, const char *text, size_t len, int add_special,
+                 int parse_special, int32_t *ids, int cap, dfl_error *err);
+
+/* Streaming detokenizer: holds back bytes of an incomplete UTF-8 sequence. */
+typedef struct dfl_detok {
+    const dfl_engine *e;
+    int show_special;     /* print special tokens' text */
+    int n_pending;
+    char pending[8];
+    int first;            /* strips the sentencepiece leading space once */
+} dfl_detok;
+
+void dfl_detok_init(dfl_detok *d, const dfl_engine *e, int show_special);
+/* Appends the complete UTF-8 text of token id to out; returns bytes written, < 0 on error. */
+int dfl_detok_push(dfl_detok *d, int32_t id, char *out, size_t cap);
+/* Flushes held-back bytes (invalid ones become U+FFFD). */
+int dfl_detok_flush(dfl_detok *d, char *out, size_t cap);
+
+int dfl_token_is_eog(const dfl_engine *e, int32_t id); /* EOS, EOT, <|im_end|>... */
+int32_t dfl_token_bos(const dfl_engine *e);            /* -1 when none */
+
+/* ---- chat templates ---------------------------------------------------- */
+
+typedef struct dfl_chat_msg {
+    const char *role;     /* "system", "user", "assistant" */
+    const char *content;
+} dfl_chat_msg;
+
+/* Renders messages with the model's template (or the one named: "chatml",
+ * "qwen3", "llama3"); returns bytes needed (excluding the NUL), < 0 on error. */
+int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_chat_msg *msgs,
+                    int n, int add_generation_prompt, int enable_thinking, char *out,
+                    size_t cap, dfl_error *err);
+
+/* ---- generation -------------------------------------------------------- */
+
+enum { DFL_ACCEPT_EXACT = 0, DFL_ACCEPT_REJECTION = 1, DFL_ACCEPT_TYPICAL = 2 };
+
+typedef struct dfl_gen_params {
+    int max_tokens;
+    float temperature;      /* 0: greedy */
+    int top_k;              /* 0: off */
+    float top_p;            /* 1: off */
+    float min_p;            /* 0: off */
+    float repeat_penalty;   /* 1: off */
+    float presence_penalty, frequency_penalty;
+    int repeat_last_n;      /* window for penalties; 0: whole sequence */
+    const int32_t *bias_ids; const float *bias_vals; int n_bias;  /* logit_bias */
+    uint64_t seed;
+    int block_size;         /* 0: auto (adaptive); 1: classic decode; N: pin N */
+    int spec_accept;        /* DFL_ACCEPT_* */
+    float typical_d;
+    const int32_t *stop_ids; int n_stop_ids; /* extra stop tokens */
+    int ignore_eos;
+    int n_top_logprobs;     /* 0..20: report top-k logprobs per token */
+} dfl_gen_params;
+
+void dfl_gen_params_default(dfl_gen_params *p);
+
+enum { DFL_MAX_POS_STATS = 64 };
+
+typedef struct dfl_stats {
+    int n_prompt, n_gen;
+    double t_prefill, t_decode;      /* seconds */
+    double t_draft, t_verify, t_other;
+    uint64_t rounds, proposed, accepted, committed;
+    uint64_t pos_proposed[DFL_MAX_POS_STATS], pos_accepted[DFL_MAX_POS_STATS];
+    uint64_t classic_steps;          /* single-token decode steps */
+    double weight_bytes;             /* bytes read per target forward */
+    int exact_checked;               /* probe run: 1 exact, -1 inexact, 0 not run */
+    char note[256];                  /* e.g. why speculation was turned off */
+} dfl_stats;
+
+typedef struct dfl_token_info {
+    int32_t id;
+    float logprob;                    /* of the chosen token */
+    int n_top; int32_t top_ids[20]; float top_logprobs[20];
+} dfl_token_info;
+
+/* Called once per committed token, in order; return nonzero to stop. */
+typedef int (*dfl_token_fn)(void *ud, const dfl_token_info *tok);
+
+int dfl_session_new(dfl_engine *e, dfl_session **out, dfl_error *err);
+void dfl_session_free(dfl_session *s);
+/* Generates after prompt; the session keeps the longest common prefix of the
+ * previous prompt+output so a follow-up turn does not re-prefill it. */
+int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_gen_params *p,
+                 dfl_token_fn cb, void *ud, dfl_stats *st, dfl_error *err);
+
+/* ---- probe ------------------------------------------------------------- */
+
+typedef struct dfl_probe_result {
+    int block;
+    uint64_t bytes_compared, bytes_differ;
+    double max_abs_diff;
+    int n_argmax_disagree;
+} dfl_probe_result;
+
+/* Runs the same rows as one block and as single-row steps; writes a JSON
+ * report to json (may be NULL). Returns 0 when run (exact or not). */
+int dfl_probe(dfl_engine *e, const int32_t *prompt, int n_prompt, int block,
+              dfl_probe_result *r, char *json, size_t cap, dfl_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dflash needs, when any is missing.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev
+      python3 python3-numpy python3-torch clang valgrind)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,193 @@
+#define _GNU_SOURCE
+#include "base.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int dfl_fail(dfl_error *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+void *dfl_xmalloc_(size_t n, const char *file, int line) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "dflash: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+        exit(1);
+    }
+    return p;
+}
+
+void *dfl_xcalloc_(size_t n, size_t sz, const char *file, int line) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) {
+        fprintf(stderr, "dflash: out of memory allocating %zu x %zu bytes at %s:%d\n", n, sz,
+                file, line);
+        exit(1);
+    }
+    return p;
+}
+
+void *dfl_aligned_alloc(size_t n) {
+    size_t sz = (n + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, sz ? sz : 64);
+    if (!p) {
+        fprintf(stderr, "dflash: out of memory allocating %zu bytes\n", n);
+        exit(1);
+    }
+    memset(p, 0, sz ? sz : 64);
+    return p;
+}
+
+double dfl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int dfl_ncpu(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+char *dfl_read_file(const char *path, size_t max_bytes, size_t *len, dfl_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        dfl_fail(err, DFL_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        dfl_fail(err, DFL_EIO, "%s: not a regular file", path);
+        return NULL;
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        fclose(f);
+        dfl_fail(err, DFL_EFORMAT, "%s: %lld bytes, more than the %zu allowed", path,
+                 (long long)st.st_size, max_bytes);
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = xmalloc(n + 1);
+    if (fread(buf, 1, n, f) != n) {
+        fclose(f);
+        free(buf);
+        dfl_fail(err, DFL_EIO, "%s: read failed", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* ---- thread pool ------------------------------------------------------- */
+
+struct dfl_pool {
+    int n;                  /* threads including the caller */
+    pthread_t *th;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;           /* bumped per job */
+    int pending;            /* workers still running the job */
+    int quit;
+    dfl_task_fn fn;
+    void *ctx;
+    int ntask;
+};
+
+typedef struct { dfl_pool *p; int id; } worker_arg;
+
+static void run_share(dfl_pool *p, int id) {
+    for (int i = id; i < p->ntask; i += p->n) p->fn(p->ctx, i, p->ntask);
+}
+
+static void *worker(void *arg) {
+    worker_arg *w = arg;
+    dfl_pool *p = w->p;
+    int id = w->id;
+    free(w);
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (p->gen == seen && !p->quit) pthread_cond_wait(&p->go, &p->mu);
+        if (p->quit) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        seen = p->gen;
+        pthread_mutex_unlock(&p->mu);
+        run_share(p, id);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+dfl_pool *dfl_pool_new(int n_threads) {
+    if (n_threads <= 0) n_threads = dfl_ncpu();
+    if (n_threads > 256) n_threads = 256;
+    dfl_pool *p = xcalloc(1, sizeof *p);
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->go, NULL);
+    pthread_cond_init(&p->done, NULL);
+    p->th = xcalloc(n_threads, sizeof(pthread_t));
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *w = xmalloc(sizeof *w);
+        w->p = p;
+        w->id = i;
+        if (pthread_create(&p->th[i], NULL, worker, w) != 0) {
+            fprintf(stderr, "dflash: cannot start thread %d\n", i);
+            exit(1);
+        }
+    }
+    return p;
+}
+
+void dfl_pool_free(dfl_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->go);
+    pthread_cond_destroy(&p->done);
+    free(p->th);
+    free(p);
+}
+
+int dfl_pool_size(const dfl_pool *p) { return p ? p->n : 1; }
+
+void dfl_pool_run(dfl_pool *p, dfl_task_fn fn, void *ctx, int n) {
+    if (!p || p->n == 1 || n <= 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i, n);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->ntask = n;
+    p->pending = p->n - 1;
+    p->gen++;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    run_share(p, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,48 @@
+/* base.h - errors, allocation checks, timers, threads: what every layer uses. */
+#ifndef DFL_BASE_H
+#define DFL_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dflash.h"
+
+/* Sets err (when not NULL) and returns code, so callers write
+ * `return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: ...", ...);` */
+int dfl_fail(dfl_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Allocation that reports where it failed; programmer-side out of memory is fatal. */
+void *dfl_xmalloc_(size_t n, const char *file, int line);
+void *dfl_xcalloc_(size_t n, size_t sz, const char *file, int line);
+#define xmalloc(n) dfl_xmalloc_((n), __FILE__, __LINE__)
+#define xcalloc(n, sz) dfl_xcalloc_((n), (sz), __FILE__, __LINE__)
+
+/* 64-byte aligned, zeroed; free with free(). */
+void *dfl_aligned_alloc(size_t n);
+
+double dfl_now(void);           /* monotonic seconds */
+int dfl_ncpu(void);
+
+/* Overflow-checked size arithmetic: returns 0 and sets *out, or -1 on overflow. */
+static inline int dfl_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Reads a whole file (at most max_bytes); returns NUL-terminated buffer or NULL. */
+char *dfl_read_file(const char *path, size_t max_bytes, size_t *len, dfl_error *err);
+
+/* ---- persistent thread pool -------------------------------------------- */
+/* pool_run calls fn(ctx, i, n) for i in [0, n) across the pool's threads;
+ * thread t runs tasks t, t+nthreads, ... so a task's result never depends on
+ * which thread ran it. */
+typedef struct dfl_pool dfl_pool;
+typedef void (*dfl_task_fn)(void *ctx, int i, int n);
+dfl_pool *dfl_pool_new(int n_threads);
+void dfl_pool_free(dfl_pool *p);
+int dfl_pool_size(const dfl_pool *p);
+void dfl_pool_run(dfl_pool *p, dfl_task_fn fn, void *ctx, int n);
+
+#endif

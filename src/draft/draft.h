@@ -1,0 +1,66 @@
+/* draft.h - the drafter seam: a DFlash block-diffusion drafter (z-lab format
+ * or llama.cpp's GGUF "dflash" form) that borrows the target's embedding and
+ * lm_head. Context K/V per layer is computed once per committed row and kept
+ * (the side store). */
+#ifndef DFL_DRAFT_H
+#define DFL_DRAFT_H
+
+#include "models/model.h"
+
+typedef struct dfl_dlayer {
+    dfl_mat wq;                /* (n_heads*hd, dim) */
+    dfl_mat wk, wv;            /* (n_kv*hd, dim) */
+    dfl_mat wo;                /* (dim, n_heads*hd) */
+    dfl_mat w_gate, w_up;      /* (ffn, dim) */
+    dfl_mat w_down;            /* (dim, ffn) */
+    const float *attn_norm, *ffn_norm; /* (dim) */
+    const float *q_norm, *k_norm;      /* (hd) */
+} dfl_dlayer;
+
+typedef struct dfl_drafter {
+    dfl_config c;              /* drafter's own dims (dim == target dim) */
+    int block_size;            /* trained block size */
+    int mask_id;
+    int n_cap;                 /* captured target layers */
+    int cap[64];               /* target layer ids, HF convention (output of layer id) */
+    dfl_mat fc;                /* (dim, n_cap*target_dim) */
+    const float *hidden_norm;  /* (dim) */
+    const float *out_norm;     /* (dim) */
+    dfl_dlayer *layers;        /* [n_layers] */
+    dfl_rope rope;
+    dfl_target *t;             /* the target whose embed / lm_head are used */
+    dfl_tensors ts;
+    gguf_file *gguf;
+    void *owned;
+    int max_rows;              /* max(block, context chunk) */
+    /* scratch */
+    float *x, *xn, *q, *k, *v, *att, *h1, *h2, *ctx; /* per row buffers */
+    void *qscratch;
+    int *n_keys;
+} dfl_drafter;
+
+/* Per-sequence side store: context K/V per drafter layer, plus B slack rows. */
+typedef struct dfl_dstore {
+    int len, cap;              /* context rows stored; rows allocated (ctx + max block) */
+    int n_layers, kv_dim;
+    float *k, *v;              /* (n_layers, cap, kv_dim) */
+} dfl_dstore;
+
+int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
+                     dfl_drafter **out, dfl_error *err);
+void dfl_drafter_free(dfl_drafter *d);
+dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx);
+void dfl_dstore_free(dfl_dstore *s);
+void dfl_dstore_truncate(dfl_dstore *s, int n_keep);
+
+/* Appends n context rows: feat (n, n_cap*target_dim) for positions
+ * s->len .. s->len+n-1 -> fc, hidden_norm, per-layer K/V into the store. */
+int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, int n,
+                            dfl_error *err);
+/* Drafts a block of B rows [anchor, mask x (B-1)] at positions s->len .. ;
+ * logits (B-1, vocab) of rows 1..B-1 when not NULL; draft[i] = argmax of row
+ * i+1 (B-1 tokens). The store is left at its context length. */
+int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
+                      int32_t *draft, dfl_error *err);
+
+#endif

@@ -1,0 +1,145 @@
+/* io.h - untrusted model files: safetensors, GGUF, Hugging Face config.json.
+ *
+ * Every loader produces the same thing: a table of named tensors whose data
+ * points into read-only mmaps, plus (GGUF) a metadata store. Nothing here
+ * knows about model families; src/models maps names to fields. */
+#ifndef DFL_IO_H
+#define DFL_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+/* Weight types, numbered as our own enum (not GGUF's). */
+typedef enum {
+    DFL_F32 = 0,
+    DFL_F16,
+    DFL_BF16,
+    DFL_Q8_0,   /* blocks of 32: f16 scale + 32 int8 */
+    DFL_Q4_0,   /* blocks of 32: f16 scale + 16 bytes of nibbles */
+    DFL_Q4_K,   /* super-blocks of 256 */
+    DFL_Q6_K,   /* super-blocks of 256 */
+    DFL_NTYPES
+} dfl_type;
+
+const char *dfl_type_name(dfl_type t);
+int dfl_type_from_name(const char *s);   /* -1 if unknown */
+int dfl_type_block(dfl_type t);          /* elements per block (1 for float types) */
+size_t dfl_type_block_bytes(dfl_type t); /* bytes per block */
+/* Bytes of one row of cols elements; 0 if cols is not a multiple of the block. */
+size_t dfl_type_row_bytes(dfl_type t, int64_t cols);
+
+enum { DFL_MAX_DIMS = 4 };
+
+typedef struct dfl_tensor {
+    char *name;
+    dfl_type type;
+    int n_dims;
+    int64_t shape[DFL_MAX_DIMS]; /* outermost first, PyTorch order: a Linear is [out, in] */
+    const void *data;            /* inside a mapping, checked to lie within its file */
+    uint64_t nbytes;
+    int used;                    /* set by the model loader; leftovers are refused */
+} dfl_tensor;
+
+typedef struct dfl_mapping {
+    void *addr;
+    size_t len;
+} dfl_mapping;
+
+typedef struct dfl_tensors {
+    dfl_tensor *t;
+    int n;
+    dfl_mapping *maps;
+    int n_maps;
+    char *source;                /* path for messages */
+} dfl_tensors;
+
+void dfl_tensors_free(dfl_tensors *ts);
+/* Finds a tensor by exact name; NULL if absent. */
+dfl_tensor *dfl_tensors_find(dfl_tensors *ts, const char *name);
+
+/* ---- safetensors -------------------------------------------------------- */
+/* Opens a folder: model.safetensors, or the shards named by
+ * model.safetensors.index.json. Duplicate names across shards are refused. */
+int dfl_safetensors_open_dir(const char *dir, dfl_tensors *out, dfl_error *err);
+/* One file (all tensors appended to out, which may already hold some). */
+int dfl_safetensors_open(const char *path, dfl_tensors *out, dfl_error *err);
+/* Parses a header already in memory (the fuzz target's entry): buf holds the
+ * whole file; tensors point into buf. */
+int dfl_safetensors_parse(const uint8_t *buf, size_t len, const char *name, dfl_tensors *out,
+                          dfl_error *err);
+/* Writes a safetensors file (tools and tests): tensors given as table rows. */
+int dfl_safetensors_write(const char *path, const dfl_tensor *t, int n, dfl_error *err);
+
+/* ---- GGUF --------------------------------------------------------------- */
+
+typedef enum {
+    GGUF_T_U8 = 0, GGUF_T_I8 = 1, GGUF_T_U16 = 2, GGUF_T_I16 = 3, GGUF_T_U32 = 4,
+    GGUF_T_I32 = 5, GGUF_T_F32 = 6, GGUF_T_BOOL = 7, GGUF_T_STRING = 8, GGUF_T_ARRAY = 9,
+    GGUF_T_U64 = 10, GGUF_T_I64 = 11, GGUF_T_F64 = 12
+} gguf_vtype;
+
+typedef struct gguf_str { const char *s; uint64_t len; } gguf_str; /* not NUL-terminated */
+
+typedef struct gguf_kv {
+    gguf_str key;
+    gguf_vtype type;
+    gguf_vtype arr_type;     /* for arrays */
+    uint64_t arr_n;          /* for arrays */
+    const uint8_t *val;      /* scalar value, or the first array element */
+    gguf_str *strs;          /* string arrays: arr_n entries, built at parse */
+} gguf_kv;
+
+typedef struct gguf_file {
+    uint32_t version;
+    gguf_kv *kv;
+    int64_t n_kv;
+    dfl_tensors tensors;     /* data pointers into the mapping */
+    uint64_t alignment;
+} gguf_file;
+
+int dfl_gguf_open(const char *path, gguf_file *out, dfl_error *err);
+int dfl_gguf_parse(const uint8_t *buf, size_t len, const char *name, gguf_file *out,
+                   dfl_error *err);
+void dfl_gguf_free(gguf_file *g);
+const gguf_kv *dfl_gguf_find(const gguf_file *g, const char *key);
+/* Typed getters: 0 ok, DFL_EFORMAT when present with a wrong type or out of
+ * range (message names the key), 1 when absent (out untouched). */
+int dfl_gguf_u32(const gguf_file *g, const char *key, uint32_t *out, dfl_error *err);
+int dfl_gguf_f32(const gguf_file *g, const char *key, float *out, dfl_error *err);
+int dfl_gguf_bool(const gguf_file *g, const char *key, int *out, dfl_error *err);
+int dfl_gguf_str(const gguf_file *g, const char *key, gguf_str *out, dfl_error *err);
+/* Array of the given element type (any integer width accepted for int arrays
+ * via dfl_gguf_arr_i64); returns the kv or NULL and sets err when wrong. */
+const gguf_kv *dfl_gguf_arr(const gguf_file *g, const char *key, gguf_vtype elem, dfl_error *err);
+int64_t dfl_gguf_arr_i64(const gguf_kv *kv, uint64_t i); /* integer element i as int64 */
+float dfl_gguf_arr_f32(const gguf_kv *kv, uint64_t i);
+
+/* Writes GGUF v3 (dflash quantize, tests): kv pairs and tensors. */
+typedef struct gguf_wkv {
+    const char *key;
+    gguf_vtype type;
+    gguf_vtype arr_type;
+    uint64_t arr_n;
+    const void *val;         /* scalar, or array of arr_n elements; strings as const char* */
+} gguf_wkv;
+int dfl_gguf_write(const char *path, const gguf_wkv *kv, int n_kv, const dfl_tensor *t, int n_t,
+                   dfl_error *err);
+
+/* ---- JSON (config.json etc.) -------------------------------------------- */
+/* Thin checked access over cJSON: getters name the file and key on error. */
+struct cJSON;
+struct cJSON *dfl_json_parse_file(const char *path, size_t max_bytes, dfl_error *err);
+/* Depth-limited parse of a buffer (untrusted: refuses nesting deeper than 64). */
+struct cJSON *dfl_json_parse(const char *buf, size_t len, const char *name, dfl_error *err);
+/* 0 ok; 1 absent (out untouched); DFL_EFORMAT wrong type or outside [lo, hi]. */
+int dfl_json_int(const struct cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                 const char *file, dfl_error *err);
+int dfl_json_num(const struct cJSON *o, const char *key, double lo, double hi, double *out,
+                 const char *file, dfl_error *err);
+int dfl_json_bool(const struct cJSON *o, const char *key, int *out, const char *file,
+                  dfl_error *err);
+const char *dfl_json_str(const struct cJSON *o, const char *key); /* NULL if absent/not string */
+
+#endif

@@ -1,0 +1,78 @@
+/* kernels.h - CPU kernels. Every SIMD kernel has a plain-C twin (suffix _ref)
+ * that is its specification; tests compare the two.
+ *
+ * Batch invariance (DESIGN.md): a row's result never depends on how many rows
+ * are computed with it, nor on the thread count. Work is split by output
+ * column; each output element is accumulated in one fixed order. */
+#ifndef DFL_KERNELS_H
+#define DFL_KERNELS_H
+
+#include <stdint.h>
+
+#include "base/base.h"
+#include "io/io.h"
+
+/* A weight matrix: rows outputs of cols inputs, row-major blocks of type. */
+typedef struct dfl_mat {
+    dfl_type type;
+    int rows, cols;
+    const uint8_t *data;   /* rows * row_bytes */
+    size_t row_bytes;
+} dfl_mat;
+
+/* Y[r, o] = sum_i W[o, i] * X[r, i] for r < n, o < W->rows.
+ * X is [n, ldx] f32, Y is [n, ldy] f32. scratch holds quantized activations:
+ * at least dfl_matmul_scratch(W->type, n, W->cols) bytes, 64-byte aligned. */
+void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
+                int ldy, void *scratch);
+size_t dfl_matmul_scratch(dfl_type t, int n, int cols);
+/* Plain-C twin, single-threaded. */
+void dfl_matmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, int ldy);
+
+/* Row conversion between f32 and a weight type. */
+void dfl_dequant_row(dfl_type t, const void *src, float *dst, int cols);
+/* Returns 0, or -1 if the type cannot be written (cols not a block multiple). */
+int dfl_quant_row(dfl_type t, const float *src, void *dst, int cols);
+
+float dfl_f16_to_f32(uint16_t h);
+uint16_t dfl_f32_to_f16(float f);
+float dfl_bf16_to_f32(uint16_t h);
+uint16_t dfl_f32_to_bf16(float f);   /* round to nearest even */
+
+/* ---- small ops (all per row, so batch invariant by construction) --------- */
+
+/* y = x / sqrt(mean(x^2) + eps) * w, n elements. y may alias x. */
+void dfl_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* RoPE tables: cos/sin for each position and frequency pair. */
+typedef struct dfl_rope {
+    int head_dim;       /* rotated dims (== head_dim for all supported models) */
+    int neox;           /* 1: rotate halves (HF); 0: interleaved pairs (Meta/GGUF llama) */
+    float *inv_freq;    /* [head_dim/2], with llama3 / yarn scaling applied */
+    float mscale;       /* yarn attention factor applied to cos/sin */
+} dfl_rope;
+
+/* Rotates n_heads heads of x (head_dim each, contiguous) at position pos. */
+void dfl_rope_apply(const dfl_rope *r, float *x, int n_heads, int pos);
+
+/* out = silu(gate) * up, n elements. */
+void dfl_swiglu(float *out, const float *gate, const float *up, int n);
+
+/* Attention for n query rows. q: [n, n_heads*hd]. K, V: [n_keys_max, n_kv*hd]
+ * (rows = positions, ldk floats apart). Row r attends keys [0, n_keys[r]).
+ * out: [n, n_heads*hd]. scratch: dfl_attention_scratch(...) floats.
+ * Online softmax in key order, one head per task: batch invariant. */
+void dfl_attention(dfl_pool *pool, int n, const float *q, const float *K, const float *V,
+                   int ldk, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
+                   float *out);
+void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk,
+                       const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out);
+
+/* Index of the largest value (first on ties). */
+int dfl_argmax(const float *x, int n);
+
+/* CPU features used for dispatch (AVX2+FMA+F16C); 0 forces the twins. */
+int dfl_cpu_has_avx2(void);
+void dfl_kernels_force_ref(int on);   /* tests: route dfl_matmul etc. to twins */
+
+#endif

@@ -1,0 +1,114 @@
+/* model.h - the target seam: dense Llama / Qwen2 / Qwen3 decoders.
+ *
+ * A target is loaded once (weights mmap'd or converted at load, scratch sized
+ * for max_rows). A dfl_kv is one sequence's cache. target_forward runs a batch
+ * of rows; every row's logits and captured features are bit-identical
+ * whatever the batch size (batch-invariant kernels). */
+#ifndef DFL_MODEL_H
+#define DFL_MODEL_H
+
+#include "base/base.h"
+#include "io/io.h"
+#include "kernels/kernels.h"
+
+enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 };
+enum { ROPE_SCALE_NONE = 0, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN };
+
+typedef struct dfl_config {
+    int arch;
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, max_ctx;
+    float norm_eps;
+    float rope_theta;
+    int rope_neox;            /* 1 rotate-half (HF); 0 interleaved (GGUF llama) */
+    int rope_scale_type;      /* ROPE_SCALE_* */
+    float rope_factor, rope_low_freq, rope_high_freq, rope_beta_fast, rope_beta_slow;
+    float rope_attn_factor;
+    int rope_orig_ctx;
+    int qkv_bias, qk_norm, tied_embed;
+    int bos_id, eos_id;       /* -1 when unknown */
+} dfl_config;
+
+/* Parses and range-checks a Hugging Face config.json (target models). */
+int dfl_config_from_hf(const char *path, dfl_config *c, dfl_error *err);
+/* Reads the same from GGUF metadata (llama / qwen2 / qwen3). */
+int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err);
+/* Cross-field checks shared by both (heads * head_dim, GQA ratio, ranges). */
+int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err);
+/* Builds the RoPE table for c (caller frees r->inv_freq). */
+void dfl_rope_init(dfl_rope *r, const dfl_config *c);
+
+typedef struct dfl_layer {
+    dfl_mat wq;       /* (n_heads*hd, dim) */
+    dfl_mat wk;       /* (n_kv*hd, dim) */
+    dfl_mat wv;       /* (n_kv*hd, dim) */
+    dfl_mat wo;       /* (dim, n_heads*hd) */
+    dfl_mat w_gate;   /* (ffn, dim) */
+    dfl_mat w_up;     /* (ffn, dim) */
+    dfl_mat w_down;   /* (dim, ffn) */
+    const float *bq, *bk, *bv;        /* (n_heads*hd), (n_kv*hd) x2; qwen2 only */
+    const float *attn_norm, *ffn_norm;/* (dim) */
+    const float *q_norm, *k_norm;     /* (hd); qwen3 only */
+} dfl_layer;
+
+typedef struct dfl_target {
+    dfl_config c;
+    dfl_mat embed;        /* (vocab, dim) token embedding */
+    dfl_mat lm_head;      /* (vocab, dim); == embed when tied */
+    const float *out_norm;/* (dim) */
+    dfl_layer *layers;    /* [n_layers] */
+    dfl_rope rope;
+    dfl_tensors ts;       /* file tensors (mappings) */
+    gguf_file *gguf;      /* when loaded from GGUF (tokenizer reads it) */
+    void *owned;          /* converted weights / f32 norms, one allocation */
+    dfl_pool *pool;
+    int max_rows;         /* rows per forward call */
+    uint64_t weight_bytes;/* bytes one decode step reads */
+    /* scratch, sized at load for max_rows */
+    float *x;             /* (max_rows, dim) residual */
+    float *xn;            /* (max_rows, dim) normed */
+    float *q;             /* (max_rows, n_heads*hd) */
+    float *k, *v;         /* (max_rows, n_kv*hd) */
+    float *att;           /* (max_rows, n_heads*hd) */
+    float *h1, *h2;       /* (max_rows, ffn) */
+    void *qscratch;       /* quantized activations */
+    int *n_keys;          /* (max_rows) */
+} dfl_target;
+
+typedef struct dfl_kv {
+    int len;              /* committed rows */
+    int cap;              /* rows allocated (ctx size) */
+    int n_layers, kv_dim;
+    float *k, *v;         /* (n_layers, cap, kv_dim) each; K after norm and RoPE */
+} dfl_kv;
+
+typedef struct dfl_load_opts {
+    const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */
+    int max_rows;         /* largest forward batch */
+    dfl_pool *pool;
+    dfl_progress_fn progress;
+    void *progress_ud;
+} dfl_load_opts;
+
+/* path: HF folder (config.json + safetensors) or a .gguf file. */
+int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, dfl_error *err);
+void dfl_target_free(dfl_target *t);
+
+dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
+void dfl_kv_free(dfl_kv *kv);
+void dfl_kv_truncate(dfl_kv *kv, int n_keep);
+
+/* Runs n rows (n <= max_rows) that continue kv at positions kv->len ... .
+ * logits: when not NULL, rows [logits_from, n) get logits at
+ *         logits[(r - logits_from) * vocab].
+ * feat:   when n_cap > 0, [n, n_cap*dim]: output of decoder layer cap[j]
+ *         (0-based, before the final norm) at columns j*dim.
+ * Returns 0 or DFL_ECTX when the cache is full. */
+int dfl_target_forward(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, int logits_from,
+                       float *logits, const int *cap, int n_cap, float *feat, dfl_error *err);
+
+/* The drafter borrows these. */
+void dfl_target_embed(const dfl_target *t, const int32_t *tok, int n, float *out /* (n, dim) */);
+/* logits (n, vocab) = lm_head(x (n, dim)); x is already normed. */
+void dfl_target_lm_head(dfl_target *t, const float *x, int n, float *logits, void *qscratch);
+
+#endif

@@ -1,0 +1,42 @@
+/* tokenizer.h - tokenizer.json (byte-level BPE, Metaspace BPE with byte
+ * fallback) and GGUF vocabularies (llama/SPM, gpt2/BPE), chat templates. */
+#ifndef DFL_TOKENIZER_H
+#define DFL_TOKENIZER_H
+
+#include "base/base.h"
+#include "io/io.h"
+
+typedef struct dfl_tokenizer dfl_tokenizer;
+
+/* dir holds tokenizer.json (+ tokenizer_config.json when present). */
+int dfl_tok_load_hf(const char *dir, dfl_tokenizer **out, dfl_error *err);
+/* From an open GGUF file's tokenizer.ggml.* metadata. */
+int dfl_tok_load_gguf(const gguf_file *g, dfl_tokenizer **out, dfl_error *err);
+/* From tokenizer.json text already in memory (fuzz target entry). */
+int dfl_tok_load_json(const char *json, size_t len, const char *config_json, size_t config_len,
+                      dfl_tokenizer **out, dfl_error *err);
+void dfl_tok_free(dfl_tokenizer *t);
+
+int dfl_tok_vocab_size(const dfl_tokenizer *t);
+/* Returns the number of ids (may exceed cap; only cap written) or < 0. */
+int dfl_tok_encode(const dfl_tokenizer *t, const char *text, size_t len, int add_special,
+                   int parse_special, int32_t *ids, int cap, dfl_error *err);
+/* Raw bytes of a token as it appears in decoded text (byte-level mapped back,
+ * metaspace to space, <0xNN> to the byte). Returns length, < 0 for a bad id.
+ * *special is set to 1 for control/special tokens. */
+int dfl_tok_piece(const dfl_tokenizer *t, int32_t id, const char **bytes, int *special);
+int32_t dfl_tok_bos(const dfl_tokenizer *t);   /* -1 when none */
+int32_t dfl_tok_eos(const dfl_tokenizer *t);
+int dfl_tok_add_bos(const dfl_tokenizer *t);   /* whether encode adds BOS */
+int dfl_tok_strip_leading_space(const dfl_tokenizer *t); /* SPM: decoder strips first space */
+int dfl_tok_is_eog(const dfl_tokenizer *t, int32_t id);
+const char *dfl_tok_chat_template(const dfl_tokenizer *t); /* NULL when none */
+
+/* Chat rendering without a Jinja engine: the family is detected from the
+ * template text (or forced by name: "chatml", "qwen3", "llama3"). */
+int dfl_chat_render_text(const char *template_text, const char *force_name,
+                         const char *bos_text, const dfl_chat_msg *msgs, int n,
+                         int add_generation_prompt, int enable_thinking, char *out, size_t cap,
+                         dfl_error *err);
+
+#endif

@@ -1,0 +1,50 @@
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int test_passed, test_failed;
+
+int test_summary(void) {
+    printf("%d passed, %d failed\n", test_passed, test_failed);
+    return test_failed ? 1 : 0;
+}
+
+const char *test_asset(const char *rel) {
+    static char buf[8][4096];
+    static int slot;
+    const char *root = getenv("DFLASH_SHARED");
+    if (!root) root = "../shared";
+    char *p = buf[slot++ % 8];
+    snprintf(p, 4096, "%s/assets/%s", root, rel);
+    if (access(p, R_OK) == 0) return p;
+    const char *ci = getenv("CI");
+    if (ci && strcmp(ci, "true") == 0) {
+        test_failed++;
+        fprintf(stderr, "FAIL: asset %s missing (required under CI)\n", p);
+    } else {
+        fprintf(stderr, "skip: asset %s missing\n", p);
+    }
+    return NULL;
+}
+
+const char *test_tmpdir(void) {
+    static char buf[8][256];
+    static int slot;
+    char *p = buf[slot++ % 8];
+    snprintf(p, 256, "/tmp/dflash-test-XXXXXX");
+    if (!mkdtemp(p)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+    return p;
+}
+
+void test_rmdir(const char *dir) {
+    char cmd[512];
+    if (strncmp(dir, "/tmp/dflash-test-", 17) != 0) return;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}

@@ -1,0 +1,30 @@
+/* testutil.h - a tiny harness: CHECK records a failure and goes on; main
+ * returns test_summary(), which prints "N passed, N failed". */
+#ifndef DFL_TESTUTIL_H
+#define DFL_TESTUTIL_H
+
+#include <stdio.h>
+
+extern int test_passed, test_failed;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (cond) {                                                        \
+            test_passed++;                                                 \
+        } else {                                                           \
+            test_failed++;                                                 \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+        }                                                                  \
+    } while (0)
+
+int test_summary(void);
+/* Path of a third-party asset under ../shared/assets (DFLASH_SHARED). Returns
+ * NULL when missing; under CI=true a missing asset counts as a failure. */
+const char *test_asset(const char *rel);
+/* A fresh temporary directory (removed by the caller with test_rmdir). */
+const char *test_tmpdir(void);
+void test_rmdir(const char *dir);
+
+#endif
