@@ -49,6 +49,7 @@ typedef struct dfl_engine_opts {
     int n_threads;            /* 0: all cores */
     int ctx_size;             /* KV cache rows per session; 0: min(model max, 4096) */
     int max_block;            /* largest verify block; 0: drafter block size or 16 */
+    int vocab_only;           /* load the tokenizer alone (tokenize / detokenize) */
     dfl_progress_fn progress;
     void *progress_ud;
 } dfl_engine_opts;
@@ -180,6 +181,20 @@ typedef struct dfl_probe_result {
  * report to json (may be NULL). Returns 0 when run (exact or not). */
 int dfl_probe(dfl_engine *e, const int32_t *prompt, int n_prompt, int block,
               dfl_probe_result *r, char *json, size_t cap, dfl_error *err);
+
+/* ---- debugging and reference tests -------------------------------------- */
+
+/* Runs ids (from position 0, session cache cleared) through the target.
+ * logits: (n, vocab) for every row when not NULL. feat: (n, n_cap*dim) hidden
+ * states of the layers in cap (output of decoder layer cap[j], before the
+ * final norm) when n_cap > 0. */
+int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap, int n_cap,
+                      float *logits, float *feat, dfl_error *err);
+/* After dfl_debug_forward of ids[0..n): feeds the drafter the features of rows
+ * 0..n-2 as context and drafts a block of B rows anchored on ids[n-1] at
+ * position n-1; logits: (B-1, vocab) drafter logits of rows 1..B-1. */
+int dfl_debug_draft(dfl_session *s, const int32_t *ids, int n, int B, float *logits,
+                    dfl_error *err);
 
 #ifdef __cplusplus
 }
