@@ -16,4 +16,3 @@ int cmd_tokenize(int argc, char **argv) { (void)argc; (void)argv; return pending
 int cmd_detokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("detokenize"); }
 int cmd_quantize(int argc, char **argv) { (void)argc; (void)argv; return pending("quantize"); }
 int cmd_capture(int argc, char **argv) { (void)argc; (void)argv; return pending("capture"); }
-int cmd_dump(int argc, char **argv) { (void)argc; (void)argv; return pending("dump"); }

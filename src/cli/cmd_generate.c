@@ -1,0 +1,310 @@
+/* cmd_generate.c - `dflash generate`: text in, text out, with stats. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void help(void) {
+    printf(
+        "usage: dflash generate [options]\n"
+        "\n"
+        "Generates text from a prompt: classic decode, or DFlash speculative decoding\n"
+        "with --draft. Text goes to stdout as it is produced; stats go to stderr.\n"
+        "\n"
+        "model:\n"
+        "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
+        "  --draft PATH           DFlash drafter folder or .gguf (default: built-in drafter\n"
+        "                         when the built-in model is used; 'none' turns it off)\n"
+        "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_k q6_k\n"
+        "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
+        "  -t, --threads N        threads (default: all cores)\n"
+        "prompt:\n"
+        "  -p, --prompt TEXT      prompt text\n"
+        "  --prompt-file F        read the prompt from a file\n"
+        "  --chat                 format the prompt with the model's chat template\n"
+        "  --system TEXT          system message (with --chat)\n"
+        "  --no-think             enable_thinking=false in the chat template (Qwen3)\n"
+        "  --chat-template NAME   force a template: chatml, qwen3, llama3\n"
+        "sampling:\n"
+        "  -n, --max-tokens N     tokens to generate (default 128)\n"
+        "  --temp T               temperature (default 0: greedy)\n"
+        "  --top-k K  --top-p P  --min-p P  --seed S\n"
+        "  --repeat-penalty R  --presence-penalty P  --frequency-penalty F\n"
+        "  --ignore-eos           do not stop at end-of-generation tokens\n"
+        "speculation:\n"
+        "  --block-size auto|N    verify block: auto (adaptive, default), 1 (classic), N\n"
+        "  --spec-accept RULE     exact (default; output identical to classic decode),\n"
+        "                         rejection (target distribution, not token-identical),\n"
+        "                         typical (LOSSY: accepts plausible drafts, see --typical)\n"
+        "  --typical D            typical-acceptance threshold factor (default 0.2)\n"
+        "output:\n"
+        "  --print-token-ids      print prompt and generated ids on stderr\n"
+        "  --stats-json FILE      write the run's stats as JSON\n"
+        "  --show-special         print special tokens' text\n"
+        "  -q, --quiet            no stats on stderr\n");
+}
+
+typedef struct opts {
+    dfl_engine_opts eo;
+    dfl_gen_params gp;
+    const char *prompt, *prompt_file, *system, *chat_template, *stats_json;
+    int chat, no_think, print_ids, quiet, show_special, no_draft;
+} opts;
+
+static const char *need(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "dflash generate: %s needs a value (see --help)\n", argv[*i]);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+static int parse_accept(const char *v) {
+    if (!strcmp(v, "exact")) return DFL_ACCEPT_EXACT;
+    if (!strcmp(v, "rejection")) return DFL_ACCEPT_REJECTION;
+    if (!strcmp(v, "typical")) return DFL_ACCEPT_TYPICAL;
+    fprintf(stderr, "dflash generate: --spec-accept %s: expected exact, rejection or typical\n", v);
+    exit(2);
+}
+
+static void parse(opts *o, int argc, char **argv) {
+    dfl_engine_opts_default(&o->eo);
+    dfl_gen_params_default(&o->gp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
+        else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
+        else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
+            o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
+        else if (!strcmp(a, "--prompt-file")) o->prompt_file = need(argc, argv, &i);
+        else if (!strcmp(a, "--chat")) o->chat = 1;
+        else if (!strcmp(a, "--system")) o->system = need(argc, argv, &i);
+        else if (!strcmp(a, "--no-think")) o->no_think = 1;
+        else if (!strcmp(a, "--chat-template")) o->chat_template = need(argc, argv, &i);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens"))
+            o->gp.max_tokens = cli_int(a, need(argc, argv, &i), 0, 1 << 24);
+        else if (!strcmp(a, "--temp")) o->gp.temperature = cli_num(a, need(argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--top-k")) o->gp.top_k = cli_int(a, need(argc, argv, &i), 0, 1 << 24);
+        else if (!strcmp(a, "--top-p")) o->gp.top_p = cli_num(a, need(argc, argv, &i), 0, 1);
+        else if (!strcmp(a, "--min-p")) o->gp.min_p = cli_num(a, need(argc, argv, &i), 0, 1);
+        else if (!strcmp(a, "--seed"))
+            o->gp.seed = strtoull(need(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--repeat-penalty"))
+            o->gp.repeat_penalty = cli_num(a, need(argc, argv, &i), 0.01, 100);
+        else if (!strcmp(a, "--presence-penalty"))
+            o->gp.presence_penalty = cli_num(a, need(argc, argv, &i), -2, 2);
+        else if (!strcmp(a, "--frequency-penalty"))
+            o->gp.frequency_penalty = cli_num(a, need(argc, argv, &i), -2, 2);
+        else if (!strcmp(a, "--ignore-eos")) o->gp.ignore_eos = 1;
+        else if (!strcmp(a, "--block-size")) {
+            const char *v = need(argc, argv, &i);
+            o->gp.block_size = !strcmp(v, "auto") ? 0 : cli_int(a, v, 1, 512);
+        } else if (!strcmp(a, "--spec-accept")) o->gp.spec_accept = parse_accept(need(argc, argv, &i));
+        else if (!strcmp(a, "--typical")) o->gp.typical_d = cli_num(a, need(argc, argv, &i), 0, 1e6);
+        else if (!strcmp(a, "--print-token-ids")) o->print_ids = 1;
+        else if (!strcmp(a, "--stats-json")) o->stats_json = need(argc, argv, &i);
+        else if (!strcmp(a, "--show-special")) o->show_special = 1;
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
+        else {
+            fprintf(stderr, "dflash generate: unknown option '%s' (see --help)\n", a);
+            exit(2);
+        }
+    }
+    if (o->eo.draft_path && !strcmp(o->eo.draft_path, "none")) o->eo.draft_path = NULL, o->no_draft = 1;
+    if (!o->eo.model_path) {
+        o->eo.model_path = cli_default_model();
+        if (!o->eo.model_path) {
+            fprintf(stderr, "dflash generate: no --model given and the built-in model "
+                            "(models/default) was not found next to the binary\n");
+            exit(2);
+        }
+        if (!o->eo.draft_path && !o->no_draft) o->eo.draft_path = cli_default_draft();
+    }
+    if (o->prompt && o->prompt_file) {
+        fprintf(stderr, "dflash generate: give --prompt or --prompt-file, not both\n");
+        exit(2);
+    }
+}
+
+static char *read_prompt(const opts *o) {
+    if (!o->prompt_file) return strdup(o->prompt ? o->prompt : "");
+    FILE *f = fopen(o->prompt_file, "rb");
+    if (!f) {
+        fprintf(stderr, "dflash generate: cannot open --prompt-file %s\n", o->prompt_file);
+        exit(1);
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    if (!buf) exit(1);
+    buf[n] = 0;
+    return buf;
+}
+
+/* The prompt as the model should see it: chat-formatted when asked. */
+static char *format_prompt(const opts *o, dfl_engine *e, char *text) {
+    if (!o->chat) return text;
+    dfl_chat_msg m[2];
+    int n = 0;
+    if (o->system) m[n++] = (dfl_chat_msg){"system", o->system};
+    m[n++] = (dfl_chat_msg){"user", text};
+    dfl_error err = {0};
+    int need = dfl_chat_render(e, o->chat_template, m, n, 1, !o->no_think, NULL, 0, &err);
+    if (need < 0) {
+        fprintf(stderr, "dflash generate: %s\n", err.msg);
+        exit(1);
+    }
+    char *out = malloc((size_t)need + 1);
+    dfl_chat_render(e, o->chat_template, m, n, 1, !o->no_think, out, (size_t)need + 1, &err);
+    free(text);
+    return out;
+}
+
+typedef struct run {
+    dfl_detok dt;
+    int print_ids;
+    int32_t *ids;
+    int n_ids, cap_ids;
+} run;
+
+static int on_token(void *ud, const dfl_token_info *t) {
+    run *r = ud;
+    char buf[256];
+    int n = dfl_detok_push(&r->dt, t->id, buf, sizeof buf);
+    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+    fflush(stdout);
+    if (r->n_ids == r->cap_ids) {
+        r->cap_ids = r->cap_ids ? 2 * r->cap_ids : 256;
+        r->ids = realloc(r->ids, sizeof(int32_t) * r->cap_ids);
+    }
+    r->ids[r->n_ids++] = t->id;
+    return 0;
+}
+
+static void print_ids(const char *what, const int32_t *ids, int n) {
+    fprintf(stderr, "%s ids (%d): [", what, n);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s%d", i ? ", " : "", ids[i]);
+    fprintf(stderr, "]\n");
+}
+
+static double decode_gbps(const dfl_stats *s) {
+    double fwd = (double)(s->classic_steps + s->rounds);
+    return s->t_decode > 0 ? s->weight_bytes * fwd / s->t_decode / 1e9 : 0;
+}
+
+static void print_stats(const dfl_stats *s) {
+    double pre = s->t_prefill > 0 ? s->n_prompt / s->t_prefill : 0;
+    double dec = s->t_decode > 0 ? s->n_gen / s->t_decode : 0;
+    fprintf(stderr, "\n\nprompt: %d tokens, prefill %.1f tok/s | decode: %d tokens, %.2f tok/s, "
+                    "%.1f GB/s of weights\n", s->n_prompt, pre, s->n_gen, dec, decode_gbps(s));
+    if (s->rounds) {
+        double tau = (double)s->committed / s->rounds;
+        fprintf(stderr, "dflash: %llu rounds, %llu proposed, %llu accepted (%.1f%%), "
+                        "%.2f accepted/round, tau %.2f\n",
+                (unsigned long long)s->rounds, (unsigned long long)s->proposed,
+                (unsigned long long)s->accepted,
+                s->proposed ? 100.0 * s->accepted / s->proposed : 0.0,
+                (double)s->accepted / s->rounds, tau);
+        double tt = s->t_draft + s->t_verify + s->t_other;
+        if (tt > 0)
+            fprintf(stderr, "round time: draft %.1f%%, verify %.1f%%, other %.1f%%\n",
+                    100 * s->t_draft / tt, 100 * s->t_verify / tt, 100 * s->t_other / tt);
+        fprintf(stderr, "acceptance by position:");
+        for (int i = 0; i < DFL_MAX_POS_STATS && s->pos_proposed[i]; i++)
+            fprintf(stderr, " %d:%.2f", i + 1, (double)s->pos_accepted[i] / s->pos_proposed[i]);
+        fprintf(stderr, "\n");
+    }
+    if (s->note[0]) fprintf(stderr, "note: %s\n", s->note);
+}
+
+static void write_stats_json(const char *path, const dfl_stats *s, const dfl_model_info *mi) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "dflash generate: cannot write --stats-json %s\n", path);
+        return;
+    }
+    fprintf(f, "{\n  \"model\": \"%s\", \"arch\": \"%s\", \"dtype\": \"%s\", \"threads\": %d,\n",
+            mi->name, mi->arch, mi->dtype, mi->n_threads);
+    fprintf(f, "  \"n_prompt\": %d, \"n_gen\": %d,\n", s->n_prompt, s->n_gen);
+    fprintf(f, "  \"t_prefill\": %.6f, \"t_decode\": %.6f,\n", s->t_prefill, s->t_decode);
+    fprintf(f, "  \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"decode_gb_s\": %.3f,\n",
+            s->t_prefill > 0 ? s->n_prompt / s->t_prefill : 0,
+            s->t_decode > 0 ? s->n_gen / s->t_decode : 0, decode_gbps(s));
+    fprintf(f, "  \"weight_bytes\": %.0f, \"classic_steps\": %llu,\n", s->weight_bytes,
+            (unsigned long long)s->classic_steps);
+    fprintf(f, "  \"rounds\": %llu, \"proposed\": %llu, \"accepted\": %llu, \"committed\": %llu,\n",
+            (unsigned long long)s->rounds, (unsigned long long)s->proposed,
+            (unsigned long long)s->accepted, (unsigned long long)s->committed);
+    fprintf(f, "  \"mean_accepted\": %.4f, \"tau\": %.4f,\n",
+            s->rounds ? (double)s->accepted / s->rounds : 0,
+            s->rounds ? (double)s->committed / s->rounds : 0);
+    fprintf(f, "  \"t_draft\": %.6f, \"t_verify\": %.6f, \"t_other\": %.6f,\n", s->t_draft,
+            s->t_verify, s->t_other);
+    fprintf(f, "  \"acceptance_by_position\": [");
+    for (int i = 0; i < DFL_MAX_POS_STATS && s->pos_proposed[i]; i++)
+        fprintf(f, "%s%.4f", i ? ", " : "", (double)s->pos_accepted[i] / s->pos_proposed[i]);
+    fprintf(f, "],\n  \"exact_checked\": %d, \"note\": \"", s->exact_checked);
+    for (const char *p = s->note; *p; p++)
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if ((unsigned char)*p >= 0x20) fputc(*p, f);
+    fprintf(f, "\"\n}\n");
+    fclose(f);
+}
+
+int cmd_generate(int argc, char **argv) {
+    opts o = {0};
+    parse(&o, argc, argv);
+    if (!o.quiet) o.eo.progress = cli_progress;
+    dfl_error err = {0};
+    dfl_engine *e;
+    if (dfl_engine_load(&o.eo, &e, &err)) {
+        fprintf(stderr, "dflash generate: %s\n", err.msg);
+        return 1;
+    }
+    char *text = format_prompt(&o, e, read_prompt(&o));
+    int parse_special = o.chat;
+    int n = dfl_tokenize(e, text, strlen(text), 1, parse_special, NULL, 0, &err);
+    int32_t *prompt = n >= 0 ? malloc(sizeof(int32_t) * (n + 1)) : NULL;
+    if (n < 0 || dfl_tokenize(e, text, strlen(text), 1, parse_special, prompt, n, &err) != n) {
+        fprintf(stderr, "dflash generate: %s\n", err.msg);
+        return 1;
+    }
+    free(text);
+    if (o.print_ids) print_ids("prompt", prompt, n);
+    dfl_session *s;
+    if (dfl_session_new(e, &s, &err)) {
+        fprintf(stderr, "dflash generate: %s\n", err.msg);
+        return 1;
+    }
+    run r = {0};
+    r.print_ids = o.print_ids;
+    dfl_detok_init(&r.dt, e, o.show_special);
+    dfl_stats st;
+    int rc = dfl_generate(s, prompt, n, &o.gp, on_token, &r, &st, &err);
+    char tail[64];
+    int m = dfl_detok_flush(&r.dt, tail, sizeof tail);
+    if (m > 0) fwrite(tail, 1, (size_t)m, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (rc) fprintf(stderr, "dflash generate: %s\n", err.msg);
+    if (o.print_ids) print_ids("generated", r.ids, r.n_ids);
+    dfl_model_info mi;
+    dfl_engine_info(e, &mi);
+    if (!o.quiet) print_stats(&st);
+    if (o.stats_json) write_stats_json(o.stats_json, &st, &mi);
+    free(r.ids);
+    free(prompt);
+    dfl_session_free(s);
+    dfl_engine_free(e);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,106 @@
+/* common.c - what every subcommand shares: flag parsing, progress display,
+ * the built-in default model's location. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_progress(void *ud, const char *what, uint64_t done, uint64_t total) {
+    (void)ud;
+    if (!total) return;
+    if (isatty(2)) {
+        int w = 30, fill = (int)(w * done / total);
+        fprintf(stderr, "\r%-8s [", what);
+        for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
+        fprintf(stderr, "] %3d%%", (int)(100 * done / total));
+        if (done >= total) fputc('\n', stderr);
+    } else if (done == total || done * 4 / total != (done - 1) * 4 / total) {
+        fprintf(stderr, "%s: %llu/%llu\n", what, (unsigned long long)done,
+                (unsigned long long)total);
+    }
+}
+
+/* models/default next to the build folder of this binary, or installed share. */
+static const char *default_path(const char *file) {
+    static char buf[2][PATH_MAX];
+    static int slot;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *dir = dirname(exe);
+    const char *rel[] = {"../models/default", "../share/dflash/models/default", "models/default"};
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+        char *p = buf[slot % 2];
+        snprintf(p, PATH_MAX, "%s/%s/%s", dir, rel[i], file);
+        if (access(p, R_OK) == 0) {
+            slot++;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+const char *cli_default_model(void) { return default_path("target.gguf"); }
+const char *cli_default_draft(void) { return default_path("draft"); }
+
+int cli_int(const char *flag, const char *v, long lo, long hi) {
+    if (!v) {
+        fprintf(stderr, "dflash: %s needs a value\n", flag);
+        exit(2);
+    }
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "dflash: %s %s: expected an integer in %ld..%ld\n", flag, v, lo, hi);
+        exit(2);
+    }
+    return (int)x;
+}
+
+double cli_num(const char *flag, const char *v, double lo, double hi) {
+    if (!v) {
+        fprintf(stderr, "dflash: %s needs a value\n", flag);
+        exit(2);
+    }
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || end == v || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "dflash: %s %s: expected a number in %g..%g\n", flag, v, lo, hi);
+        exit(2);
+    }
+    return x;
+}
+
+int cli_ids(const char *flag, const char *v, int32_t *ids, int cap) {
+    int n = 0;
+    if (!v) {
+        fprintf(stderr, "dflash: %s needs a value\n", flag);
+        exit(2);
+    }
+    const char *p = v;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "dflash: %s: expected comma-separated token ids, got '%s'\n", flag, v);
+            exit(2);
+        }
+        if (n == cap) {
+            fprintf(stderr, "dflash: %s: more than %d ids\n", flag, cap);
+            exit(2);
+        }
+        ids[n++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    return n;
+}

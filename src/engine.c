@@ -1,0 +1,182 @@
+/* engine.c - loading what a run needs (target, drafter, tokenizer, threads)
+ * and the per-sequence sessions. Generation itself lives in src/spec/. */
+#include "engine.h"
+
+#include <string.h>
+#include <sys/stat.h>
+
+void dfl_engine_opts_default(dfl_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->dtype = "auto";
+}
+
+void dfl_gen_params_default(dfl_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    p->max_tokens = 128;
+    p->top_p = 1.0f;
+    p->repeat_penalty = 1.0f;
+    p->seed = 0x5eed;
+    p->typical_d = 0.2f;
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A folder's tokenizer is optional for id-level use; a GGUF carries its own. */
+static int load_tokenizer(dfl_engine *e, const char *path, const gguf_file *g, dfl_error *err) {
+    if (g) return dfl_tok_load_gguf(g, &e->tok, err);
+    char tj[4096];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
+    struct stat st;
+    if (stat(tj, &st) != 0) return 0;
+    return dfl_tok_load_hf(path, &e->tok, err);
+}
+
+static int load_vocab_only(dfl_engine *e, const char *path, dfl_error *err) {
+    if (is_dir(path)) {
+        int rc = dfl_tok_load_hf(path, &e->tok, err);
+        return rc;
+    }
+    gguf_file g;
+    int rc = dfl_gguf_open(path, &g, err);
+    if (rc) return rc;
+    rc = dfl_tok_load_gguf(&g, &e->tok, err);
+    dfl_gguf_free(&g);
+    return rc;
+}
+
+static int load_models(dfl_engine *e, dfl_error *err) {
+    const dfl_engine_opts *o = &e->opts;
+    dfl_load_opts lo = {.dtype = o->dtype, .pool = e->pool, .progress = o->progress,
+                        .progress_ud = o->progress_ud};
+    lo.max_rows = e->max_block > 64 ? e->max_block : 64;
+    int rc = dfl_target_load(o->model_path, &lo, &e->t, err);
+    if (rc) return rc;
+    rc = load_tokenizer(e, o->model_path, e->t->gguf, err);
+    if (rc) return rc;
+    if (o->draft_path) {
+        rc = dfl_drafter_load(o->draft_path, e->t, &lo, &e->d, err);
+        if (rc) return rc;
+        if (!o->max_block && e->d->block_size < e->max_block) e->max_block = e->d->block_size;
+    }
+    int max_ctx = e->t->c.max_ctx;
+    e->ctx_size = o->ctx_size > 0 ? o->ctx_size : (max_ctx < 4096 ? max_ctx : 4096);
+    if (e->ctx_size > max_ctx)
+        return dfl_fail(err, DFL_EARG, "--ctx-size %d exceeds the model's context of %d",
+                        e->ctx_size, max_ctx);
+    return 0;
+}
+
+int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) {
+    *out = NULL;
+    if (!o->model_path) return dfl_fail(err, DFL_EARG, "no model given (--model PATH)");
+    if (o->max_block < 0 || o->max_block > 512)
+        return dfl_fail(err, DFL_EARG, "max block %d outside 1..512", o->max_block);
+    dfl_engine *e = xcalloc(1, sizeof *e);
+    e->opts = *o;
+    e->max_block = o->max_block ? o->max_block : 16;
+    int rc;
+    if (o->vocab_only) {
+        rc = load_vocab_only(e, o->model_path, err);
+    } else {
+        e->pool = dfl_pool_new(o->n_threads);
+        rc = load_models(e, err);
+    }
+    if (rc) {
+        dfl_engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+void dfl_engine_free(dfl_engine *e) {
+    if (!e) return;
+    dfl_drafter_free(e->d);
+    dfl_target_free(e->t);
+    dfl_tok_free(e->tok);
+    dfl_pool_free(e->pool);
+    free(e);
+}
+
+static const char *base_name(const char *p) {
+    const char *s = p;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') n--;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '/') s = p + i + 1;
+    return s;
+}
+
+void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
+    memset(info, 0, sizeof *info);
+    if (!e->t) return;
+    static const char *arch[] = {"llama", "qwen2", "qwen3"};
+    const dfl_config *c = &e->t->c;
+    snprintf(info->arch, sizeof info->arch, "%s", arch[c->arch]);
+    snprintf(info->name, sizeof info->name, "%s", base_name(e->opts.model_path));
+    snprintf(info->dtype, sizeof info->dtype, "%s", dfl_type_name(e->t->layers[0].wq.type));
+    info->n_layers = c->n_layers;
+    info->dim = c->dim;
+    info->n_heads = c->n_heads;
+    info->n_kv_heads = c->n_kv_heads;
+    info->head_dim = c->head_dim;
+    info->ffn_dim = c->ffn_dim;
+    info->vocab = c->vocab;
+    info->ctx_size = e->ctx_size;
+    info->max_ctx = c->max_ctx;
+    info->weight_bytes = e->t->weight_bytes;
+    info->n_threads = dfl_pool_size(e->pool);
+    if (e->d) {
+        info->has_draft = 1;
+        info->draft_block = e->d->block_size;
+        info->draft_layers = e->d->c.n_layers;
+    }
+}
+
+/* ---- sessions ----------------------------------------------------------- */
+
+int dfl_session_new(dfl_engine *e, dfl_session **out, dfl_error *err) {
+    *out = NULL;
+    if (!e->t) return dfl_fail(err, DFL_EARG, "engine was loaded for its vocabulary only");
+    dfl_session *s = xcalloc(1, sizeof *s);
+    const dfl_config *c = &e->t->c;
+    s->e = e;
+    s->kv = dfl_kv_new(e->t, e->ctx_size);
+    s->hist = xcalloc(e->ctx_size, sizeof(int32_t));
+    s->logits = dfl_aligned_alloc((size_t)e->max_block * c->vocab * sizeof(float));
+    if (e->d) {
+        s->ds = dfl_dstore_new(e->d, e->ctx_size);
+        s->dlogits = dfl_aligned_alloc((size_t)e->max_block * c->vocab * sizeof(float));
+        s->feat = dfl_aligned_alloc((size_t)e->t->max_rows * e->d->n_cap * c->dim * sizeof(float));
+    }
+    *out = s;
+    return 0;
+}
+
+void dfl_session_free(dfl_session *s) {
+    if (!s) return;
+    dfl_kv_free(s->kv);
+    dfl_dstore_free(s->ds);
+    free(s->hist);
+    free(s->logits);
+    free(s->dlogits);
+    free(s->feat);
+    free(s);
+}
+
+int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap, int n_cap,
+                      float *logits, float *feat, dfl_error *err) {
+    dfl_target *t = s->e->t;
+    for (int j = 0; j < n_cap; j++)
+        if (cap[j] < 0 || cap[j] >= t->c.n_layers)
+            return dfl_fail(err, DFL_EARG, "capture layer %d outside 0..%d", cap[j],
+                            t->c.n_layers - 1);
+    dfl_kv_truncate(s->kv, 0);
+    if (s->ds) dfl_dstore_truncate(s->ds, 0);
+    int rc = dfl_target_forward(t, s->kv, ids, n, 0, logits, cap, n_cap, feat, err);
+    if (!rc) memcpy(s->hist, ids, (size_t)n * sizeof(int32_t));
+    return rc;
+}

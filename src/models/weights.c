@@ -1,0 +1,159 @@
+#include "models/weights.h"
+
+#include <string.h>
+
+typedef struct owned_block {
+    struct owned_block *next;
+    _Alignas(64) unsigned char data[];
+} owned_block;
+
+static void *own(dfl_weights *w, size_t n) {
+    owned_block *b = aligned_alloc(64, (sizeof(owned_block) + n + 63) & ~(size_t)63);
+    if (!b) {
+        fprintf(stderr, "dflash: out of memory converting weights (%zu bytes)\n", n);
+        exit(1);
+    }
+    b->next = w->owned;
+    w->owned = b;
+    return b->data;
+}
+
+void dfl_weights_free_owned(void *owned) {
+    for (owned_block *b = owned; b;) {
+        owned_block *n = b->next;
+        free(b);
+        b = n;
+    }
+}
+
+int dfl_w_begin(dfl_weights *w, dfl_tensors *ts, const dfl_load_opts *o, dfl_error *err) {
+    memset(w, 0, sizeof *w);
+    w->ts = ts;
+    w->progress = o->progress;
+    w->progress_ud = o->progress_ud;
+    if (o->dtype && *o->dtype && strcmp(o->dtype, "auto") != 0) {
+        int t = dfl_type_from_name(o->dtype);
+        if (t < 0)
+            return dfl_fail(err, DFL_EARG,
+                            "--dtype %s: unknown type (use f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)",
+                            o->dtype);
+        w->convert = 1;
+        w->type = (dfl_type)t;
+    }
+    return 0;
+}
+
+static dfl_tensor *find(dfl_weights *w, const char *name, dfl_error *err) {
+    dfl_tensor *t = dfl_tensors_find(w->ts, name);
+    if (!t) {
+        dfl_fail(err, DFL_EFORMAT, "%s: tensor %s is missing", w->ts->source, name);
+        return NULL;
+    }
+    if (t->used) {
+        dfl_fail(err, DFL_EFORMAT, "%s: tensor %s bound twice", w->ts->source, name);
+        return NULL;
+    }
+    t->used = 1;
+    return t;
+}
+
+static int convert_mat(dfl_weights *w, const dfl_tensor *t, dfl_mat *m, dfl_error *err) {
+    size_t rb = dfl_type_row_bytes(w->type, m->cols);
+    if (!rb)
+        return dfl_fail(err, DFL_EARG, "%s: tensor %s has %d columns, not a multiple of %s's block of %d",
+                        w->ts->source, t->name, m->cols, dfl_type_name(w->type),
+                        dfl_type_block(w->type));
+    uint8_t *dst = own(w, rb * m->rows);
+    float *row = xmalloc(sizeof(float) * m->cols);
+    for (int r = 0; r < m->rows; r++) {
+        dfl_dequant_row(m->type, m->data + (size_t)r * m->row_bytes, row, m->cols);
+        dfl_quant_row(w->type, row, dst + (size_t)r * rb, m->cols);
+    }
+    free(row);
+    m->type = w->type;
+    m->data = dst;
+    m->row_bytes = rb;
+    return 0;
+}
+
+int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, dfl_error *err) {
+    dfl_tensor *t = find(w, name, err);
+    if (!t) return DFL_EFORMAT;
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols)
+        return dfl_fail(err, DFL_EFORMAT,
+                        "%s: tensor %s has shape [%lld, %lld]%s, expected [%d, %d] from the config",
+                        w->ts->source, name, (long long)t->shape[0],
+                        (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                        t->n_dims != 2 ? " (not 2-D)" : "", rows, cols);
+    m->type = t->type;
+    m->rows = rows;
+    m->cols = cols;
+    m->data = t->data;
+    m->row_bytes = dfl_type_row_bytes(t->type, cols);
+    if (!m->row_bytes || m->row_bytes * (uint64_t)rows != t->nbytes)
+        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: %llu bytes do not fit [%d, %d] %s",
+                        w->ts->source, name, (unsigned long long)t->nbytes, rows, cols,
+                        dfl_type_name(t->type));
+    if (w->convert && m->type != w->type) return convert_mat(w, t, m, err);
+    return 0;
+}
+
+int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err) {
+    dfl_tensor *t = find(w, name, err);
+    if (!t) return DFL_EFORMAT;
+    if (t->n_dims != 1 || t->shape[0] != n)
+        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s has shape [%lld%s], expected [%d]",
+                        w->ts->source, name, (long long)t->shape[0],
+                        t->n_dims != 1 ? ", ..." : "", n);
+    if (t->type == DFL_F32) {
+        *v = t->data;
+        return 0;
+    }
+    if (dfl_type_block(t->type) != 1 || dfl_type_row_bytes(t->type, n) != t->nbytes)
+        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: a vector must be f32, f16 or bf16",
+                        w->ts->source, name);
+    float *f = own(w, sizeof(float) * n);
+    dfl_dequant_row(t->type, t->data, f, n);
+    *v = f;
+    return 0;
+}
+
+int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *err) {
+    if (!dfl_tensors_find(w->ts, name)) return 0;
+    const float *f;
+    int rc = dfl_w_vec(w, name, r->head_dim / 2, &f, err);
+    if (rc) return rc;
+    for (int i = 0; i < r->head_dim / 2; i++) {
+        if (!(f[i] > 0))
+            return dfl_fail(err, DFL_EFORMAT, "%s: %s[%d] = %g, expected > 0", w->ts->source,
+                            name, i, f[i]);
+        r->inv_freq[i] /= f[i];
+    }
+    return 0;
+}
+
+void dfl_w_ignore(dfl_weights *w, const char *suffix) {
+    size_t sl = strlen(suffix);
+    for (int i = 0; i < w->ts->n; i++) {
+        size_t nl = strlen(w->ts->t[i].name);
+        if (nl >= sl && !strcmp(w->ts->t[i].name + nl - sl, suffix)) w->ts->t[i].used = 1;
+    }
+}
+
+int dfl_w_end(dfl_weights *w, dfl_error *err) {
+    char list[512] = "";
+    int extra = 0;
+    for (int i = 0; i < w->ts->n; i++) {
+        if (w->ts->t[i].used) continue;
+        if (extra++ < 4) {
+            size_t l = strlen(list);
+            snprintf(list + l, sizeof list - l, "%s%s", l ? ", " : "", w->ts->t[i].name);
+        }
+    }
+    if (extra)
+        return dfl_fail(err, DFL_EFORMAT,
+                        "%s: %d unexpected tensor(s) for this architecture: %s%s (a different "
+                        "model family, or a damaged checkpoint)",
+                        w->ts->source, extra, list, extra > 4 ? ", ..." : "");
+    return 0;
+}

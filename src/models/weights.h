@@ -1,0 +1,31 @@
+/* weights.h - binds named file tensors to model fields, shared by the target
+ * and drafter loaders: exact shape checks, conversion to the --dtype asked
+ * for, norms as f32, and a final check that no tensor was left unused. */
+#ifndef DFL_WEIGHTS_H
+#define DFL_WEIGHTS_H
+
+#include "models/model.h"
+
+typedef struct dfl_weights {
+    dfl_tensors *ts;
+    int convert;          /* convert matrices to type */
+    dfl_type type;
+    void *owned;          /* list of allocations made here (converted data) */
+    dfl_progress_fn progress;
+    void *progress_ud;
+} dfl_weights;
+
+int dfl_w_begin(dfl_weights *w, dfl_tensors *ts, const dfl_load_opts *o, dfl_error *err);
+/* A 2-D tensor of exactly [rows, cols]. */
+int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, dfl_error *err);
+/* A 1-D tensor of n elements, as f32 (converted when stored otherwise). */
+int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err);
+/* Optional GGUF rope_freqs.weight (Llama-3 frequency factors): divides inv_freq. */
+int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *err);
+/* Marks tensors whose name ends with suffix as used (known, ignored). */
+void dfl_w_ignore(dfl_weights *w, const char *suffix);
+/* Refuses any tensor not bound: names the first few. */
+int dfl_w_end(dfl_weights *w, dfl_error *err);
+void dfl_weights_free_owned(void *owned);
+
+#endif
