@@ -1,0 +1,88 @@
+#include "spec/policy.h"
+
+#include <string.h>
+
+void dfl_costs_init(dfl_costs *c, int max_block) {
+    memset(c, 0, sizeof *c);
+    c->max_block = max_block < DFL_POLICY_MAX ? max_block : DFL_POLICY_MAX;
+}
+
+void dfl_costs_update(dfl_costs *c, int B, double seconds) {
+    if (B < 1 || B > c->max_block || !(seconds > 0)) return;
+    double *t = &c->t_round[B];
+    *t = *t > 0 ? 0.8 * *t + 0.2 * seconds : seconds;
+}
+
+double dfl_costs_get(const dfl_costs *c, int B) {
+    if (c->t_round[B] > 0) return c->t_round[B];
+    int lo = B - 1, hi = B + 1;
+    while (lo >= 1 && !(c->t_round[lo] > 0)) lo--;
+    while (hi <= c->max_block && !(c->t_round[hi] > 0)) hi++;
+    if (lo >= 1 && hi <= c->max_block)
+        return c->t_round[lo] + (c->t_round[hi] - c->t_round[lo]) * (B - lo) / (hi - lo);
+    if (lo >= 1) {
+        /* Past the largest measured size: extend the last measured slope. */
+        int lo2 = lo - 1;
+        while (lo2 >= 1 && !(c->t_round[lo2] > 0)) lo2--;
+        double slope = lo2 >= 1 ? (c->t_round[lo] - c->t_round[lo2]) / (lo - lo2) : 0;
+        return c->t_round[lo] + slope * (B - lo);
+    }
+    return 0;
+}
+
+void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
+    memset(p, 0, sizeof *p);
+    p->costs = c;
+    p->max_block = max_block < c->max_block ? max_block : c->max_block;
+    p->reprobe_every = 16;
+}
+
+void dfl_policy_observe(dfl_policy *p, int B, int accepted) {
+    for (int i = 0; i < B - 1 && i < DFL_POLICY_MAX; i++) {
+        if (i > accepted) break;   /* positions after the first miss were not tested */
+        p->tries[i] += 1;
+        if (i < accepted) p->hits[i] += 1;
+    }
+    p->classic_run = 0;
+}
+
+/* A Beta(1, 1) prior: an untried position counts as a coin flip, which is
+ * optimistic enough to try speculation once but gives way to evidence. */
+double dfl_policy_accept_p(const dfl_policy *p, int i) {
+    if (i < 0 || i >= DFL_POLICY_MAX) return 0;
+    return (p->hits[i] + 1.0) / (p->tries[i] + 2.0);
+}
+
+double dfl_policy_expected(const dfl_policy *p, int B) {
+    double e = 1.0, run = 1.0;
+    for (int i = 0; i < B - 1; i++) {
+        run *= dfl_policy_accept_p(p, i);
+        e += run;
+    }
+    return e;
+}
+
+static int best_block(const dfl_policy *p) {
+    int best = 1;
+    double t1 = dfl_costs_get(p->costs, 1);
+    if (!(t1 > 0)) return 1;
+    double best_rate = 1.0 / t1;
+    for (int B = 2; B <= p->max_block; B++) {
+        double t = dfl_costs_get(p->costs, B);
+        if (!(t > 0)) continue;
+        double rate = dfl_policy_expected(p, B) / t;
+        if (rate > best_rate) best_rate = rate, best = B;
+    }
+    return best;
+}
+
+int dfl_policy_choose(dfl_policy *p) {
+    int B = best_block(p);
+    if (B > 1) return B;
+    /* Classic wins on current estimates; probe once in a while with the
+     * cheapest speculative block so a changed text can win speculation back. */
+    if (p->max_block >= 2 && p->classic_run >= p->reprobe_every) return 2;
+    return 1;
+}
+
+void dfl_policy_classic_step(dfl_policy *p) { p->classic_run++; }

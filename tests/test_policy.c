@@ -1,0 +1,98 @@
+/* test_policy.c - the adaptive block policy on synthetic cost and acceptance
+ * tables: it must pick the argmax of expected tokens per second (computed
+ * here independently, in closed form) and fall back to classic decode. */
+#include <math.h>
+
+#include "spec/policy.h"
+#include "testutil.h"
+
+/* Feeds n rounds of block B whose accept lengths follow a geometric law with
+ * per-position acceptance a (deterministic: fractions, not random draws). */
+static void feed(dfl_policy *p, int B, double a, int n) {
+    for (int r = 0; r < n; r++) {
+        /* accepted = k with probability a^k (1-a) (truncated at B-1): spread
+         * the n rounds over k by those weights. */
+        double u = (r + 0.5) / n, cum = 0;
+        int k = 0;
+        for (; k < B - 1; k++) {
+            cum += pow(a, k) * (1 - a);
+            if (u < cum) break;
+        }
+        dfl_policy_observe(p, B, k);
+    }
+}
+
+static int brute_best(const dfl_costs *c, double a, int maxB) {
+    int best = 1;
+    double rate1 = 1.0 / c->t_round[1], best_rate = rate1;
+    for (int B = 2; B <= maxB; B++) {
+        double e = (1 - pow(a, B)) / (1 - a); /* 1 + a + ... + a^(B-1) */
+        double r = e / c->t_round[B];
+        if (r > best_rate) best_rate = r, best = B;
+    }
+    return best;
+}
+
+static void table(dfl_costs *c, int maxB, double base, double slope) {
+    dfl_costs_init(c, maxB);
+    for (int B = 1; B <= maxB; B++) c->t_round[B] = base + slope * (B - 1);
+}
+
+int main(void) {
+    /* Cheap verify rows and good drafts: speculation wins, at the argmax. */
+    double slopes[] = {0.02, 0.1, 0.3, 0.6, 1.2};
+    double accs[] = {0.3, 0.6, 0.8, 0.9, 0.97};
+    for (int si = 0; si < 5; si++)
+        for (int ai = 0; ai < 5; ai++) {
+            dfl_costs c;
+            table(&c, 16, 1.0, slopes[si]);
+            dfl_policy p;
+            dfl_policy_init(&p, &c, 16);
+            feed(&p, 16, accs[ai], 4000);
+            int want = brute_best(&c, accs[ai], 16), got = dfl_policy_choose(&p);
+            /* The estimate of a is close but not exact: accept a choice whose
+             * true rate is within 2% of the best. */
+            double a = accs[ai];
+            double rate_got = (1 - pow(a, got)) / (1 - a) / c.t_round[got];
+            double rate_want = (1 - pow(a, want)) / (1 - a) / c.t_round[want];
+            CHECK(rate_got >= 0.98 * rate_want, "slope %.2f acc %.2f: chose %d, best %d",
+                  slopes[si], a, got, want);
+        }
+
+    /* Verify rows as expensive as whole steps: classic wins, and stays. */
+    dfl_costs c;
+    table(&c, 8, 1.0, 1.0);
+    dfl_policy p;
+    dfl_policy_init(&p, &c, 8);
+    feed(&p, 8, 0.5, 500);
+    CHECK(dfl_policy_choose(&p) == 1, "expensive verify must fall back to classic");
+    /* ...but re-probes after reprobe_every classic steps. */
+    for (int i = 0; i < p.reprobe_every; i++) dfl_policy_classic_step(&p);
+    CHECK(dfl_policy_choose(&p) == 2, "a probe round is due");
+    dfl_policy_observe(&p, 2, 0);
+    CHECK(dfl_policy_choose(&p) == 1, "after the probe, back to classic");
+
+    /* Zero acceptance: never speculate beyond probes. */
+    table(&c, 16, 1.0, 0.05);
+    dfl_policy_init(&p, &c, 16);
+    feed(&p, 16, 0.0, 200);
+    CHECK(dfl_policy_choose(&p) == 1, "zero acceptance must be classic");
+
+    /* Acceptance estimates follow the evidence. */
+    dfl_policy_init(&p, &c, 16);
+    for (int i = 0; i < 1000; i++) dfl_policy_observe(&p, 4, i % 2 ? 3 : 1);
+    CHECK(fabs(dfl_policy_accept_p(&p, 0) - 1.0) < 0.01, "p0 %.3f", dfl_policy_accept_p(&p, 0));
+    CHECK(fabs(dfl_policy_accept_p(&p, 1) - 0.5) < 0.01, "p1 %.3f", dfl_policy_accept_p(&p, 1));
+    CHECK(fabs(dfl_policy_expected(&p, 3) - (1 + 1 + 0.5)) < 0.02, "E[3] %.3f",
+          dfl_policy_expected(&p, 3));
+
+    /* Interpolation between measured sizes and past the last one. */
+    dfl_costs_init(&c, 16);
+    c.t_round[1] = 1.0, c.t_round[4] = 1.6, c.t_round[8] = 2.0;
+    CHECK(fabs(dfl_costs_get(&c, 2) - 1.2) < 1e-9, "interp 2: %g", dfl_costs_get(&c, 2));
+    CHECK(fabs(dfl_costs_get(&c, 6) - 1.8) < 1e-9, "interp 6: %g", dfl_costs_get(&c, 6));
+    CHECK(fabs(dfl_costs_get(&c, 12) - 2.4) < 1e-9, "extrap 12: %g", dfl_costs_get(&c, 12));
+    dfl_costs_update(&c, 4, 2.6);
+    CHECK(fabs(c.t_round[4] - (0.8 * 1.6 + 0.2 * 2.6)) < 1e-9, "moving average");
+    return test_summary();
+}
