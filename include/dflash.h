@@ -150,7 +150,15 @@ typedef struct dfl_stats {
     double weight_bytes;             /* bytes read per target forward */
     int exact_checked;               /* probe run: 1 exact, -1 inexact, 0 not run */
     char note[256];                  /* e.g. why speculation was turned off */
+    int stop;                        /* DFL_STOP_*: why generation ended */
 } dfl_stats;
+
+/* Why dfl_generate returned 0. The stop token itself (EOS/EOT or one of
+ * stop_ids) is committed and passed to the callback as the last token; text
+ * printers skip it with dfl_token_is_eog. A callback that returns nonzero
+ * ends generation after that token with DFL_STOP_CANCEL; that is not an
+ * error (dfl_generate still returns 0). */
+enum { DFL_STOP_NONE = 0, DFL_STOP_LENGTH, DFL_STOP_EOS, DFL_STOP_CTX, DFL_STOP_CANCEL };
 
 typedef struct dfl_token_info {
     int32_t id;
@@ -181,6 +189,24 @@ typedef struct dfl_probe_result {
  * report to json (may be NULL). Returns 0 when run (exact or not). */
 int dfl_probe(dfl_engine *e, const int32_t *prompt, int n_prompt, int block,
               dfl_probe_result *r, char *json, size_t cap, dfl_error *err);
+
+/* The drafter diagnostic (needs a drafter): decodes n_gen tokens after prompt
+ * classically (the reference path) and, at every position of that path,
+ * drafts a block of `block` rows from the reference prefix, as a shadow that
+ * never steers the committed path. Per draft position i (0-based, i.e. block
+ * row i+1): hit = draft equals the reference token; prefix = it and all
+ * drafts before it do (what greedy verification would accept). */
+typedef struct dfl_draft_report {
+    int block;
+    int n_anchors;                              /* blocks drafted */
+    uint64_t pos_tried[DFL_MAX_POS_STATS];      /* anchors whose row i+1 had a reference token */
+    uint64_t pos_hit[DFL_MAX_POS_STATS];
+    uint64_t pos_prefix[DFL_MAX_POS_STATS];
+    double tau;            /* 1 + mean accepted prefix: committed tokens per round */
+} dfl_draft_report;
+
+int dfl_probe_draft(dfl_engine *e, const int32_t *prompt, int n_prompt, int block, int n_gen,
+                    dfl_draft_report *r, char *json, size_t cap, dfl_error *err);
 
 /* ---- debugging and reference tests -------------------------------------- */
 
