@@ -30,6 +30,12 @@ typedef struct dfl_config {
 
 /* Parses and range-checks a Hugging Face config.json (target models). */
 int dfl_config_from_hf(const char *path, dfl_config *c, dfl_error *err);
+/* The same from a config.json already in memory (the fuzz target's entry). */
+int dfl_config_from_json(const char *buf, size_t len, dfl_config *c, dfl_error *err);
+/* The same from a parsed object; arch < 0 reads architectures[0], else forces
+ * ARCH_* (for drafters whose config.json names their own class). */
+int dfl_config_from_cjson(const struct cJSON *j, const char *file, int arch, dfl_config *c,
+                          dfl_error *err);
 /* Reads the same from GGUF metadata (llama / qwen2 / qwen3). */
 int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err);
 /* Cross-field checks shared by both (heads * head_dim, GQA ratio, ranges). */
