@@ -7,6 +7,7 @@
  * kv pairs, tensor infos, padding to general.alignment, tensor data. */
 #include "io.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -445,4 +446,107 @@ int64_t dfl_gguf_arr_i64(const gguf_kv *kv, uint64_t i) {
 float dfl_gguf_arr_f32(const gguf_kv *kv, uint64_t i) {
     if (i >= kv->arr_n) return 0;
     return (float)get_float(kv->arr_type, kv->val + i * vsize(kv->arr_type));
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+typedef struct {
+    FILE *f;
+    int ok;
+    uint64_t pos;
+} wr;
+
+static void w_bytes(wr *w, const void *p, size_t n) {
+    if (w->ok && n && fwrite(p, 1, n, w->f) != n) w->ok = 0;
+    w->pos += n;
+}
+static void w_u32(wr *w, uint32_t v) { w_bytes(w, &v, 4); }
+static void w_u64(wr *w, uint64_t v) { w_bytes(w, &v, 8); }
+static void w_str(wr *w, const char *s) {
+    uint64_t n = strlen(s);
+    w_u64(w, n);
+    w_bytes(w, s, n);
+}
+static void w_pad(wr *w, uint64_t align) {
+    static const uint8_t zero[64];
+    while (w->pos % align) {
+        uint64_t n = align - w->pos % align;
+        w_bytes(w, zero, n < sizeof zero ? n : sizeof zero);
+    }
+}
+
+static int w_kv(wr *w, const gguf_wkv *kv, const char *path, dfl_error *err) {
+    uint32_t et = kv->type == GGUF_T_ARRAY ? kv->arr_type : kv->type;
+    if (!kv->key || (et != GGUF_T_STRING && !vsize(et)) ||
+        (kv->type == GGUF_T_ARRAY && et == GGUF_T_ARRAY))
+        return dfl_fail(err, DFL_EARG, "%s: kv %s: cannot write value type %u/%u", path,
+                        kv->key ? kv->key : "?", kv->type, kv->arr_type);
+    w_str(w, kv->key);
+    w_u32(w, kv->type);
+    if (kv->type == GGUF_T_STRING) {
+        w_str(w, kv->val);
+    } else if (kv->type != GGUF_T_ARRAY) {
+        w_bytes(w, kv->val, vsize(kv->type));
+    } else {
+        w_u32(w, et);
+        w_u64(w, kv->arr_n);
+        if (et == GGUF_T_STRING)
+            for (uint64_t i = 0; i < kv->arr_n; i++) w_str(w, ((const char *const *)kv->val)[i]);
+        else
+            w_bytes(w, kv->val, kv->arr_n * vsize(et));
+    }
+    return 0;
+}
+
+/* nbytes the tensor must have for its shape and type; 0 when it cannot be written. */
+static uint64_t tensor_bytes(const dfl_tensor *t) {
+    if ((unsigned)t->type >= DFL_NTYPES || t->n_dims < 1 || t->n_dims > DFL_MAX_DIMS || !t->name)
+        return 0;
+    uint64_t n = dfl_type_row_bytes(t->type, t->shape[t->n_dims - 1]);
+    for (int d = 0; d < t->n_dims - 1; d++)
+        if (t->shape[d] <= 0 || dfl_mul_ok(n, (uint64_t)t->shape[d], &n)) return 0;
+    return n;
+}
+
+int dfl_gguf_write(const char *path, const gguf_wkv *kv, int n_kv, const dfl_tensor *t, int n_t,
+                   dfl_error *err) {
+    uint64_t align = 32;
+    for (int i = 0; i < n_kv; i++)
+        if (kv[i].key && strcmp(kv[i].key, "general.alignment") == 0 && kv[i].type == GGUF_T_U32) {
+            uint32_t a;
+            memcpy(&a, kv[i].val, 4);
+            align = a;
+        }
+    if (align == 0 || (align & (align - 1)))
+        return dfl_fail(err, DFL_EARG, "%s: general.alignment must be a power of two", path);
+    for (int i = 0; i < n_t; i++)
+        if (!tensor_bytes(&t[i]) || tensor_bytes(&t[i]) != t[i].nbytes || !t[i].data)
+            return dfl_fail(err, DFL_EARG, "%s: tensor %s: nbytes %llu does not match its %s shape",
+                            path, t[i].name ? t[i].name : "?", (unsigned long long)t[i].nbytes,
+                            dfl_type_name(t[i].type));
+    wr w = {fopen(path, "wb"), 1, 0};
+    if (!w.f) return dfl_fail(err, DFL_EIO, "%s: cannot create: %s", path, strerror(errno));
+    w_bytes(&w, "GGUF", 4);
+    w_u32(&w, 3);
+    w_u64(&w, (uint64_t)n_t);
+    w_u64(&w, (uint64_t)n_kv);
+    int rc = 0;
+    for (int i = 0; i < n_kv && !rc; i++) rc = w_kv(&w, &kv[i], path, err);
+    uint64_t off = 0;
+    for (int i = 0; i < n_t && !rc; i++) {
+        w_str(&w, t[i].name);
+        w_u32(&w, (uint32_t)t[i].n_dims);
+        for (int d = t[i].n_dims - 1; d >= 0; d--) w_u64(&w, (uint64_t)t[i].shape[d]);
+        w_u32(&w, ggml_id[t[i].type]);
+        w_u64(&w, off);
+        off = (off + t[i].nbytes + align - 1) / align * align;
+    }
+    for (int i = 0; i < n_t && !rc; i++) {
+        w_pad(&w, align);
+        w_bytes(&w, t[i].data, t[i].nbytes);
+    }
+    if (fclose(w.f) != 0) w.ok = 0;
+    if (!rc && !w.ok) rc = dfl_fail(err, DFL_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (rc) remove(path); /* no half-written file left behind */
+    return rc;
 }
