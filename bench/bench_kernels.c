@@ -1,0 +1,208 @@
+/* bench_kernels.c - kernel speed against this machine's own limits, measured
+ * in the same run: read bandwidth (a STREAM-like sum) and FMA peak (a
+ * register-only FMA loop), both on the pool's threads. Prints GB/s for
+ * one-row matmuls and GFLOP/s for 1..32 rows on Qwen3-0.6B shapes, each with
+ * its ratio to the limit that bounds it.
+ *
+ *   bench_kernels [threads] [seconds per measurement]
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/vec.h"
+
+static dfl_pool *pool;
+static int nthreads;
+static double min_time = 0.25;
+
+/* ---- machine limits --------------------------------------------------------- */
+
+typedef struct {
+    const float *buf;
+    size_t n;          /* floats */
+    float sink[256];
+} bw_job;
+
+DFL_AVX2 static void bw_task(void *ctx, int i, int n) {
+    bw_job *j = ctx;
+    size_t per = j->n / n, lo = per * i;
+    const float *p = j->buf + lo;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t k = 0; k + 32 <= per; k += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + k));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + k + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + k + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + k + 24));
+    }
+    j->sink[i] = dfl_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+static double read_bandwidth(void) {
+    size_t bytes = (size_t)512 << 20;
+    bw_job j = {dfl_aligned_alloc(bytes), bytes / 4, {0}};
+    memset((void *)j.buf, 1, bytes);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t = dfl_now();
+        dfl_pool_run(pool, bw_task, &j, nthreads);
+        t = dfl_now() - t;
+        if (bytes / t > best) best = bytes / t;
+    }
+    free((void *)j.buf);
+    return best / 1e9;
+}
+
+enum { FMA_CHAINS = 10 };
+typedef struct { long iters; float sink[256]; } fma_job;
+
+DFL_AVX2 static void fma_task(void *ctx, int i, int n) {
+    fma_job *j = ctx;
+    __m256 a[FMA_CHAINS], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_set1_ps((float)k);
+    for (long it = 0; it < j->iters; it++)
+#pragma GCC unroll 10
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_fmadd_ps(a[k], m, c);
+    __m256 s = a[0];
+    for (int k = 1; k < FMA_CHAINS; k++) s = _mm256_add_ps(s, a[k]);
+    j->sink[i] = dfl_hsum8(s);
+}
+
+static double fma_peak(void) {
+    fma_job j = {20000000, {0}};
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t = dfl_now();
+        dfl_pool_run(pool, fma_task, &j, nthreads);
+        t = dfl_now() - t;
+        double f = (double)j.iters * FMA_CHAINS * 8 * 2 * nthreads / t;
+        if (f > best) best = f;
+    }
+    return best / 1e9;
+}
+
+/* ---- matmul ------------------------------------------------------------------ */
+
+typedef struct {
+    dfl_mat *W;     /* copies, cycled so small matrices are read from memory, not L3 */
+    int ncopy;
+    size_t bytes;   /* of one copy */
+} mats;
+
+static mats make_mats(dfl_type t, int rows, int cols) {
+    mats m = {0};
+    size_t rb = (size_t)cols * (t == DFL_F32 ? 4 : 2);
+    m.bytes = rb * rows;
+    m.ncopy = (int)((256u << 20) / m.bytes);
+    if (m.ncopy < 1) m.ncopy = 1;
+    m.W = xcalloc(m.ncopy, sizeof(dfl_mat));
+    float *row = xmalloc(sizeof(float) * cols);
+    for (int c = 0; c < m.ncopy; c++) {
+        uint8_t *d = dfl_aligned_alloc(m.bytes);
+        for (int o = 0; o < rows; o++) {
+            for (int k = 0; k < cols; k++) row[k] = (float)((o * 31 + k * 17 + c) % 97) / 97.0f - 0.5f;
+            dfl_quant_row(t, row, d + rb * o, cols);
+        }
+        m.W[c] = (dfl_mat){t, rows, cols, d, rb};
+    }
+    free(row);
+    return m;
+}
+
+static void free_mats(mats *m) {
+    for (int c = 0; c < m->ncopy; c++) free((void *)m->W[c].data);
+    free(m->W);
+}
+
+/* Seconds per call, the best of batches of calls lasting min_time in all. */
+static double time_matmul(mats *m, int n, const float *X, float *Y) {
+    int calls = 0;
+    double best = 1e9, start = dfl_now();
+    while (dfl_now() - start < min_time || calls < 3) {
+        double t = dfl_now();
+        dfl_matmul(pool, &m->W[calls % m->ncopy], n, X, m->W[0].cols, Y, m->W[0].rows, NULL);
+        t = dfl_now() - t;
+        if (t < best) best = t;
+        calls++;
+    }
+    return best;
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+static void bench_attention(double bw) {
+    int nh = 16, nkv = 8, hd = 128, kvd = nkv * hd, ctxs[] = {1024, 8192, 32768}, ns[] = {1, 16};
+    float *K = dfl_aligned_alloc(sizeof(float) * 32768 * kvd);
+    float *V = dfl_aligned_alloc(sizeof(float) * 32768 * kvd);
+    float *q = dfl_aligned_alloc(sizeof(float) * 16 * nh * hd);
+    float *out = dfl_aligned_alloc(sizeof(float) * 16 * nh * hd);
+    for (size_t i = 0; i < (size_t)32768 * kvd; i++) K[i] = V[i] = (float)(i % 13) * 0.01f;
+    for (int i = 0; i < 16 * nh * hd; i++) q[i] = (float)(i % 7) * 0.1f;
+    printf("\nattention (16 heads, 8 kv heads, hd 128; K/V f32): ms per call, K/V read GB/s\n");
+    for (int c = 0; c < 3; c++)
+        for (int ni = 0; ni < 2; ni++) {
+            int n = ns[ni], nk[16];
+            for (int r = 0; r < n; r++) nk[r] = ctxs[c] - n + 1 + r;
+            double best = 1e9, start = dfl_now();
+            int calls = 0;
+            while (dfl_now() - start < min_time || calls < 3) {
+                double t = dfl_now();
+                dfl_attention(pool, n, q, K, V, kvd, nk, nh, nkv, hd, 0.088f, out);
+                t = dfl_now() - t;
+                best = t < best ? t : best;
+                calls++;
+            }
+            double gb = 2.0 * ctxs[c] * kvd * 4 / best / 1e9;
+            printf("  ctx %5d  n %2d  %8.3f ms  %6.1f GB/s (%.0f%% of read bw)\n", ctxs[c], n,
+                   best * 1e3, gb, 100 * gb / bw);
+        }
+    free(K);
+    free(V);
+    free(q);
+    free(out);
+}
+
+int main(int argc, char **argv) {
+    nthreads = argc > 1 ? atoi(argv[1]) : dfl_ncpu();
+    if (argc > 2) min_time = atof(argv[2]);
+    pool = dfl_pool_new(nthreads);
+    printf("threads %d, avx2 %d\n", nthreads, dfl_cpu_has_avx2());
+    double bw = read_bandwidth(), peak = fma_peak();
+    printf("read bandwidth %.1f GB/s, FMA peak %.1f GFLOP/s\n\n", bw, peak);
+
+    static const int shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}};
+    static const int ns[] = {1, 2, 4, 8, 16, 32};
+    float *X = dfl_aligned_alloc(sizeof(float) * 32 * 3072);
+    float *Y = dfl_aligned_alloc(sizeof(float) * 32 * 151936);
+    for (int i = 0; i < 32 * 3072; i++) X[i] = (float)(i % 11) * 0.1f;
+    printf("matmul: n=1 GB/s (%% of read bw) | GFLOP/s for n rows (%% of FMA peak)\n");
+    printf("%-5s %-12s %-16s", "type", "rows x cols", "n=1 GB/s");
+    for (int i = 0; i < 6; i++) printf(" %13s%-2d", "n=", ns[i]);
+    printf("\n");
+    for (int t = DFL_F32; t <= DFL_BF16; t++)
+        for (int s = 0; s < 4; s++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            mats m = make_mats((dfl_type)t, rows, cols);
+            char shape[32];
+            snprintf(shape, sizeof shape, "%dx%d", rows, cols);
+            printf("%-5s %-12s", dfl_type_name((dfl_type)t), shape);
+            for (int i = 0; i < 6; i++) {
+                double sec = time_matmul(&m, ns[i], X, Y);
+                double gf = 2.0 * rows * cols * ns[i] / sec / 1e9;
+                if (i == 0) {
+                    double gb = m.bytes / sec / 1e9;
+                    printf(" %5.1f (%3.0f%%)    ", gb, 100 * gb / bw);
+                }
+                printf(" %6.1f (%3.0f%%)", gf, 100 * gf / peak);
+                fflush(stdout);
+            }
+            printf("\n");
+            free_mats(&m);
+        }
+    free(X);
+    free(Y);
+    bench_attention(bw);
+    dfl_pool_free(pool);
+    return 0;
+}
