@@ -1,7 +1,10 @@
 /* quant.h - quantized weight formats (Q8_0, Q4_0, Q4_K, Q6_K): row
  * conversion and matmul. kernels.c dispatches quantized types here; the same
  * batch-invariance rules as kernels.h apply (split by output row, one fixed
- * accumulation order per output element). */
+ * accumulation order per output element).
+ *
+ * The block layouts are GGUF's (ggml's block_q8_0, block_q4_0, block_q4_K,
+ * block_q6_K), so GGUF tensors are used in place from the mapping. */
 #ifndef DFL_QUANT_H
 #define DFL_QUANT_H
 
@@ -15,7 +18,55 @@ void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ld
 void dfl_qmatmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, int ldy);
 size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols);
 void dfl_qdequant_row(dfl_type t, const void *src, float *dst, int cols);
-/* Returns 0, or -1 if cols is not a block multiple. */
+/* Returns 0, or -1 if cols is not a block multiple or a value is not finite
+ * (or, for the K-quants, too large for their f16 super-block scales). */
 int dfl_qquant_row(dfl_type t, const float *src, void *dst, int cols);
+
+/* ---- the GGUF blocks (ggml-common.h layouts; f16 fields as raw bits) ---- */
+
+enum { QK8_0 = 32, QK4_0 = 32, QK_K = 256 };
+
+typedef struct {
+    uint16_t d;             /* f16 scale */
+    int8_t qs[QK8_0];       /* value = qs[i] * d */
+} dfl_block_q8_0;           /* 34 bytes */
+
+typedef struct {
+    uint16_t d;             /* f16 scale */
+    uint8_t qs[QK4_0 / 2];  /* element i < 16: low nibble of qs[i]; i >= 16: high nibble of
+                               qs[i - 16]; value = (q - 8) * d */
+} dfl_block_q4_0;           /* 18 bytes */
+
+typedef struct {
+    uint16_t d;             /* f16 super-block scale of the 6-bit scales */
+    uint16_t dmin;          /* f16 super-block scale of the 6-bit mins */
+    uint8_t scales[12];     /* 8 scales + 8 mins of 6 bits (sub-blocks of 32), packed */
+    uint8_t qs[QK_K / 2];   /* 4-bit quants: 64-element groups, low nibbles then high */
+} dfl_block_q4_K;           /* 144 bytes; value = d*sc[j]*q - dmin*m[j] */
+
+typedef struct {
+    uint8_t ql[QK_K / 2];   /* low 4 bits of the quants */
+    uint8_t qh[QK_K / 4];   /* high 2 bits */
+    int8_t scales[QK_K / 16]; /* one per 16 elements */
+    uint16_t d;             /* f16 super-block scale */
+} dfl_block_q6_K;           /* 210 bytes; value = d*scales[j]*(q - 32) */
+
+/* ---- quantized activations (the layout of the matmul scratch) ------------
+ * Each row of X becomes int8 blocks with one f32 scale per block: blocks of
+ * 32 for Q8_0/Q4_0 weights, of 256 for K-quant weights, which also keep the
+ * sum of every 16 quants (for the mins / the -32 offset of the formats). */
+typedef struct dfl_qact {
+    int blk;                /* 32 or 256 elements per scale */
+    int cols;
+    int8_t *q;              /* [n, cols]: round(x / d), in [-127, 127] */
+    float *d;               /* [n, cols / blk]: max|x| / 127 (0 when max|x| < 2^-100) */
+    int16_t *bsum;          /* [n, cols / 16]: sums of 16 quants (K-quants only, else NULL) */
+} dfl_qact;
+
+/* Internal to quant.c / quant_avx2.c: the AVX2 kernels, each the twin of a
+ * plain-C function in quant.c with the same arithmetic. */
+void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx);
+/* Output rows [o0, o1) of W for all n activation rows. */
+void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, int ldy);
 
 #endif

@@ -1,0 +1,554 @@
+/* quant.c - GGUF block formats Q8_0, Q4_0, Q4_K, Q6_K: dequantization (bit
+ * for bit as ggml's dequantize_row_*), quantizers, and the plain-C twins of
+ * the AVX2 matmul in quant_avx2.c.
+ *
+ * The matmul quantizes each activation row to int8 blocks (one f32 scale per
+ * 32, or per 256 for K-quant weights), then does integer dot products per
+ * block. The float side is fixed by the SIMD shape: eight lanes, lane k holds
+ * the integer sum of elements 4k..4k+3 of each 32-element group, and is
+ * accumulated over blocks in order with one fused multiply-add per block;
+ * the eight lanes are then added in one fixed tree (hsum8). The twins below
+ * spell out exactly that, so tests can memcmp them against the SIMD code. */
+#include "kernels/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- f16 (exact; the same bits as F16C's vcvtph2ps / vcvtps2ph RNE) ---- */
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+
+static float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0x1f) {
+        bits = sign | 0x7f800000 | m << 13 | (m ? 0x400000 : 0); /* NaNs come out quiet */
+    } else if (e == 0) {
+        float f = (float)m * 0x1p-24f; /* zero or subnormal: exact */
+        return sign ? -f : f;
+    } else {
+        bits = sign | (e + 112) << 23 | m << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)(x >> 16 & 0x8000);
+    uint32_t ax = x & 0x7fffffff;
+    if (ax > 0x7f800000) return sign | 0x7e00 | (ax >> 13 & 0x3ff);
+    if (ax >= 0x477ff000) return sign | 0x7c00; /* 65520 and up round to inf */
+    if (ax >= 0x38800000) {                     /* normal half: round the mantissa to even */
+        uint32_t m = ax - 0x38000000;
+        return sign | (uint16_t)((m + 0xfff + (m >> 13 & 1)) >> 13);
+    }
+    float a;
+    memcpy(&a, &ax, 4);
+    return sign | (uint16_t)rintf(a * 0x1p24f); /* subnormal half: units of 2^-24 */
+}
+
+static float f16_round(float f) { return h2f(f2h(f)); }
+
+/* ---- dequantization: ggml's dequantize_row_*, same float operations ------ */
+
+static void dequant_q8_0(const uint8_t *p, float *y, int nb) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0), y += QK8_0) {
+        float d = h2f(rd16(p));
+        for (int i = 0; i < QK8_0; i++) y[i] = (int8_t)p[2 + i] * d;
+    }
+}
+
+static void dequant_q4_0(const uint8_t *p, float *y, int nb) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_0), y += QK4_0) {
+        float d = h2f(rd16(p));
+        for (int i = 0; i < QK4_0 / 2; i++) {
+            y[i] = ((p[2 + i] & 0xf) - 8) * d;
+            y[i + QK4_0 / 2] = ((p[2 + i] >> 4) - 8) * d;
+        }
+    }
+}
+
+/* The 12 scale bytes of a Q4_K block hold 8 scales and 8 mins of 6 bits:
+ * bytes 0-3 the low 6 bits of scales 0-3, bytes 4-7 of mins 0-3, bytes 8-11
+ * the low nibbles of scales 4-7 (low half) and mins 4-7 (high half); the top
+ * two bits of bytes 0-3 / 4-7 are the high bits of scales 4-7 / mins 4-7. */
+static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0xf) | (s[j] >> 6) << 4);
+        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+    }
+}
+
+/* Quants of a Q4_K block in element order (0..15). */
+static void q4k_quants(const uint8_t *qs, uint8_t q[QK_K]) {
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * g + l] = qs[32 * g + l] & 0xf;
+            q[64 * g + 32 + l] = qs[32 * g + l] >> 4;
+        }
+}
+
+static void dequant_q4_K(const uint8_t *p, float *y, int nb) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), y += QK_K) {
+        float d = h2f(rd16(p)), dmin = h2f(rd16(p + 2));
+        uint8_t sc[8], mn[8], q[QK_K];
+        q4k_scales(p + 4, sc, mn);
+        q4k_quants(p + 16, q);
+        for (int j = 0; j < 8; j++) {
+            float dj = d * sc[j], mj = dmin * mn[j];
+            for (int l = 0; l < 32; l++) y[32 * j + l] = dj * q[32 * j + l] - mj;
+        }
+    }
+}
+
+/* Quants of a Q6_K block in element order, unsigned (0..63; the value is
+ * q - 32): per half of 128, ql holds the low nibbles of elements 0-31 | 64-95
+ * (bytes 0-31) and 32-63 | 96-127 (bytes 32-63); qh byte l holds the top two
+ * bits of elements l, l+32, l+64, l+96. */
+static void q6k_quants(const uint8_t *ql, const uint8_t *qh, uint8_t q[QK_K]) {
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32, q += 128)
+        for (int l = 0; l < 32; l++) {
+            q[l] = (uint8_t)((ql[l] & 0xf) | (qh[l] & 3) << 4);
+            q[l + 32] = (uint8_t)((ql[l + 32] & 0xf) | (qh[l] >> 2 & 3) << 4);
+            q[l + 64] = (uint8_t)((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4);
+            q[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4);
+        }
+}
+
+static void dequant_q6_K(const uint8_t *p, float *y, int nb) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q6_K), y += QK_K) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = h2f(rd16(p + 208));
+        uint8_t q[QK_K];
+        q6k_quants(p, p + 128, q);
+        for (int i = 0; i < QK_K; i++) y[i] = d * sc[i / 16] * (q[i] - 32);
+    }
+}
+
+void dfl_qdequant_row(dfl_type t, const void *src, float *dst, int cols) {
+    const uint8_t *p = src;
+    switch (t) {
+    case DFL_Q8_0: dequant_q8_0(p, dst, cols / QK8_0); break;
+    case DFL_Q4_0: dequant_q4_0(p, dst, cols / QK4_0); break;
+    case DFL_Q4_K: dequant_q4_K(p, dst, cols / QK_K); break;
+    case DFL_Q6_K: dequant_q6_K(p, dst, cols / QK_K); break;
+    default: break;
+    }
+}
+
+/* ---- quantizers ---------------------------------------------------------- */
+
+/* ggml's quantize_row_q8_0_ref: d = max|x| / 127, q = roundf(x / d). */
+static void quant_q8_0(const float *x, uint8_t *p, int nb) {
+    for (int b = 0; b < nb; b++, x += QK8_0, p += sizeof(dfl_block_q8_0)) {
+        float amax = 0;
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+        wr16(p, f2h(d));
+        for (int i = 0; i < QK8_0; i++) p[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
+    }
+}
+
+/* ggml's quantize_row_q4_0_ref: the value of largest magnitude maps to -8,
+ * d = max / -8, q = min(15, trunc(x / d + 8.5)). */
+static void quant_q4_0(const float *x, uint8_t *p, int nb) {
+    for (int b = 0; b < nb; b++, x += QK4_0, p += sizeof(dfl_block_q4_0)) {
+        float amax = 0, max = 0;
+        for (int i = 0; i < QK4_0; i++)
+            if (amax < fabsf(x[i])) {
+                amax = fabsf(x[i]);
+                max = x[i];
+            }
+        float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
+        wr16(p, f2h(d));
+        for (int i = 0; i < QK4_0 / 2; i++) {
+            int q0 = (int8_t)(x[i] * id + 8.5f), q1 = (int8_t)(x[i + QK4_0 / 2] * id + 8.5f);
+            p[2 + i] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+        }
+    }
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Q4_K sub-block fit: x ~ s*L - m with L in 0..15, s >= 0, m >= 0. Tries a
+ * few steps around (max - min) / 15; for each rounding L refits s and m by
+ * least squares (m clamped at 0) and keeps the fit of least squared error. */
+static void fit_q4k_sub(const float *x, int n, float *s_out, float *m_out) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    if (lo > 0) lo = 0; /* the format can only subtract */
+    *s_out = 0;
+    *m_out = -lo;
+    if (hi == lo) return;
+    double best = INFINITY;
+    for (int k = -3; k <= 6; k++) {
+        float iscale = (15 + 0.25f * k) / (hi - lo);
+        double sl = 0, sll = 0, sx = 0, slx = 0;
+        int L[QK_K];
+        for (int i = 0; i < n; i++) {
+            L[i] = clampi((int)lrintf((x[i] - lo) * iscale), 0, 15);
+            sl += L[i];
+            sll += (double)L[i] * L[i];
+            sx += x[i];
+            slx += (double)L[i] * x[i];
+        }
+        double det = n * sll - sl * sl, s, c; /* x ~ s*L + c */
+        if (det <= 0) continue;
+        s = (n * slx - sl * sx) / det;
+        c = (sll * sx - sl * slx) / det;
+        if (c > 0) { /* a positive offset is not expressible: fit s alone */
+            c = 0;
+            s = slx / sll;
+        }
+        if (s < 0) continue;
+        double err = 0;
+        for (int i = 0; i < n; i++) err += (s * L[i] + c - x[i]) * (s * L[i] + c - x[i]);
+        if (err < best) {
+            best = err;
+            *s_out = (float)s;
+            *m_out = (float)-c;
+        }
+    }
+}
+
+static int quant_q4_K(const float *x, uint8_t *p, int nb) {
+    for (int b = 0; b < nb; b++, x += QK_K, p += sizeof(dfl_block_q4_K)) {
+        float s[8], m[8], smax = 0, mmax = 0;
+        for (int j = 0; j < 8; j++) {
+            fit_q4k_sub(x + 32 * j, 32, &s[j], &m[j]);
+            smax = fmaxf(smax, s[j]);
+            mmax = fmaxf(mmax, m[j]);
+        }
+        float d = f16_round(smax / 63), dmin = f16_round(mmax / 63);
+        if (!isfinite(d) || !isfinite(dmin)) return -1;
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) {
+            sc[j] = (uint8_t)(d > 0 ? clampi((int)lrintf(s[j] / d), 0, 63) : 0);
+            mn[j] = (uint8_t)(dmin > 0 ? clampi((int)lrintf(m[j] / dmin), 0, 63) : 0);
+        }
+        wr16(p, f2h(d));
+        wr16(p + 2, f2h(dmin));
+        uint8_t *ps = p + 4, *qs = p + 16;
+        for (int j = 0; j < 4; j++) {
+            ps[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+            ps[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+            ps[j + 8] = (uint8_t)((sc[j + 4] & 0xf) | (mn[j + 4] & 0xf) << 4);
+        }
+        uint8_t L[QK_K]; /* requantize with the stored (rounded) scales */
+        for (int j = 0; j < 8; j++) {
+            float dj = d * sc[j], mj = dmin * mn[j];
+            for (int l = 0; l < 32; l++)
+                L[32 * j + l] =
+                    (uint8_t)(dj > 0 ? clampi((int)lrintf((x[32 * j + l] + mj) / dj), 0, 15) : 0);
+        }
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++)
+                qs[32 * g + l] = (uint8_t)(L[64 * g + l] | L[64 * g + 32 + l] << 4);
+    }
+    return 0;
+}
+
+/* Q6_K sub-block fit: x ~ s*L with L in -32..31 and s of either sign, so the
+ * value of largest magnitude can take the -32 end. Tries steps around
+ * max / -32, refits s by least squares, keeps the least squared error. */
+static float fit_q6k_sub(const float *x, int n) {
+    float amax = 0, max = 0;
+    for (int i = 0; i < n; i++)
+        if (amax < fabsf(x[i])) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    if (amax == 0) return 0;
+    float best_s = max / -32;
+    double best = -1;
+    for (int k = -4; k <= 4; k++) {
+        float iscale = -(32 + 0.25f * k) / max;
+        double slx = 0, sll = 0;
+        for (int i = 0; i < n; i++) {
+            int l = clampi((int)lrintf(x[i] * iscale), -32, 31);
+            slx += (double)l * x[i];
+            sll += (double)l * l;
+        }
+        /* error = sum x^2 - slx^2 / sll: maximize slx^2 / sll */
+        if (sll > 0 && slx * slx / sll > best) {
+            best = slx * slx / sll;
+            best_s = (float)(slx / sll);
+        }
+    }
+    return best_s;
+}
+
+static int quant_q6_K(const float *x, uint8_t *p, int nb) {
+    for (int b = 0; b < nb; b++, x += QK_K, p += sizeof(dfl_block_q6_K)) {
+        float s[16], amax = 0;
+        for (int j = 0; j < 16; j++) {
+            s[j] = fit_q6k_sub(x + 16 * j, 16);
+            amax = fmaxf(amax, fabsf(s[j]));
+        }
+        float d = f16_round(amax / 127);
+        if (!isfinite(d)) return -1;
+        int8_t *sc = (int8_t *)(p + 192);
+        uint8_t L[QK_K];
+        for (int j = 0; j < 16; j++) {
+            sc[j] = (int8_t)(d > 0 ? clampi((int)lrintf(s[j] / d), -127, 127) : 0);
+            float dj = d * sc[j];
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] =
+                    (uint8_t)(32 + (dj != 0 ? clampi((int)lrintf(x[16 * j + l] / dj), -32, 31) : 0));
+        }
+        wr16(p + 208, f2h(d));
+        uint8_t *ql = p, *qh = p + 128;
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *q = L + 128 * h + l;
+                ql[l] = (uint8_t)((q[0] & 0xf) | (q[64] & 0xf) << 4);
+                ql[l + 32] = (uint8_t)((q[32] & 0xf) | (q[96] & 0xf) << 4);
+                qh[l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
+            }
+    }
+    return 0;
+}
+
+int dfl_qquant_row(dfl_type t, const float *src, void *dst, int cols) {
+    int blk = dfl_type_block(t);
+    if (blk <= 1 || cols <= 0 || cols % blk) return -1;
+    for (int i = 0; i < cols; i++)
+        if (!isfinite(src[i])) return -1;
+    switch (t) {
+    case DFL_Q8_0: quant_q8_0(src, dst, cols / QK8_0); return 0;
+    case DFL_Q4_0: quant_q4_0(src, dst, cols / QK4_0); return 0;
+    case DFL_Q4_K: return quant_q4_K(src, dst, cols / QK_K);
+    case DFL_Q6_K: return quant_q6_K(src, dst, cols / QK_K);
+    default: return -1;
+    }
+}
+
+/* ---- quantized activations ------------------------------------------------ */
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static int is_kquant(dfl_type t) { return t == DFL_Q4_K || t == DFL_Q6_K; }
+
+/* Lays the scratch out as a dfl_qact for n rows; returns the bytes needed. */
+static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *a) {
+    int blk = is_kquant(t) ? QK_K : 32;
+    size_t nq = align64((size_t)n * cols), nd = align64((size_t)n * (cols / blk) * sizeof(float));
+    size_t ns = is_kquant(t) ? align64((size_t)n * (cols / 16) * sizeof(int16_t)) : 0;
+    if (a) {
+        uint8_t *p = scratch;
+        a->blk = blk;
+        a->cols = cols;
+        a->q = (int8_t *)p;
+        a->d = (float *)(p + nq);
+        a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
+    }
+    return nq + nd + ns;
+}
+
+size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols) {
+    return qact_layout(t, n, cols, NULL, NULL);
+}
+
+/* round(v) clamped to [-127, 127]; written as maxps/minps compute it, so a
+ * NaN becomes -127 here and in the SIMD code alike. */
+static int8_t act_round(float v) {
+    v = rintf(v);
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    return (int8_t)v;
+}
+
+static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
+    int blk = a->blk, nb = a->cols / blk;
+    for (int r = 0; r < n; r++) {
+        const float *x = X + (size_t)r * ldx;
+        int8_t *q = a->q + (size_t)r * a->cols;
+        for (int b = 0; b < nb; b++) {
+            float amax = 0;
+            for (int i = 0; i < blk; i++) {
+                float ax = fabsf(x[b * blk + i]);
+                amax = ax > amax ? ax : amax; /* NaN is skipped, as maxps does */
+            }
+            /* below 2^-100 a block counts as zero: 1/d must not overflow */
+            float d = amax >= 0x1p-100f ? amax / 127 : 0.0f, id = d != 0 ? 1.0f / d : 0.0f;
+            a->d[(size_t)r * nb + b] = d;
+            for (int i = 0; i < blk; i++) q[b * blk + i] = act_round(x[b * blk + i] * id);
+        }
+        if (a->bsum)
+            for (int g = 0; g < a->cols / 16; g++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += q[16 * g + i];
+                a->bsum[(size_t)r * (a->cols / 16) + g] = (int16_t)s;
+            }
+    }
+}
+
+/* ---- the twins of the AVX2 dot products ---------------------------------- */
+
+/* The fixed lane tree of the SIMD horizontal sum. */
+static float hsum8(const float a[8]) {
+    float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+/* Lane k of maddubs + madd: the products of elements 4k..4k+3. */
+static int lane4(const int8_t *w, const int8_t *x, int k) {
+    int s = 0;
+    for (int e = 4 * k; e < 4 * k + 4; e++) s += w[e] * x[e];
+    return s;
+}
+
+static int lane4u(const uint8_t *w, const int8_t *x, int k) {
+    int s = 0;
+    for (int e = 4 * k; e < 4 * k + 4; e++) s += w[e] * x[e];
+    return s;
+}
+
+/* Q8_0 and Q4_0 (as signed int8 weights): per block of 32,
+ * acc[k] = fma(isum[k], dw * dx, acc[k]). */
+static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s) {
+    for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
+}
+
+static float dot_q8_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd) {
+    float acc[8] = {0};
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0))
+        acc_block32(acc, (const int8_t *)(p + 2), x + 32 * b, h2f(rd16(p)) * xd[b]);
+    return hsum8(acc);
+}
+
+static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd) {
+    float acc[8] = {0};
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_0)) {
+        int8_t w[32];
+        for (int i = 0; i < 16; i++) {
+            w[i] = (int8_t)((p[2 + i] & 0xf) - 8);
+            w[i + 16] = (int8_t)((p[2 + i] >> 4) - 8);
+        }
+        acc_block32(acc, w, x + 32 * b, h2f(rd16(p)) * xd[b]);
+    }
+    return hsum8(acc);
+}
+
+/* Q4_K per super-block: isum[k] = sum_j sc[j] * lane k of group j;
+ * msum[k] = mn[k] * (bsum[2k] + bsum[2k+1]);
+ * acc[k] = fma(isum[k], d*dx, acc[k]), then acc[k] = fma(msum[k], -(dmin*dx), acc[k]). */
+static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd,
+                          const int16_t *bs) {
+    float acc[8] = {0};
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), x += QK_K, bs += 16) {
+        uint8_t sc[8], mn[8], q[QK_K];
+        q4k_scales(p + 4, sc, mn);
+        q4k_quants(p + 16, q);
+        int isum[8] = {0};
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 8; k++) isum[k] += sc[j] * lane4u(q + 32 * j, x + 32 * j, k);
+        float dd = h2f(rd16(p)) * xd[b], dm = h2f(rd16(p + 2)) * xd[b];
+        for (int k = 0; k < 8; k++) {
+            int msum = mn[k] * (bs[2 * k] + bs[2 * k + 1]);
+            acc[k] = fmaf((float)isum[k], dd, acc[k]);
+            acc[k] = fmaf((float)msum, -dm, acc[k]);
+        }
+    }
+    return hsum8(acc);
+}
+
+/* Q6_K per super-block, quants unsigned: isum[k] = sum_v sc[group of 16] *
+ * lane k of group v - 32 * (sc[2k]*bsum[2k] + sc[2k+1]*bsum[2k+1]);
+ * acc[k] = fma(isum[k], d*dx, acc[k]). */
+static float dot_q6_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd,
+                          const int16_t *bs) {
+    float acc[8] = {0};
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q6_K), x += QK_K, bs += 16) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        uint8_t q[QK_K];
+        q6k_quants(p, p + 128, q);
+        float dd = h2f(rd16(p + 208)) * xd[b];
+        for (int k = 0; k < 8; k++) {
+            int isum = 0;
+            for (int v = 0; v < 8; v++)
+                isum += sc[(32 * v + 4 * k) / 16] * lane4u(q + 32 * v, x + 32 * v, k);
+            isum -= 32 * (sc[2 * k] * bs[2 * k] + sc[2 * k + 1] * bs[2 * k + 1]);
+            acc[k] = fmaf((float)isum, dd, acc[k]);
+        }
+    }
+    return hsum8(acc);
+}
+
+/* Output rows [o0, o1) for all n activation rows. */
+static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
+                      int ldy) {
+    int nb = W->cols / a->blk;
+    for (int o = o0; o < o1; o++) {
+        const uint8_t *w = W->data + (size_t)o * W->row_bytes;
+        for (int r = 0; r < n; r++) {
+            const int8_t *x = a->q + (size_t)r * W->cols;
+            const float *xd = a->d + (size_t)r * nb;
+            const int16_t *bs = a->bsum ? a->bsum + (size_t)r * (W->cols / 16) : NULL;
+            float y = 0;
+            switch (W->type) {
+            case DFL_Q8_0: y = dot_q8_0_ref(w, nb, x, xd); break;
+            case DFL_Q4_0: y = dot_q4_0_ref(w, nb, x, xd); break;
+            case DFL_Q4_K: y = dot_q4_K_ref(w, nb, x, xd, bs); break;
+            case DFL_Q6_K: y = dot_q6_K_ref(w, nb, x, xd, bs); break;
+            default: break;
+            }
+            Y[(size_t)r * ldy + o] = y;
+        }
+    }
+}
+
+void dfl_qmatmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, int ldy) {
+    if (n <= 0) return;
+    dfl_qact a;
+    void *scratch = dfl_aligned_alloc(qact_layout(W->type, n, W->cols, NULL, NULL));
+    qact_layout(W->type, n, W->cols, scratch, &a);
+    qact_quant_ref(&a, n, X, ldx);
+    qrows_ref(W, &a, n, 0, W->rows, Y, ldy);
+    free(scratch);
+}
+
+/* ---- threaded dispatch ---------------------------------------------------- */
+
+typedef struct {
+    const dfl_mat *W;
+    const dfl_qact *a;
+    int n, chunk, simd, ldy;
+    float *Y;
+} qjob;
+
+static void qjob_run(void *ctx, int i, int ntask) {
+    const qjob *j = ctx;
+    int o0 = i * j->chunk, o1 = o0 + j->chunk < j->W->rows ? o0 + j->chunk : j->W->rows;
+    if (o0 >= o1) return;
+    if (j->simd)
+        dfl_qrows_avx2(j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
+    else
+        qrows_ref(j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
+}
+
+void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
+                 int ldy, void *scratch) {
+    if (n <= 0 || W->rows <= 0) return;
+    dfl_qact a;
+    qact_layout(W->type, n, W->cols, scratch, &a);
+    int simd = dfl_cpu_has_avx2();
+    if (simd)
+        dfl_qact_quant_avx2(&a, n, X, ldx);
+    else
+        qact_quant_ref(&a, n, X, ldx);
+    /* One contiguous run of output rows per thread (the weights stream in
+     * order); rows are in multiples of 8 so register tiles stay whole. */
+    int nt = dfl_pool_size(pool), groups = (W->rows + 7) / 8;
+    if (nt > groups) nt = groups;
+    qjob j = {W, &a, n, ((groups + nt - 1) / nt) * 8, simd, ldy, Y};
+    dfl_pool_run(pool, qjob_run, &j, nt);
+}

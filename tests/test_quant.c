@@ -1,0 +1,361 @@
+/* test_quant.c - the GGUF quantized formats (Q8_0, Q4_0, Q4_K, Q6_K):
+ * hand-built blocks against values worked out from the published layouts,
+ * quantize/dequantize round trips within per-type bounds, the AVX2 matmul
+ * against its plain-C twin (memcmp), against a double-precision dot product
+ * of the dequantized weights (within the activation-quantization bound), and
+ * bitwise batch / thread invariance. tests/test_quant_formats.py checks the
+ * dequantization and the Q8_0 / Q4_0 quantizers bit for bit against numpy. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+#include "testutil.h"
+
+static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_K, DFL_Q6_K};
+enum { NTYPES = 4, MAXN = 32 };
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double unif(void) { return (rnd() >> 11) * 0x1p-53; }
+
+static float gauss(void) {
+    double u = unif() + 1e-300, v = unif();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Gaussian values with an outlier every so often, as in LLM weights and
+ * activations. */
+static void fill(float *x, int n, float scale) {
+    for (int i = 0; i < n; i++) x[i] = scale * gauss() * (rnd() % 61 == 0 ? 12.0f : 1.0f);
+}
+
+static size_t row_bytes(dfl_type t, int cols) { return dfl_type_row_bytes(t, cols); }
+
+static uint16_t f16_bits(float f) { return dfl_f32_to_f16(f); }
+
+/* ---- hand-built blocks ---------------------------------------------------- */
+
+static void check_row(dfl_type t, const uint8_t *blk, const float *want, int n, const char *what) {
+    float got[256];
+    dfl_qdequant_row(t, blk, got, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            if (!bad) fprintf(stderr, "%s: element %d: got %g want %g\n", what, i, got[i], want[i]);
+            bad++;
+        }
+    CHECK(bad == 0, "%s: %d elements differ", what, bad);
+}
+
+static void test_known_blocks(void) {
+    uint8_t b[256];
+    float want[256];
+
+    /* Q8_0: d = 0.5, q_i = i - 16 */
+    memset(b, 0, sizeof b);
+    b[0] = 0x00, b[1] = 0x38;
+    for (int i = 0; i < 32; i++) b[2 + i] = (uint8_t)(int8_t)(i - 16), want[i] = (i - 16) * 0.5f;
+    check_row(DFL_Q8_0, b, want, 32, "q8_0 known block");
+
+    /* Q4_0: d = -2, byte i holds element i (low) and i + 16 (high) */
+    b[0] = 0x00, b[1] = 0xc0;
+    for (int i = 0; i < 16; i++) {
+        b[2 + i] = (uint8_t)(i | (15 - i) << 4);
+        want[i] = (i - 8) * -2.0f;
+        want[i + 16] = (15 - i - 8) * -2.0f;
+    }
+    check_row(DFL_Q4_0, b, want, 32, "q4_0 known block");
+
+    /* Q4_K: d = 1, dmin = 0.5; 6-bit scale j = 10 + 7j, min j = 63 - 5j;
+     * scales/mins 0-3 in the low 6 bits of bytes 0-3 / 4-7, their top bits
+     * for 4-7 in bits 6-7 of those bytes, low nibbles of 4-7 in bytes 8-11. */
+    memset(b, 0, sizeof b);
+    b[0] = 0x00, b[1] = 0x3c, b[2] = 0x00, b[3] = 0x38;
+    int sc[8], mn[8];
+    for (int j = 0; j < 8; j++) sc[j] = 10 + 7 * j, mn[j] = 63 - 5 * j;
+    uint8_t *s = b + 4, *qs = b + 16;
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        s[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+    for (int e = 0; e < 256; e++) {
+        int q = (e * 7 + 3) & 15, g = e / 64, w = e % 64;
+        if (w < 32) qs[32 * g + w] |= (uint8_t)q;
+        else qs[32 * g + w - 32] |= (uint8_t)(q << 4);
+        want[e] = (float)sc[e / 32] * q - 0.5f * mn[e / 32];
+    }
+    check_row(DFL_Q4_K, b, want, 256, "q4_k known block");
+
+    /* Q6_K: d = 0.25, scale j = 9j - 70; per 128: element 32g + l takes its
+     * low nibble from ql[l + 32(g&1)] (low half for g < 2, high for g >= 2)
+     * and its top two bits from bits 2g of qh[l]. */
+    memset(b, 0, sizeof b);
+    b[208] = 0x00, b[209] = 0x34;
+    for (int j = 0; j < 16; j++) b[192 + j] = (uint8_t)(int8_t)(9 * j - 70);
+    for (int e = 0; e < 256; e++) {
+        int q = (e * 13 + 5) & 63, h = e / 128, g = e % 128 / 32, l = e % 32;
+        uint8_t *ql = b + 64 * h + 32 * (g & 1) + l, *qh = b + 128 + 32 * h + l;
+        *ql |= (uint8_t)(g < 2 ? (q & 15) : (q & 15) << 4);
+        *qh |= (uint8_t)((q >> 4) << (2 * g));
+        want[e] = 0.25f * (float)(9 * (e / 16) - 70) * (float)(q - 32);
+    }
+    check_row(DFL_Q6_K, b, want, 256, "q6_k known block");
+}
+
+/* ---- round trips ---------------------------------------------------------- */
+
+static double rel_rmse(const float *x, const float *y, int n) {
+    double e = 0, s = 0;
+    for (int i = 0; i < n; i++) e += (double)(x[i] - y[i]) * (x[i] - y[i]), s += (double)x[i] * x[i];
+    return s > 0 ? sqrt(e / s) : sqrt(e);
+}
+
+static void test_roundtrip(void) {
+    enum { COLS = 4096 };
+    /* relative RMS error bounds on gaussian rows with outliers (measured about
+     * 0.011, 0.16, 0.10, 0.031; pure gaussian rows give 0.0054, 0.086, 0.071, 0.017) */
+    const double bound[NTYPES] = {0.0125, 0.185, 0.12, 0.037};
+    static float x[COLS], y[COLS];
+    static uint8_t q[COLS * 2];
+    for (int ti = 0; ti < NTYPES; ti++) {
+        dfl_type t = types[ti];
+        const char *nm = dfl_type_name(t);
+        double worst = 0;
+        for (int rep = 0; rep < 8; rep++) {
+            fill(x, COLS, rep < 4 ? 0.02f : 3.0f);
+            CHECK(dfl_qquant_row(t, x, q, COLS) == 0, "%s: quantize failed", nm);
+            dfl_qdequant_row(t, q, y, COLS);
+            double e = rel_rmse(x, y, COLS);
+            worst = e > worst ? e : worst;
+            if (t == DFL_Q8_0 || t == DFL_Q4_0) { /* per element: half a step (Q4_0: one at +8) */
+                int bs = t == DFL_Q8_0 ? 34 : 18, bad = 0;
+                for (int i = 0; i < COLS; i++) {
+                    float d = fabsf(dfl_f16_to_f32((uint16_t)(q[i / 32 * bs] | q[i / 32 * bs + 1] << 8)));
+                    float lim = (t == DFL_Q8_0 ? 0.5f : 1.0f) * d + 128 * d * 0x1p-11f;
+                    bad += fabsf(x[i] - y[i]) > lim;
+                }
+                CHECK(bad == 0, "%s: %d elements beyond the per-block bound", nm, bad);
+            }
+        }
+        printf("%s round trip: worst relative rms error %.4f (bound %.3f)\n", nm, worst, bound[ti]);
+        CHECK(worst < bound[ti], "%s: relative rms error %g >= %g", nm, worst, bound[ti]);
+
+        /* zeros, constants, tiny values */
+        memset(x, 0, sizeof x);
+        CHECK(dfl_qquant_row(t, x, q, COLS) == 0, "%s: zeros", nm);
+        dfl_qdequant_row(t, q, y, COLS);
+        int nz = 0;
+        for (int i = 0; i < COLS; i++) nz += y[i] != 0;
+        CHECK(nz == 0, "%s: zeros come back as %d non-zeros", nm, nz);
+        for (int i = 0; i < COLS; i++) x[i] = -0.75f;
+        dfl_qquant_row(t, x, q, COLS);
+        dfl_qdequant_row(t, q, y, COLS);
+        CHECK(rel_rmse(x, y, COLS) < 2e-3, "%s: constant row error %g", nm, rel_rmse(x, y, COLS));
+        fill(x, COLS, 1e-30f);
+        CHECK(dfl_qquant_row(t, x, q, COLS) == 0, "%s: tiny values", nm);
+        dfl_qdequant_row(t, q, y, COLS);
+        double emax = 0;
+        for (int i = 0; i < COLS; i++) emax = fmax(emax, fabs((double)x[i] - y[i]));
+        CHECK(emax < 1e-28, "%s: tiny values error %g", nm, emax);
+
+        /* refusals: a non-finite value, a partial block */
+        fill(x, COLS, 1.0f);
+        x[77] = NAN;
+        CHECK(dfl_qquant_row(t, x, q, COLS) == -1, "%s: NaN accepted", nm);
+        x[77] = INFINITY;
+        CHECK(dfl_qquant_row(t, x, q, COLS) == -1, "%s: inf accepted", nm);
+        x[77] = 0;
+        CHECK(dfl_qquant_row(t, x, q, dfl_type_block(t) + 16) == -1, "%s: partial block", nm);
+        /* huge: K-quants refuse scales beyond f16; Q8_0/Q4_0 store ggml's inf */
+        for (int i = 0; i < COLS; i++) x[i] *= 1e30f;
+        int rc = dfl_qquant_row(t, x, q, COLS);
+        CHECK(rc == (t == DFL_Q4_K || t == DFL_Q6_K ? -1 : 0), "%s: huge values gave %d", nm, rc);
+    }
+}
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+typedef struct {
+    dfl_mat W;
+    uint8_t *data;
+    float *Wd; /* dequantized [rows, cols] */
+} qmat;
+
+/* kind 0: quantized gaussian weights; 1: random bytes with sane f16 scales
+ * (every bit pattern of the quants, e.g. -128 in Q8_0). */
+static void make_mat(qmat *m, dfl_type t, int rows, int cols, int kind) {
+    size_t rb = row_bytes(t, cols);
+    m->data = malloc(rb * rows);
+    m->Wd = malloc(sizeof(float) * rows * cols);
+    float *tmp = malloc(sizeof(float) * cols);
+    for (int o = 0; o < rows; o++) {
+        uint8_t *p = m->data + rb * o;
+        if (kind == 0) {
+            fill(tmp, cols, 0.05f);
+            dfl_qquant_row(t, tmp, p, cols);
+        } else {
+            for (size_t i = 0; i < rb; i++) p[i] = (uint8_t)rnd();
+            int bs = (int)dfl_type_block_bytes(t);
+            for (int b = 0; b < (int)(rb / bs); b++) {
+                uint8_t *blk = p + b * bs;
+                uint16_t h1 = f16_bits((float)((unif() * 2 - 1) * 0.01));
+                uint16_t h2 = f16_bits((float)(unif() * 0.01));
+                if (t == DFL_Q6_K) memcpy(blk + 208, &h1, 2);
+                else memcpy(blk, &h1, 2);
+                if (t == DFL_Q4_K) memcpy(blk + 2, &h2, 2);
+            }
+        }
+        dfl_qdequant_row(t, p, m->Wd + (size_t)o * cols, cols);
+    }
+    free(tmp);
+    m->W = (dfl_mat){t, rows, cols, m->data, rb};
+}
+
+static void run(dfl_pool *pool, const qmat *m, int n, const float *X, int ldx, float *Y, int ldy) {
+    void *scratch = dfl_aligned_alloc(dfl_qmatmul_scratch(m->W.type, n, m->W.cols));
+    dfl_qmatmul(pool, &m->W, n, X, ldx, Y, ldy, scratch);
+    free(scratch);
+}
+
+static int rows_equal(const float *a, const float *b, int rows) {
+    return memcmp(a, b, sizeof(float) * rows) == 0;
+}
+
+/* Y against a double dot product of the dequantized weights: the activations
+ * are rounded to steps of d = max|x| / 127 per block, so the error is at most
+ * sum |w| d / 2, plus float accumulation. */
+static int check_naive(const qmat *m, int n, const float *X, int ldx, const float *Y, int ldy,
+                       const char *what) {
+    int rows = m->W.rows, cols = m->W.cols, blk = (m->W.type == DFL_Q4_K || m->W.type == DFL_Q6_K) ? 256 : 32;
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        const float *x = X + (size_t)r * ldx;
+        for (int o = 0; o < rows; o++) {
+            const float *w = m->Wd + (size_t)o * cols;
+            double exact = 0, mag = 0, lim = 0;
+            for (int b = 0; b < cols / blk; b++) {
+                double amax = 0, sw = 0;
+                for (int i = b * blk; i < (b + 1) * blk; i++) {
+                    amax = fmax(amax, fabs(x[i]));
+                    sw += fabs(w[i]);
+                    exact += (double)w[i] * x[i];
+                    mag += fabs((double)w[i] * x[i]);
+                }
+                lim += sw * amax / 127 / 2;
+            }
+            lim = lim * 1.001 + 1e-5 * mag + 1e-30;
+            double got = Y[(size_t)r * ldy + o];
+            if (!(fabs(got - exact) <= lim)) {
+                if (!bad)
+                    fprintf(stderr, "%s: row %d out %d: got %.9g want %.9g (limit %.3g)\n", what, r,
+                            o, got, exact, lim);
+                bad++;
+            }
+        }
+    }
+    CHECK(bad == 0, "%s: %d outputs beyond the activation-quantization bound", what, bad);
+    return bad;
+}
+
+static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, int kind) {
+    char what[128];
+    snprintf(what, sizeof what, "%s %dx%d %s", dfl_type_name(t), rows, cols,
+             kind ? "random bytes" : "quantized gaussian");
+    qmat m;
+    make_mat(&m, t, rows, cols, kind);
+    int ldx = cols + 3, ldy = rows + 5;
+    float *X = malloc(sizeof(float) * MAXN * ldx);
+    for (int r = 0; r < MAXN; r++) fill(X + (size_t)r * ldx, ldx, r % 5 == 4 ? 30.0f : 1.0f);
+    size_t ysz = (size_t)MAXN * ldy;
+    float *Yref = malloc(sizeof(float) * ysz), *Y = malloc(sizeof(float) * ysz);
+    float *Y1 = malloc(sizeof(float) * ldy);
+
+    for (size_t i = 0; i < ysz; i++) Yref[i] = -1234.5f;
+    dfl_qmatmul_ref(&m.W, MAXN, X, ldx, Yref, ldy);
+    if (kind == 0) check_naive(&m, MAXN, X, ldx, Yref, ldy, what);
+
+    /* the AVX2 path, every thread count, every batch size: the twin's bits
+     * (the twin computed all 32 rows at once on one thread) */
+    int bad = 0, bad_pad = 0;
+    for (int p = 0; p < 3; p++) {
+        for (int n = 1; n <= MAXN; n++) {
+            if (p > 0 && n % 7 != 1 && n != MAXN) continue; /* fewer sizes on the other pools */
+            for (size_t i = 0; i < ysz; i++) Y[i] = -1234.5f;
+            run(pools[p], &m, n, X, ldx, Y, ldy);
+            for (int r = 0; r < n; r++) {
+                if (!rows_equal(Y + (size_t)r * ldy, Yref + (size_t)r * ldy, rows) && !bad++)
+                    fprintf(stderr, "%s: row %d differs (n=%d, %d threads)\n", what, r, n, p + 1);
+                for (int o = rows; o < ldy; o++) bad_pad += Y[(size_t)r * ldy + o] != -1234.5f;
+            }
+            for (int r = n; r < MAXN; r++) bad_pad += Y[(size_t)r * ldy] != -1234.5f;
+        }
+    }
+    CHECK(bad == 0, "%s: %d rows differ from the twin (batch size / threads)", what, bad);
+    CHECK(bad_pad == 0, "%s: %d writes outside Y's rows", what, bad_pad);
+
+    /* each row alone, at its own address */
+    int bad_alone = 0;
+    for (int r = 0; r < MAXN; r += 3) {
+        run(pools[1], &m, 1, X + (size_t)r * ldx, ldx, Y1, ldy);
+        bad_alone += !rows_equal(Y1, Yref + (size_t)r * ldy, rows);
+    }
+    CHECK(bad_alone == 0, "%s: %d rows differ when computed alone", what, bad_alone);
+
+    if (kind == 0) {
+        /* scaled activations: huge, tiny, and below the 2^-100 zero cut */
+        const float scales[] = {1e30f, 1e-30f};
+        float *Xs = malloc(sizeof(float) * 4 * ldx);
+        for (int si = 0; si < 2; si++) {
+            for (int i = 0; i < 4 * ldx; i++) Xs[i] = X[i] * scales[si];
+            run(pools[1], &m, 4, Xs, ldx, Y, ldy);
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s x%g", what, scales[si]);
+            check_naive(&m, 4, Xs, ldx, Y, ldy, w2);
+        }
+        for (int i = 0; i < 4 * ldx; i++) Xs[i] = X[i] * 1e-33f;
+        run(pools[1], &m, 4, Xs, ldx, Y, ldy);
+        int nz = 0;
+        for (int r = 0; r < 4; r++)
+            for (int o = 0; o < rows; o++) nz += Y[(size_t)r * ldy + o] != 0;
+        CHECK(nz == 0, "%s: activations below 2^-100 gave %d non-zero outputs", what, nz);
+        memset(Xs, 0, sizeof(float) * 4 * ldx);
+        run(pools[1], &m, 4, Xs, ldx, Y, ldy);
+        nz = 0;
+        for (int r = 0; r < 4; r++)
+            for (int o = 0; o < rows; o++) {
+                uint32_t bits;
+                memcpy(&bits, &Y[(size_t)r * ldy + o], 4);
+                nz += bits != 0;
+            }
+        CHECK(nz == 0, "%s: zero activations gave %d outputs other than +0", what, nz);
+        free(Xs);
+    }
+    free(X), free(Y), free(Yref), free(Y1), free(m.data), free(m.Wd);
+}
+
+static void test_matmul(void) {
+    dfl_pool *pools[3] = {dfl_pool_new(1), dfl_pool_new(2), dfl_pool_new(3)};
+    static const int shapes[][2] = {{1, 256}, {13, 512}, {40, 768}, {67, 1024}};
+    for (int ti = 0; ti < NTYPES; ti++)
+        for (int s = 0; s < 4; s++)
+            for (int kind = 0; kind < 2; kind++)
+                test_matmul_case(pools, types[ti], shapes[s][0], shapes[s][1], kind);
+    for (int p = 0; p < 3; p++) dfl_pool_free(pools[p]);
+}
+
+int main(void) {
+    if (!dfl_cpu_has_avx2()) printf("note: no AVX2 on this CPU; the twin runs on both sides\n");
+    test_known_blocks();
+    test_roundtrip();
+    test_matmul();
+    return test_summary();
+}
