@@ -180,9 +180,12 @@ typedef struct run {
 static int on_token(void *ud, const dfl_token_info *t) {
     run *r = ud;
     char buf[256];
-    int n = dfl_detok_push(&r->dt, t->id, buf, sizeof buf);
-    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
-    fflush(stdout);
+    /* The stop token is committed too; its text is not part of the answer. */
+    if (r->dt.show_special || !dfl_token_is_eog(r->dt.e, t->id)) {
+        int n = dfl_detok_push(&r->dt, t->id, buf, sizeof buf);
+        if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+        fflush(stdout);
+    }
     if (r->n_ids == r->cap_ids) {
         r->cap_ids = r->cap_ids ? 2 * r->cap_ids : 256;
         r->ids = realloc(r->ids, sizeof(int32_t) * r->cap_ids);
