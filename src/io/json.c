@@ -86,8 +86,9 @@ int dfl_json_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_
     /* doubles at +-2^63 no longer compare exactly with int64 bounds: clip first */
     if (!(d == floor(d)) || d < -9.0e18 || d > 9.0e18 || (int64_t)d < lo || (int64_t)d > hi) {
         if (cJSON_IsNumber(v))
-            return dfl_fail(err, DFL_EFORMAT, "%s: %s = %g (expected an integer in %lld..%lld)",
-                            file, key, d, (long long)lo, (long long)hi);
+            return dfl_fail(err, DFL_EFORMAT,
+                            "%s: %s = %.15g (expected an integer in %lld..%lld)", file, key, d,
+                            (long long)lo, (long long)hi);
         return dfl_fail(err, DFL_EFORMAT, "%s: %s is not a number (expected an integer in "
                         "%lld..%lld)", file, key, (long long)lo, (long long)hi);
     }
@@ -104,7 +105,7 @@ int dfl_json_num(const cJSON *o, const char *key, double lo, double hi, double *
                         lo, hi);
     double d = v->valuedouble;
     if (!isfinite(d) || d < lo || d > hi)
-        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %g (expected %g..%g)", file, key, d, lo, hi);
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %.15g (expected %g..%g)", file, key, d, lo, hi);
     *out = d;
     return 0;
 }
