@@ -5,6 +5,7 @@
 #include "dflash.h"
 #include "draft/draft.h"
 #include "models/model.h"
+#include "spec/policy.h"
 #include "tokenizer/tokenizer.h"
 
 struct dfl_engine {
@@ -16,6 +17,7 @@ struct dfl_engine {
     int ctx_size;            /* per session */
     int max_block;           /* largest verify block */
     int probe_state[513];    /* exactness per block size: 0 unknown, 1 exact, -1 not */
+    dfl_costs costs;         /* measured round time per block size (adaptive policy) */
 };
 
 struct dfl_session {

@@ -33,8 +33,12 @@ typedef struct dfl_drafter {
     gguf_file *gguf;
     void *owned;
     int max_rows;              /* max(block, context chunk) */
-    /* scratch */
+    int window;                /* context rows a block attends (0: all); rows older than
+                                  any later block's window are never projected */
+    /* scratch, (max_rows, ...) each */
     float *x, *xn, *q, *k, *v, *att, *h1, *h2, *ctx; /* per row buffers */
+    float *logits;             /* (16, vocab) lm_head rows, chunked */
+    int32_t *tok;              /* (max_rows) block tokens */
     void *qscratch;
     int *n_keys;
 } dfl_drafter;
@@ -42,12 +46,22 @@ typedef struct dfl_drafter {
 /* Per-sequence side store: context K/V per drafter layer, plus B slack rows. */
 typedef struct dfl_dstore {
     int len, cap;              /* context rows stored; rows allocated (ctx + max block) */
+    int lo;                    /* rows below lo were never projected (older than the window) */
+    int window;                /* the drafter's window when made */
     int n_layers, kv_dim;
     float *k, *v;              /* (n_layers, cap, kv_dim) */
 } dfl_dstore;
 
+/* path: a z-lab folder (config.json + safetensors) or a llama.cpp "dflash"
+ * GGUF. GGUF dflash.target_layers name the INPUT of target layer v (llama.cpp
+ * captures layer inputs), i.e. the output of layer v-1: they are stored as
+ * HF ids + 1 and cap[] gets v - 1. DFLASH_DRAFT_WINDOW=W bounds the context
+ * a block attends to the last W rows (an approximation, off by default). */
 int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
                      dfl_drafter **out, dfl_error *err);
+/* z-lab's rule when target_layer_ids is absent: n_draft ids spread over
+ * [1, n_target-3] (one draft layer: n_target/2). Returns n_draft. */
+int dfl_dflash_default_layers(int n_target, int n_draft, int *ids);
 void dfl_drafter_free(dfl_drafter *d);
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx);
 void dfl_dstore_free(dfl_dstore *s);

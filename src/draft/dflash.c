@@ -1,0 +1,682 @@
+/* dflash.c - the z-lab DFlash drafter (DFlashDraftModel), from a Hugging
+ * Face folder or a llama.cpp "dflash" GGUF, and its forward:
+ *   context rows: features -> fc -> hidden_norm = c; per layer
+ *                 K = RoPE(k_norm(Wk c)), V = Wv c, kept in the side store;
+ *   a block [anchor, mask x (B-1)] embedded with the target's table; per
+ *   layer attention over [store ; block] with no mask; final norm; the
+ *   target's lm_head; rows 1..B-1 propose the tokens at pos+1 .. pos+B-1.
+ * The context does not go through input_layernorm (Qwen3 DFlash). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "draft/draft.h"
+#include "models/weights.h"
+
+enum { MAX_BLOCK = 512, MAX_CAP = 64, LOGIT_ROWS = 16 };
+
+/* ---- tensor names ------------------------------------------------------- */
+
+typedef struct dnames {
+    const char *fc, *hidden_norm, *norm;
+    const char *wq, *wk, *wv, *wo, *gate, *up, *down;   /* printf formats with %d */
+    const char *attn_norm, *ffn_norm, *q_norm, *k_norm;
+} dnames;
+
+static const dnames hf_names = {
+    "fc.weight", "hidden_norm.weight", "norm.weight",
+    "layers.%d.self_attn.q_proj.weight", "layers.%d.self_attn.k_proj.weight",
+    "layers.%d.self_attn.v_proj.weight", "layers.%d.self_attn.o_proj.weight",
+    "layers.%d.mlp.gate_proj.weight", "layers.%d.mlp.up_proj.weight",
+    "layers.%d.mlp.down_proj.weight", "layers.%d.input_layernorm.weight",
+    "layers.%d.post_attention_layernorm.weight", "layers.%d.self_attn.q_norm.weight",
+    "layers.%d.self_attn.k_norm.weight",
+};
+
+static const dnames gguf_names = {
+    "fc.weight", "enc.output_norm.weight", "output_norm.weight",
+    "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight",
+    "blk.%d.attn_output.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight",
+    "blk.%d.ffn_down.weight", "blk.%d.attn_norm.weight", "blk.%d.ffn_norm.weight",
+    "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
+};
+
+static const char *lname(char *buf, const char *fmt, int l) {
+    snprintf(buf, 256, fmt, l);
+    return buf;
+}
+
+int dfl_dflash_default_layers(int n_target, int n_draft, int *ids) {
+    if (n_draft == 1) {
+        ids[0] = n_target / 2;
+        return 1;
+    }
+    /* Python's int(round(1 + i*span/(L-1))): true division, ties to even. */
+    int span = n_target - 4;
+    for (int i = 0; i < n_draft; i++)
+        ids[i] = (int)rint(1.0 + (double)(i * span) / (double)(n_draft - 1));
+    return n_draft;
+}
+
+/* ---- config.json (z-lab) ------------------------------------------------ */
+
+static int need_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out,
+                    int required, const char *file, dfl_error *err) {
+    int64_t v;
+    int rc = dfl_json_int(j, key, lo, hi, &v, file, err);
+    if (rc == 1 && required)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s is missing", file, key);
+    if (rc == 0) *out = (int)v;
+    return rc == 1 ? 0 : rc;
+}
+
+static int opt_num(const cJSON *j, const char *key, double lo, double hi, double *out,
+                   const char *file, dfl_error *err) {
+    int rc = dfl_json_num(j, key, lo, hi, out, file, err);
+    return rc == 1 ? 0 : rc;
+}
+
+static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 1 || !cJSON_IsString(a->child))
+        return dfl_fail(err, DFL_EFORMAT,
+                        "%s: architectures must be [\"DFlashDraftModel\"] (a z-lab DFlash drafter)",
+                        file);
+    const char *s = a->child->valuestring;
+    if (strcmp(s, "DFlashDraftModel") != 0)
+        return dfl_fail(err, DFL_EUNSUP,
+                        "%s: architectures is [\"%.64s\"]; only DFlashDraftModel drafters are "
+                        "supported", file, s);
+    return 0;
+}
+
+/* Features we do not implement are refused rather than silently ignored. */
+static int hf_refuse_variants(const cJSON *j, const char *file, dfl_error *err) {
+    int b = 0;
+    if (cJSON_GetObjectItemCaseSensitive(j, "rope_scaling") &&
+        !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "rope_scaling")))
+        return dfl_fail(err, DFL_EUNSUP, "%s: rope_scaling is set; the drafter supports plain "
+                        "RoPE only", file);
+    if (dfl_json_bool(j, "attention_bias", &b, file, err) == 0 && b)
+        return dfl_fail(err, DFL_EUNSUP, "%s: attention_bias is true; DFlash drafters have no "
+                        "biases", file);
+    b = 0;
+    if (dfl_json_bool(j, "use_sliding_window", &b, file, err) == 0 && b)
+        return dfl_fail(err, DFL_EUNSUP, "%s: use_sliding_window is true; sliding-window "
+                        "drafters are not supported", file);
+    const char *act = dfl_json_str(j, "hidden_act");
+    if (act && strcmp(act, "silu") != 0)
+        return dfl_fail(err, DFL_EUNSUP, "%s: hidden_act is \"%.32s\", expected \"silu\"", file,
+                        act);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt))
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer_types must be an array", file);
+        for (const cJSON *e = lt->child; e; e = e->next)
+            if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention") != 0)
+                return dfl_fail(err, DFL_EUNSUP, "%s: layer_types holds \"%.32s\"; only "
+                                "full_attention drafter layers are supported", file,
+                                cJSON_IsString(e) ? e->valuestring : "?");
+    }
+    return 0;
+}
+
+static int hf_layer_ids(dfl_drafter *d, const cJSON *dc, const dfl_target *t, const char *file,
+                        dfl_error *err) {
+    const cJSON *ids = dc ? cJSON_GetObjectItemCaseSensitive(dc, "target_layer_ids") : NULL;
+    if (!ids || cJSON_IsNull(ids)) {
+        if (d->c.n_layers > MAX_CAP)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %d drafter layers imply %d target layers, "
+                            "more than %d", file, d->c.n_layers, d->c.n_layers, MAX_CAP);
+        d->n_cap = dfl_dflash_default_layers(t->c.n_layers, d->c.n_layers, d->cap);
+        return 0;
+    }
+    int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
+    if (n < 1 || n > MAX_CAP)
+        return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.target_layer_ids must be an array "
+                        "of 1..%d layer ids", file, MAX_CAP);
+    int i = 0;
+    for (const cJSON *e = ids->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
+            fabs(e->valuedouble) > 1e6)
+            return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.target_layer_ids[%d] is not an "
+                            "integer", file, i);
+        d->cap[i] = (int)e->valuedouble;
+    }
+    d->n_cap = n;
+    return 0;
+}
+
+static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_error *err) {
+    char file[4096];
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    cJSON *j = dfl_json_parse_file(file, 1 << 20, err);
+    if (!j) return err ? err->code : DFL_EFORMAT;
+    dfl_config *c = &d->c;
+    int rc = hf_arch(j, file, err);
+    rc = rc ? rc : hf_refuse_variants(j, file, err);
+    rc = rc ? rc : need_int(j, "hidden_size", 1, 1 << 16, &c->dim, 1, file, err);
+    rc = rc ? rc : need_int(j, "num_hidden_layers", 1, 64, &c->n_layers, 1, file, err);
+    rc = rc ? rc : need_int(j, "num_attention_heads", 1, 1024, &c->n_heads, 1, file, err);
+    c->n_kv_heads = c->n_heads;
+    rc = rc ? rc : need_int(j, "num_key_value_heads", 1, 1024, &c->n_kv_heads, 0, file, err);
+    c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+    rc = rc ? rc : need_int(j, "head_dim", 1, 1024, &c->head_dim, 0, file, err);
+    rc = rc ? rc : need_int(j, "intermediate_size", 1, 1 << 20, &c->ffn_dim, 1, file, err);
+    c->vocab = t->c.vocab;
+    rc = rc ? rc : need_int(j, "vocab_size", 1, 1 << 24, &c->vocab, 0, file, err);
+    c->max_ctx = t->c.max_ctx;
+    rc = rc ? rc : need_int(j, "max_position_embeddings", 1, 1 << 24, &c->max_ctx, 0, file, err);
+    rc = rc ? rc : need_int(j, "block_size", 2, MAX_BLOCK, &d->block_size, 1, file, err);
+    int n_target = t->c.n_layers;
+    rc = rc ? rc : need_int(j, "num_target_layers", 1, 1 << 16, &n_target, 0, file, err);
+    if (!rc && n_target != t->c.n_layers)
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: num_target_layers is %d but the target has %d "
+                      "layers: this drafter belongs to another target", file, n_target,
+                      t->c.n_layers);
+    double eps = 1e-6, theta = 10000.0;
+    rc = rc ? rc : opt_num(j, "rms_norm_eps", 1e-12, 0.5, &eps, file, err);
+    rc = rc ? rc : opt_num(j, "rope_theta", 1.0, 1e12, &theta, file, err);
+    c->norm_eps = (float)eps;
+    c->rope_theta = (float)theta;
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+    if (!rc && !cJSON_IsObject(dc))
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash_config is missing (expected an object with "
+                      "mask_token_id and target_layer_ids)", file);
+    if (!rc) {
+        int swa = 0;
+        if (dfl_json_bool(dc, "use_swa", &swa, file, err) == 0 && swa)
+            rc = dfl_fail(err, DFL_EUNSUP, "%s: dflash_config.use_swa is true; sliding-window "
+                          "drafters are not supported", file);
+    }
+    rc = rc ? rc : need_int(dc, "mask_token_id", 0, INT32_MAX, &d->mask_id, 1, file, err);
+    rc = rc ? rc : hf_layer_ids(d, dc, t, file, err);
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* ---- GGUF (llama.cpp "dflash") ------------------------------------------- */
+
+static int gguf_int(const gguf_file *g, const char *key, int lo, int hi, int *out,
+                    int required, dfl_error *err) {
+    uint32_t v;
+    int rc = dfl_gguf_u32(g, key, &v, err);
+    if (rc == 1) {
+        if (required)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %s is missing", g->tensors.source, key);
+        return 0;
+    }
+    if (rc) return rc;
+    if ((int64_t)v < lo || (int64_t)v > hi)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %u, expected %d..%d", g->tensors.source, key,
+                        v, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int gguf_refuse_variants(const gguf_file *g, dfl_error *err) {
+    const char *src = g->tensors.source;
+    static const char *dflash2[] = {"dflash.conv_kernel_size", "dflash.conv_group_size",
+                                    "dflash.selector_rank", "dflash.selector_top_k"};
+    for (size_t i = 0; i < sizeof dflash2 / sizeof dflash2[0]; i++)
+        if (dfl_gguf_find(g, dflash2[i]))
+            return dfl_fail(err, DFL_EUNSUP, "%s: %s marks a DFlash2 drafter, which is not "
+                            "supported", src, dflash2[i]);
+    int causal = 0;
+    int rc = dfl_gguf_bool(g, "dflash.attention.causal", &causal, err);
+    if (rc > 1 || rc < 0) return rc;
+    if (causal)
+        return dfl_fail(err, DFL_EUNSUP, "%s: dflash.attention.causal is true; DFlash blocks "
+                        "attend without a mask", src);
+    const gguf_kv *p = dfl_gguf_find(g, "dflash.attention.sliding_window_pattern");
+    if (p) {
+        if (p->type != GGUF_T_ARRAY || p->arr_type != GGUF_T_BOOL)
+            return dfl_fail(err, DFL_EFORMAT, "%s: dflash.attention.sliding_window_pattern must "
+                            "be a bool array", src);
+        for (uint64_t i = 0; i < p->arr_n; i++)
+            if (p->val[i])
+                return dfl_fail(err, DFL_EUNSUP, "%s: dflash.attention.sliding_window_pattern[%llu] "
+                                "is true; sliding-window drafters are not supported", src,
+                                (unsigned long long)i);
+    }
+    gguf_str s;
+    if (dfl_gguf_str(g, "dflash.rope.scaling.type", &s, NULL) == 0 &&
+        !(s.len == 4 && !memcmp(s.s, "none", 4)))
+        return dfl_fail(err, DFL_EUNSUP, "%s: dflash.rope.scaling.type is set; the drafter "
+                        "supports plain RoPE only", src);
+    return 0;
+}
+
+/* Mask id: the converter writes dflash.mask_token_id, the runtime reads
+ * tokenizer.ggml.mask_token_id; either will do, both must agree. */
+static int gguf_mask(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
+    int a = -1, b = -1;
+    int rc = gguf_int(g, "dflash.mask_token_id", 0, INT32_MAX, &a, 0, err);
+    rc = rc ? rc : gguf_int(g, "tokenizer.ggml.mask_token_id", 0, INT32_MAX, &b, 0, err);
+    if (rc) return rc;
+    if (a < 0 && b < 0)
+        return dfl_fail(err, DFL_EFORMAT, "%s: no mask token (dflash.mask_token_id or "
+                        "tokenizer.ggml.mask_token_id)", g->tensors.source);
+    if (a >= 0 && b >= 0 && a != b)
+        return dfl_fail(err, DFL_EFORMAT, "%s: dflash.mask_token_id %d and "
+                        "tokenizer.ggml.mask_token_id %d disagree", g->tensors.source, a, b);
+    d->mask_id = a >= 0 ? a : b;
+    return 0;
+}
+
+static int gguf_layer_ids(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
+    const gguf_kv *kv = dfl_gguf_arr(g, "dflash.target_layers", GGUF_T_I32, err);
+    if (!kv) return DFL_EFORMAT;
+    if (kv->arr_n < 1 || kv->arr_n > MAX_CAP)
+        return dfl_fail(err, DFL_EFORMAT, "%s: dflash.target_layers has %llu entries, expected "
+                        "1..%d", g->tensors.source, (unsigned long long)kv->arr_n, MAX_CAP);
+    d->n_cap = (int)kv->arr_n;
+    for (int i = 0; i < d->n_cap; i++) {
+        int64_t v = dfl_gguf_arr_i64(kv, i);
+        /* llama.cpp captures the input of block v: the output of block v-1. */
+        if (v < 1 || v > 1 << 16)
+            return dfl_fail(err, DFL_EFORMAT, "%s: dflash.target_layers[%d] = %lld: GGUF ids "
+                            "name a target layer's input (HF id + 1), so they start at 1",
+                            g->tensors.source, i, (long long)v);
+        d->cap[i] = (int)v - 1;
+    }
+    return 0;
+}
+
+static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, dfl_error *err) {
+    d->gguf = xcalloc(1, sizeof *d->gguf);
+    int rc = dfl_gguf_open(path, d->gguf, err);
+    if (rc) return rc;
+    const gguf_file *g = d->gguf;
+    const char *src = g->tensors.source;
+    gguf_str arch;
+    rc = dfl_gguf_str(g, "general.architecture", &arch, err);
+    if (rc == 1) return dfl_fail(err, DFL_EFORMAT, "%s: general.architecture is missing", src);
+    if (rc) return rc;
+    if (arch.len != 6 || memcmp(arch.s, "dflash", 6) != 0)
+        return dfl_fail(err, DFL_EUNSUP, "%s: general.architecture is '%.*s', expected 'dflash' "
+                        "(a llama.cpp DFlash drafter)", src, (int)(arch.len > 32 ? 32 : arch.len),
+                        arch.s);
+    rc = gguf_refuse_variants(g, err);
+    dfl_config *c = &d->c;
+    rc = rc ? rc : gguf_int(g, "dflash.embedding_length", 1, 1 << 16, &c->dim, 1, err);
+    rc = rc ? rc : gguf_int(g, "dflash.block_count", 1, 64, &c->n_layers, 1, err);
+    rc = rc ? rc : gguf_int(g, "dflash.attention.head_count", 1, 1024, &c->n_heads, 1, err);
+    if (rc) return rc;
+    c->n_kv_heads = c->n_heads;
+    c->head_dim = c->dim / c->n_heads;
+    rc = gguf_int(g, "dflash.attention.head_count_kv", 1, 1024, &c->n_kv_heads, 0, err);
+    rc = rc ? rc : gguf_int(g, "dflash.attention.key_length", 1, 1024, &c->head_dim, 0, err);
+    int vlen = c->head_dim;
+    rc = rc ? rc : gguf_int(g, "dflash.attention.value_length", 1, 1024, &vlen, 0, err);
+    if (!rc && vlen != c->head_dim)
+        rc = dfl_fail(err, DFL_EUNSUP, "%s: dflash.attention.value_length %d differs from "
+                      "key_length %d", src, vlen, c->head_dim);
+    rc = rc ? rc : gguf_int(g, "dflash.feed_forward_length", 1, 1 << 20, &c->ffn_dim, 1, err);
+    rc = rc ? rc : gguf_int(g, "dflash.block_size", 2, MAX_BLOCK, &d->block_size, 1, err);
+    c->max_ctx = t->c.max_ctx;
+    rc = rc ? rc : gguf_int(g, "dflash.context_length", 1, 1 << 24, &c->max_ctx, 0, err);
+    int thd = t->c.dim;
+    rc = rc ? rc : gguf_int(g, "dflash.target_hidden_size", 1, 1 << 16, &thd, 0, err);
+    if (!rc && thd != t->c.dim)
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash.target_hidden_size is %d but the target's "
+                      "hidden size is %d: this drafter belongs to another target", src, thd,
+                      t->c.dim);
+    if (rc) return rc;
+    c->vocab = t->c.vocab;
+    c->norm_eps = 1e-6f;
+    c->rope_theta = 10000.0f;
+    rc = dfl_gguf_f32(g, "dflash.attention.layer_norm_rms_epsilon", &c->norm_eps, err);
+    if (rc == 1) rc = 0;
+    int r2 = rc ? rc : dfl_gguf_f32(g, "dflash.rope.freq_base", &c->rope_theta, err);
+    rc = r2 == 1 ? 0 : r2;
+    if (!rc && !(c->norm_eps > 0 && c->norm_eps < 1))
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash.attention.layer_norm_rms_epsilon = %g, "
+                      "expected in (0, 1)", src, c->norm_eps);
+    if (!rc && !(c->rope_theta >= 1 && c->rope_theta < 1e12f))
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash.rope.freq_base = %g, expected >= 1", src,
+                      c->rope_theta);
+    rc = rc ? rc : gguf_mask(d, g, err);
+    rc = rc ? rc : gguf_layer_ids(d, g, err);
+    return rc;
+}
+
+/* ---- checks against the paired target ------------------------------------ */
+
+static int check_config(const dfl_drafter *d, const dfl_target *t, const char *src,
+                        dfl_error *err) {
+    const dfl_config *c = &d->c;
+    if (c->dim != t->c.dim)
+        return dfl_fail(err, DFL_EFORMAT, "%s: drafter hidden size %d, but the target's is %d: "
+                        "this drafter belongs to another target", src, c->dim, t->c.dim);
+    if (c->vocab != t->c.vocab)
+        return dfl_fail(err, DFL_EFORMAT, "%s: drafter vocab_size %d, but the target's is %d: "
+                        "this drafter belongs to another target", src, c->vocab, t->c.vocab);
+    if (c->n_heads % c->n_kv_heads)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %d attention heads are not a multiple of %d KV "
+                        "heads", src, c->n_heads, c->n_kv_heads);
+    if (c->head_dim < 2 || c->head_dim % 2)
+        return dfl_fail(err, DFL_EFORMAT, "%s: head_dim %d is not a positive even number (RoPE "
+                        "rotates pairs)", src, c->head_dim);
+    if (d->block_size < 2 || d->block_size > MAX_BLOCK)
+        return dfl_fail(err, DFL_EFORMAT, "%s: block_size %d outside 2..%d", src, d->block_size,
+                        MAX_BLOCK);
+    if (d->mask_id < 0 || d->mask_id >= t->c.vocab)
+        return dfl_fail(err, DFL_EFORMAT, "%s: mask_token_id %d outside the target's vocabulary "
+                        "0..%d", src, d->mask_id, t->c.vocab - 1);
+    for (int i = 0; i < d->n_cap; i++)
+        if (d->cap[i] < 0 || d->cap[i] >= t->c.n_layers)
+            return dfl_fail(err, DFL_EFORMAT, "%s: target layer id %d (entry %d of "
+                            "target_layer_ids) outside the target's layers 0..%d", src,
+                            d->cap[i], i, t->c.n_layers - 1);
+    return 0;
+}
+
+/* ---- key sanitizer (safetensors) -------------------------------------------- */
+
+typedef struct keyref {
+    const char *key;   /* name without a leading "model." */
+    const char *name;  /* as in the file */
+} keyref;
+
+static int cmp_key(const void *a, const void *b) {
+    return strcmp(((const keyref *)a)->key, ((const keyref *)b)->key);
+}
+
+/* Strips a "model." prefix from every name; refuses a checkpoint that holds
+ * both a prefixed and an unprefixed copy of a tensor. */
+static int sanitize_keys(dfl_tensors *ts, dfl_error *err) {
+    keyref *k = xcalloc(ts->n ? ts->n : 1, sizeof *k);
+    for (int i = 0; i < ts->n; i++) {
+        const char *nm = ts->t[i].name;
+        k[i].name = nm;
+        k[i].key = strncmp(nm, "model.", 6) == 0 ? nm + 6 : nm;
+    }
+    qsort(k, ts->n, sizeof *k, cmp_key);
+    int rc = 0;
+    for (int i = 1; i < ts->n && !rc; i++)
+        if (!strcmp(k[i - 1].key, k[i].key))
+            rc = dfl_fail(err, DFL_EFORMAT, "%s: tensor %s is present twice (%s and %s); refusing "
+                          "an ambiguous checkpoint", ts->source, k[i].key, k[i - 1].name,
+                          k[i].name);
+    free(k);
+    if (rc) return rc;
+    for (int i = 0; i < ts->n; i++) {
+        char *nm = ts->t[i].name;
+        if (!strncmp(nm, "model.", 6)) memmove(nm, nm + 6, strlen(nm + 6) + 1);
+    }
+    return 0;
+}
+
+/* ---- weights ---------------------------------------------------------------- */
+
+static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) {
+    const dfl_config *c = &d->c;
+    const dnames *nm = d->gguf ? &gguf_names : &hf_names;
+    dfl_tensors *ts = d->gguf ? &d->gguf->tensors : &d->ts;
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    int fin = d->n_cap * d->t->c.dim;
+    dfl_weights w;
+    int rc = dfl_w_begin(&w, ts, o, err);
+    if (rc) return rc;
+    rc = dfl_w_mat(&w, nm->fc, c->dim, fin, &d->fc, err);
+    rc = rc ? rc : dfl_w_vec(&w, nm->hidden_norm, c->dim, &d->hidden_norm, err);
+    rc = rc ? rc : dfl_w_vec(&w, nm->norm, c->dim, &d->out_norm, err);
+    d->layers = xcalloc(c->n_layers, sizeof *d->layers);
+    char b[256];
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        dfl_dlayer *L = &d->layers[l];
+        rc = dfl_w_mat(&w, lname(b, nm->wq, l), qd, c->dim, &L->wq, err);
+        rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->wk, l), kvd, c->dim, &L->wk, err);
+        rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->wv, l), kvd, c->dim, &L->wv, err);
+        rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->wo, l), c->dim, qd, &L->wo, err);
+        rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->gate, l), c->ffn_dim, c->dim, &L->w_gate, err);
+        rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->up, l), c->ffn_dim, c->dim, &L->w_up, err);
+        rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down, err);
+        rc = rc ? rc : dfl_w_vec(&w, lname(b, nm->attn_norm, l), c->dim, &L->attn_norm, err);
+        rc = rc ? rc : dfl_w_vec(&w, lname(b, nm->ffn_norm, l), c->dim, &L->ffn_norm, err);
+        rc = rc ? rc : dfl_w_vec(&w, lname(b, nm->q_norm, l), c->head_dim, &L->q_norm, err);
+        rc = rc ? rc : dfl_w_vec(&w, lname(b, nm->k_norm, l), c->head_dim, &L->k_norm, err);
+        if (o->progress) o->progress(o->progress_ud, "draft", l + 1, c->n_layers);
+    }
+    if (!rc) rc = dfl_w_end(&w, err);
+    d->owned = w.owned;
+    return rc;
+}
+
+static size_t fmax_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+static void alloc_scratch(dfl_drafter *d) {
+    const dfl_config *c = &d->c;
+    int R = d->max_rows, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    d->x = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
+    d->xn = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
+    d->ctx = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
+    d->q = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
+    d->k = dfl_aligned_alloc((size_t)R * kvd * sizeof(float));
+    d->v = dfl_aligned_alloc((size_t)R * kvd * sizeof(float));
+    d->att = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
+    d->h1 = dfl_aligned_alloc((size_t)R * c->ffn_dim * sizeof(float));
+    d->h2 = dfl_aligned_alloc((size_t)R * c->ffn_dim * sizeof(float));
+    d->logits = dfl_aligned_alloc((size_t)LOGIT_ROWS * c->vocab * sizeof(float));
+    d->tok = xcalloc(R, sizeof(int32_t));
+    d->n_keys = xcalloc(R, sizeof(int));
+    size_t qs = dfl_matmul_scratch(d->fc.type, R, d->fc.cols);
+    qs = fmax_sz(qs, dfl_matmul_scratch(d->t->lm_head.type, LOGIT_ROWS, d->t->lm_head.cols));
+    for (int l = 0; l < c->n_layers; l++) {
+        const dfl_dlayer *L = &d->layers[l];
+        const dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
+    }
+    d->qscratch = dfl_aligned_alloc(qs);
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int open_drafter(dfl_drafter *d, const char *path, const dfl_target *t, dfl_error *err) {
+    if (is_file(path)) return gguf_config(d, path, t, err);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", path);
+    if (!is_file(cfg))
+        return dfl_fail(err, DFL_EIO, "%s: neither a .gguf file nor a folder with config.json "
+                        "(pass a DFlash drafter folder or a llama.cpp dflash GGUF)", path);
+    int rc = hf_config(d, path, t, err);
+    rc = rc ? rc : dfl_safetensors_open_dir(path, &d->ts, err);
+    return rc ? rc : sanitize_keys(&d->ts, err);
+}
+
+int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
+                     dfl_drafter **out, dfl_error *err) {
+    *out = NULL;
+    dfl_drafter *d = xcalloc(1, sizeof *d);
+    d->t = t;
+    dfl_config *c = &d->c;
+    c->arch = ARCH_QWEN3;
+    c->rope_neox = 1;
+    c->qk_norm = 1;
+    c->rope_scale_type = ROPE_SCALE_NONE;
+    c->rope_factor = 1.0f;
+    c->rope_attn_factor = 1.0f;
+    c->bos_id = c->eos_id = -1;
+    int rc = open_drafter(d, path, t, err);
+    rc = rc ? rc : check_config(d, t, path, err);
+    if (!rc) {
+        dfl_rope_init(&d->rope, c);
+        rc = load_weights(d, o, err);
+    }
+    if (rc) {
+        dfl_drafter_free(d);
+        return rc;
+    }
+    int R = o->max_rows > 0 ? o->max_rows : 64;
+    d->max_rows = R > d->block_size ? R : d->block_size;
+    if (d->max_rows > MAX_BLOCK) d->max_rows = MAX_BLOCK;
+    const char *w = getenv("DFLASH_DRAFT_WINDOW");
+    d->window = w ? atoi(w) : 0;
+    if (d->window < 0) d->window = 0;
+    alloc_scratch(d);
+    *out = d;
+    return 0;
+}
+
+void dfl_drafter_free(dfl_drafter *d) {
+    if (!d) return;
+    free(d->layers);
+    free(d->rope.inv_freq);
+    dfl_weights_free_owned(d->owned);
+    dfl_tensors_free(&d->ts);
+    if (d->gguf) {
+        dfl_gguf_free(d->gguf);
+        free(d->gguf);
+    }
+    free(d->x), free(d->xn), free(d->ctx), free(d->q), free(d->k), free(d->v), free(d->att);
+    free(d->h1), free(d->h2), free(d->logits), free(d->tok), free(d->n_keys);
+    free(d->qscratch);
+    free(d);
+}
+
+/* ---- the side store --------------------------------------------------------- */
+
+dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
+    dfl_dstore *s = xcalloc(1, sizeof *s);
+    s->cap = ctx + d->max_rows;
+    s->window = d->window;
+    s->n_layers = d->c.n_layers;
+    s->kv_dim = d->c.n_kv_heads * d->c.head_dim;
+    size_t n = (size_t)s->n_layers * s->cap * s->kv_dim;
+    s->k = dfl_aligned_alloc(n * sizeof(float));
+    s->v = dfl_aligned_alloc(n * sizeof(float));
+    return s;
+}
+
+void dfl_dstore_free(dfl_dstore *s) {
+    if (!s) return;
+    free(s->k);
+    free(s->v);
+    free(s);
+}
+
+/* Rows the window skipped cannot come back: a cut after which the next
+ * block's window would reach them empties the store. */
+void dfl_dstore_truncate(dfl_dstore *s, int n_keep) {
+    if (n_keep < 0) n_keep = 0;
+    if (n_keep < s->len) s->len = n_keep;
+    if (s->lo > 0 && (s->len == 0 || s->len - s->window < s->lo)) s->len = s->lo = 0;
+}
+
+/* ---- forward ---------------------------------------------------------------- */
+
+static void matmul(dfl_drafter *d, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
+                   int ldy) {
+    dfl_matmul(d->t->pool, W, n, X, ldx, Y, ldy, d->qscratch);
+}
+
+static void norm_rows(float *y, const float *x, const float *w, int n, int dim, float eps) {
+    for (int r = 0; r < n; r++) dfl_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+}
+
+static float *store_row(const dfl_dstore *s, float *base, int l, int pos) {
+    return base + ((size_t)l * s->cap + pos) * s->kv_dim;
+}
+
+/* K and V of n rows xs (already normed as the caller wants) at positions
+ * pos0.., written straight into the store (norm and RoPE in place). */
+static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, int n, int pos0) {
+    const dfl_config *c = &d->c;
+    const dfl_dlayer *L = &d->layers[l];
+    float *K = store_row(s, s->k, l, pos0), *V = store_row(s, s->v, l, pos0);
+    matmul(d, &L->wk, n, xs, c->dim, K, s->kv_dim);
+    matmul(d, &L->wv, n, xs, c->dim, V, s->kv_dim);
+    norm_rows(K, K, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    for (int r = 0; r < n; r++)
+        dfl_rope_apply(&d->rope, K + (size_t)r * s->kv_dim, c->n_kv_heads, pos0 + r);
+}
+
+static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, int skip) {
+    const dfl_config *c = &d->c;
+    int pos0 = s->len + skip, m = n - skip;
+    if (m > 0) {
+        const float *f = feat + (size_t)skip * d->fc.cols;
+        matmul(d, &d->fc, m, f, d->fc.cols, d->ctx, c->dim);
+        norm_rows(d->ctx, d->ctx, d->hidden_norm, m, c->dim, c->norm_eps);
+        for (int l = 0; l < c->n_layers; l++) project_kv(d, s, l, d->ctx, m, pos0);
+    }
+    s->len += n;
+    return 0;
+}
+
+int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, int n,
+                            dfl_error *err) {
+    if (n < 0 || s->len + n > s->cap - d->max_rows)
+        return dfl_fail(err, DFL_ECTX, "drafter context full: %d + %d rows exceed %d", s->len,
+                        n, s->cap - d->max_rows);
+    /* Rows that no later block's window reaches are never projected. */
+    int end = s->len + n, skip_to = s->window ? end - s->window : 0;
+    for (int a = 0; a < n; a += d->max_rows) {
+        int m = n - a < d->max_rows ? n - a : d->max_rows;
+        int skip = skip_to - (s->len);
+        skip = skip < 0 ? 0 : skip > m ? m : skip;
+        if (skip > 0) s->lo = s->len + skip;
+        add_chunk(d, s, feat + (size_t)a * d->fc.cols, m, skip);
+    }
+    return 0;
+}
+
+/* One drafter layer over the B block rows in d->x at positions pos0... */
+static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0) {
+    const dfl_config *c = &d->c;
+    const dfl_dlayer *L = &d->layers[l];
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    norm_rows(d->xn, d->x, L->attn_norm, B, c->dim, c->norm_eps);
+    matmul(d, &L->wq, B, d->xn, c->dim, d->q, qd);
+    norm_rows(d->q, d->q, L->q_norm, B * c->n_heads, hd, c->norm_eps);
+    for (int r = 0; r < B; r++) dfl_rope_apply(&d->rope, d->q + (size_t)r * qd, c->n_heads, pos0 + r);
+    /* The block's K/V go in the store's slack rows past len; len stays. */
+    project_kv(d, s, l, d->xn, B, pos0);
+    int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
+    if (lo < s->lo) lo = s->lo;
+    for (int r = 0; r < B; r++) d->n_keys[r] = pos0 + B - lo;   /* no mask */
+    dfl_attention(d->t->pool, B, d->q, store_row(s, s->k, l, lo), store_row(s, s->v, l, lo),
+                  s->kv_dim, d->n_keys, c->n_heads, c->n_kv_heads, hd, 1.0f / sqrtf((float)hd),
+                  d->att);
+    matmul(d, &L->wo, B, d->att, qd, d->ctx, c->dim);
+    for (size_t i = 0; i < (size_t)B * c->dim; i++) d->x[i] += d->ctx[i];
+    norm_rows(d->xn, d->x, L->ffn_norm, B, c->dim, c->norm_eps);
+    matmul(d, &L->w_gate, B, d->xn, c->dim, d->h1, c->ffn_dim);
+    matmul(d, &L->w_up, B, d->xn, c->dim, d->h2, c->ffn_dim);
+    dfl_swiglu(d->h1, d->h1, d->h2, B * c->ffn_dim);
+    matmul(d, &L->w_down, B, d->h1, c->ffn_dim, d->ctx, c->dim);
+    for (size_t i = 0; i < (size_t)B * c->dim; i++) d->x[i] += d->ctx[i];
+}
+
+int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
+                      int32_t *draft, dfl_error *err) {
+    const dfl_config *c = &d->c;
+    int pos0 = s->len, vocab = c->vocab;
+    if (B < 2 || B > d->max_rows)
+        return dfl_fail(err, DFL_EARG, "draft block %d outside 2..%d", B, d->max_rows);
+    if (pos0 + B > s->cap)
+        return dfl_fail(err, DFL_ECTX, "drafter store full: block at %d + %d rows exceeds %d",
+                        pos0, B, s->cap);
+    if (anchor < 0 || anchor >= vocab)
+        return dfl_fail(err, DFL_EARG, "anchor token %d outside the vocabulary", anchor);
+    d->tok[0] = anchor;
+    for (int i = 1; i < B; i++) d->tok[i] = d->mask_id;
+    dfl_target_embed(d->t, d->tok, B, d->x);
+    for (int l = 0; l < c->n_layers; l++) block_layer(d, s, l, B, pos0);
+    /* Rows 1..B-1 through the final norm and the target's lm_head, in chunks. */
+    norm_rows(d->xn, d->x + c->dim, d->out_norm, B - 1, c->dim, c->norm_eps);
+    for (int a = 0; a < B - 1; a += LOGIT_ROWS) {
+        int m = B - 1 - a < LOGIT_ROWS ? B - 1 - a : LOGIT_ROWS;
+        float *lg = logits ? logits + (size_t)a * vocab : d->logits;
+        dfl_target_lm_head(d->t, d->xn + (size_t)a * c->dim, m, lg, d->qscratch);
+        for (int r = 0; r < m; r++) draft[a + r] = dfl_argmax(lg + (size_t)r * vocab, vocab);
+    }
+    return 0;
+}

@@ -1,0 +1,252 @@
+/* loop.c - the round loop: prefill, then rounds of draft, verify, accept,
+ * commit, roll back. Classic decode is the same loop with one-row blocks.
+ *
+ * The prompt's last token is the first round's anchor: the prefill runs
+ * rows 0..n-2 and the first verify block starts with prompt[n-1], so a
+ * drafter can already propose the first generated tokens (its context is the
+ * prompt rows before the anchor, as in training). */
+#include <math.h>
+#include <string.h>
+
+#include "spec/spec.h"
+
+/* ---- acceptance ----------------------------------------------------------- */
+
+int dfl_accept_greedy(void *ud, const float *logits, int vocab, const int32_t *block, int B,
+                      int pos, const int32_t *hist, const float *dlogits, int32_t *tgt) {
+    (void)ud, (void)pos, (void)hist, (void)dlogits;
+    int a = 0;
+    for (int i = 0; i < B; i++) {
+        tgt[i] = dfl_argmax(logits + (size_t)i * vocab, vocab);
+        if (i + 1 >= B || block[i + 1] != tgt[i]) break;
+        a++;
+    }
+    return a;
+}
+
+/* ---- helpers -------------------------------------------------------------- */
+
+enum { DFL_MAX_BLOCK = 512 };
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* The chosen token's log-probability and the n_top best, from raw logits. */
+static void token_info(const float *row, int vocab, int32_t id, int n_top, dfl_token_info *ti) {
+    float m = row[0];
+    for (int i = 1; i < vocab; i++)
+        if (row[i] > m) m = row[i];
+    double s = 0;
+    for (int i = 0; i < vocab; i++) s += exp((double)row[i] - m);
+    double lse = m + log(s);
+    ti->id = id;
+    ti->logprob = (float)(row[id] - lse);
+    ti->n_top = n_top < 0 ? 0 : n_top > 20 ? 20 : n_top;
+    int k = 0;   /* insertion into a sorted top list; ties keep the lower id first */
+    for (int i = 0; i < vocab && ti->n_top; i++) {
+        if (k == ti->n_top && row[i] <= row[ti->top_ids[k - 1]]) continue;
+        int j = k < ti->n_top ? k++ : k - 1;
+        while (j > 0 && row[ti->top_ids[j - 1]] < row[i]) {
+            ti->top_ids[j] = ti->top_ids[j - 1];
+            j--;
+        }
+        ti->top_ids[j] = i;
+    }
+    for (int j = 0; j < k; j++) ti->top_logprobs[j] = (float)(row[ti->top_ids[j]] - lse);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = imin(na, nb), i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error *err) {
+    dfl_proposer *pr = q->pr;
+    feed = feed && pr;
+    int n_cap = feed && q->feat ? pr->n_cap : 0;
+    for (int a = 0; a < n;) {
+        int m = imin(n - a, q->t->max_rows), pos = q->kv->len;
+        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, n_cap ? pr->cap : NULL,
+                                    n_cap, q->feat, err);
+        if (rc) return rc;
+        memcpy(q->hist + pos, tok + a, (size_t)m * sizeof(int32_t));
+        if (feed && (rc = pr->add_context(pr, n_cap ? q->feat : NULL, m, err))) return rc;
+        a += m;
+    }
+    return 0;
+}
+
+/* ---- one round ------------------------------------------------------------ */
+
+typedef struct run {
+    dfl_seq *q;
+    const dfl_loop_opts *o;
+    dfl_token_fn cb;
+    void *ud;
+    dfl_stats *st;
+    int spec;             /* a proposer drafts, and is fed every committed row */
+    int gen;              /* tokens committed by this call */
+    int32_t anchor;
+    int stop;
+} run;
+
+/* Commits token id chosen from logits row; returns nonzero when it ends generation. */
+static int commit(run *r, int32_t id, const float *row) {
+    const dfl_loop_opts *o = r->o;
+    dfl_token_info ti;
+    memset(&ti, 0, sizeof ti);
+    token_info(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
+    r->gen++;
+    r->st->n_gen++;
+    int cancel = r->cb ? r->cb(r->ud, &ti) : 0;
+    if (o->is_stop && o->is_stop(o->stop_ud, id)) r->stop = DFL_STOP_EOS;
+    else if (cancel) r->stop = DFL_STOP_CANCEL;
+    return r->stop != DFL_STOP_NONE;
+}
+
+static void count_round(run *r, int B, int a, int emitted) {
+    dfl_stats *st = r->st;
+    if (B == 1) {
+        st->classic_steps++;
+        return;
+    }
+    st->rounds++;
+    st->proposed += B - 1;
+    st->accepted += a;
+    st->committed += emitted;
+    for (int i = 0; i < B - 1 && i < DFL_MAX_POS_STATS; i++) {
+        st->pos_proposed[i]++;
+        if (i < a) st->pos_accepted[i]++;
+    }
+}
+
+/* Drafts B-1 tokens after the anchor (B > 1), verifies the block with
+ * capture, commits, rolls back. Returns 0 or an error code. */
+static int round_step(run *r, int B, int *accepted, dfl_error *err) {
+    dfl_seq *q = r->q;
+    dfl_proposer *pr = q->pr;
+    const dfl_loop_opts *o = r->o;
+    dfl_target *t = q->t;
+    int vocab = t->c.vocab, pos = q->kv->len, rc;
+    int32_t block[DFL_MAX_BLOCK], tgt[DFL_MAX_BLOCK];
+    block[0] = r->anchor;
+    float *dlog = o->need_dlogits ? q->dlogits : NULL;
+    double t0 = dfl_now();
+    q->hist[pos] = r->anchor;   /* pos < cap: checked by the caller */
+    if (B > 1 && (rc = pr->draft(pr, r->anchor, pos, B, block + 1, dlog, err))) return rc;
+    if (B > 1 && o->redraft) o->redraft(o->accept_ud, dlog, B - 1, q->hist, pos, block + 1);
+    double t1 = dfl_now();
+    int n_cap = r->spec && q->feat ? pr->n_cap : 0;
+    rc = dfl_target_forward(t, q->kv, block, B, 0, q->logits, n_cap ? pr->cap : NULL, n_cap,
+                            q->feat, err);
+    if (rc) return rc;
+    double t2 = dfl_now();
+    dfl_accept_fn accept = o->accept ? o->accept : dfl_accept_greedy;
+    int a = accept(o->accept_ud, q->logits, vocab, block, B, pos, q->hist, dlog, tgt);
+    int emitted = 0;
+    for (int i = 1; i <= a + 1; i++) {
+        int32_t id = i <= a ? block[i] : tgt[a];
+        emitted++;
+        if (commit(r, id, q->logits + (size_t)(i - 1) * vocab)) break;
+    }
+    /* Rows 0..kept-1 hold the anchor and the committed drafts; the rest
+     * (rejected drafts) leave the target cache, and only the kept rows'
+     * features reach the proposer. The bonus has no row yet. */
+    int kept = 1 + imin(emitted, a);
+    memcpy(q->hist + pos, block, (size_t)kept * sizeof(int32_t));
+    dfl_kv_truncate(q->kv, pos + kept);
+    double t3 = dfl_now();
+    if (r->spec && (rc = pr->add_context(pr, n_cap ? q->feat : NULL, kept, err))) return rc;
+    double t4 = dfl_now();
+    r->anchor = tgt[a];
+    r->st->t_draft += (t1 - t0) + (t4 - t3);
+    r->st->t_verify += t2 - t1;
+    count_round(r, B, a, emitted);
+    *accepted = a;
+    return 0;
+}
+
+/* The block for the next round: the policy's (or the pinned) size, shrunk
+ * so it never passes the cache's end nor max_tokens. */
+static int pick_block(run *r, dfl_policy *pol) {
+    dfl_seq *q = r->q;
+    int B = 1;
+    if (r->spec) B = r->o->block == 0 ? dfl_policy_choose(pol) : r->o->block;
+    B = imin(B, r->o->max_tokens - r->gen);
+    B = imin(B, q->kv->cap - q->kv->len);
+    B = imin(B, imin(q->max_block, q->t->max_rows));
+    if (r->spec) B = imin(B, q->pr->max_block);
+    B = B < 1 ? 1 : imin(B, DFL_MAX_BLOCK);
+    if (B > 1 && r->o->exact && r->o->exact[B] != 1) B = 1;   /* fail closed */
+    return B;
+}
+
+/* ---- generation ----------------------------------------------------------- */
+
+static int check_prompt(const dfl_seq *q, const int32_t *prompt, int n, dfl_error *err) {
+    if (n < 1)
+        return dfl_fail(err, DFL_EARG, "empty prompt: at least one token (e.g. BOS) is needed");
+    if (n > q->kv->cap)
+        return dfl_fail(err, DFL_ECTX, "prompt of %d tokens does not fit the context of %d",
+                        n, q->kv->cap);
+    for (int i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= q->t->c.vocab)
+            return dfl_fail(err, DFL_EARG, "prompt token %d is %d, outside the vocabulary 0..%d",
+                            i, prompt[i], q->t->c.vocab - 1);
+    return 0;
+}
+
+/* Keeps the cached rows shared with the new prompt (never its last token:
+ * that is the first anchor). The proposer never runs ahead of the cache. */
+static int reuse_prefix(dfl_seq *q, const int32_t *prompt, int n, int spec) {
+    int keep = common_prefix(q->hist, q->kv->len, prompt, n - 1);
+    if (q->pr) {
+        if (q->pr->len(q->pr) > keep) q->pr->truncate(q->pr, keep);
+        /* (a windowed store may empty itself when cut) */
+        int pl = q->pr->len(q->pr);
+        if (spec && pl < keep) keep = pl;
+    }
+    dfl_kv_truncate(q->kv, keep);
+    return keep;
+}
+
+int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt, int n_prompt,
+                      dfl_token_fn cb, void *ud, dfl_stats *st, dfl_error *err) {
+    int rc = check_prompt(q, prompt, n_prompt, err);
+    if (rc) return rc;
+    run r = {.q = q, .o = o, .cb = cb, .ud = ud, .st = st};
+    r.spec = q->pr && o->block != 1;
+    st->weight_bytes = (double)q->t->weight_bytes;
+    st->n_prompt += n_prompt;
+
+    double t0 = dfl_now();
+    int keep = reuse_prefix(q, prompt, n_prompt, r.spec);
+    rc = dfl_spec_prefill(q, prompt + keep, n_prompt - 1 - keep, r.spec, err);
+    if (rc) return rc;
+    double t1 = dfl_now();
+    st->t_prefill += t1 - t0;
+
+    dfl_costs local_costs;
+    dfl_costs *costs = o->costs;
+    if (!costs) dfl_costs_init(costs = &local_costs, DFL_POLICY_MAX);
+    dfl_policy pol;
+    dfl_policy_init(&pol, costs, imin(q->max_block, r.spec ? q->pr->max_block : 1));
+    double d0 = st->t_draft, v0 = st->t_verify;
+    r.anchor = prompt[n_prompt - 1];
+    while (r.stop == DFL_STOP_NONE) {
+        if (r.gen >= o->max_tokens) r.stop = DFL_STOP_LENGTH;
+        else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
+        if (r.stop) break;
+        int B = pick_block(&r, &pol), a = 0;
+        double rs = dfl_now();
+        if ((rc = round_step(&r, B, &a, err))) break;
+        dfl_costs_update(costs, B, dfl_now() - rs);
+        if (B > 1) dfl_policy_observe(&pol, B, a);
+        else dfl_policy_classic_step(&pol);
+    }
+    double t2 = dfl_now();
+    st->t_decode += t2 - t1;
+    st->t_other += (t2 - t1) - (st->t_draft - d0) - (st->t_verify - v0);
+    st->stop = r.stop;
+    return rc;
+}

@@ -1,0 +1,28 @@
+/* propose.c - the DFlash drafter and its side store behind the proposer seam. */
+#include "spec/spec.h"
+
+static dfl_dflash_proposer *self(dfl_proposer *p) { return (dfl_dflash_proposer *)p; }
+
+static int add_context(dfl_proposer *p, const float *feat, int n, dfl_error *err) {
+    return dfl_drafter_add_context(self(p)->d, self(p)->s, feat, n, err);
+}
+
+static int draft(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out, float *logits,
+                 dfl_error *err) {
+    dfl_dflash_proposer *x = self(p);
+    if (pos != x->s->len)
+        return dfl_fail(err, DFL_EARG, "draft at position %d, but the side store holds %d rows",
+                        pos, x->s->len);
+    return dfl_drafter_draft(x->d, x->s, anchor, B, logits, out, err);
+}
+
+static void truncate_to(dfl_proposer *p, int n_keep) { dfl_dstore_truncate(self(p)->s, n_keep); }
+
+static int len(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)->s->len; }
+
+void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s) {
+    p->base = (dfl_proposer){add_context, draft, truncate_to, len, d->cap, d->n_cap,
+                             d->max_rows};
+    p->d = d;
+    p->s = s;
+}

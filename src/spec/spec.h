@@ -1,0 +1,126 @@
+/* spec.h - the round loop (speculative and classic decode), its proposer
+ * seam, the acceptance rule seam and the exactness probe.
+ *
+ * The loop is written once against the target (models/model.h) and a
+ * proposer. Its invariants, between rounds:
+ *   kv->len == proposer len == pos, the absolute position of the anchor (the
+ *   newest committed token, not yet run through the target);
+ *   hist[0..pos) are the tokens whose K/V sit in kv.
+ * A round drafts B-1 tokens after the anchor, verifies [anchor, drafts] in one
+ * target forward with feature capture, accepts a prefix, commits it plus the
+ * target's own next token (the bonus), and rolls the target cache and the
+ * proposer back to the committed length, feeding the proposer the features
+ * of the committed rows only. B = 1 is one classic decode step. */
+#ifndef DFL_SPEC_H
+#define DFL_SPEC_H
+
+#include "draft/draft.h"
+#include "models/model.h"
+#include "spec/policy.h"
+
+/* ---- the proposer seam ---------------------------------------------------- */
+
+/* Embed it as the first member of an implementation's struct. */
+typedef struct dfl_proposer dfl_proposer;
+struct dfl_proposer {
+    /* Appends n context rows at positions len() .. len()+n-1. feat: (n,
+     * n_cap*target dim), the outputs of target layers cap[] for committed rows. */
+    int (*add_context)(dfl_proposer *p, const float *feat, int n, dfl_error *err);
+    /* Proposes out[0..B-2] for positions pos+1 .. pos+B-1 after anchor at pos
+     * (pos == len()); logits (B-1, vocab) of those rows when not NULL. */
+    int (*draft)(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out, float *logits,
+                 dfl_error *err);
+    void (*truncate)(dfl_proposer *p, int n_keep);
+    int (*len)(const dfl_proposer *p);
+    const int *cap;   /* target layers whose outputs it reads (HF ids) */
+    int n_cap;
+    int max_block;    /* largest B draft accepts */
+};
+
+/* The DFlash drafter behind the seam (src/spec/propose.c). */
+typedef struct dfl_dflash_proposer {
+    dfl_proposer base;
+    dfl_drafter *d;
+    dfl_dstore *s;
+} dfl_dflash_proposer;
+
+void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s);
+
+/* ---- the acceptance seam ------------------------------------------------- */
+
+/* Given the verify logits (B, vocab) of block = [anchor, d1 .. d_{B-1}] at
+ * positions pos .. pos+B-1, returns a, the number of drafts accepted, and
+ * writes tgt[0..a]: block[1..a] are committed, then tgt[a] (the bonus).
+ * hist[0..pos] are the committed tokens, the anchor last (penalties);
+ * dlogits the drafter's rows (B-1, vocab) or NULL. With B = 1 it is the
+ * classic decode step's choice of tgt[0]. */
+typedef int (*dfl_accept_fn)(void *ud, const float *logits, int vocab, const int32_t *block,
+                             int B, int pos, const int32_t *hist, const float *dlogits,
+                             int32_t *tgt);
+
+/* Greedy: tgt[i] = argmax of row i; a = leading drafts with block[i] == tgt[i-1]. */
+int dfl_accept_greedy(void *ud, const float *logits, int vocab, const int32_t *block, int B,
+                      int pos, const int32_t *hist, const float *dlogits, int32_t *tgt);
+
+/* ---- the loop ------------------------------------------------------------ */
+
+/* One sequence's state, owned by the caller (a session, a test, the probe). */
+typedef struct dfl_seq {
+    dfl_target *t;
+    dfl_kv *kv;
+    int32_t *hist;        /* (kv->cap) tokens whose K/V are in kv */
+    float *logits;        /* (max_block, vocab) verify logits */
+    float *dlogits;       /* (max_block, vocab) drafter logits, or NULL */
+    float *feat;          /* (t->max_rows, n_cap*dim) captured features, or NULL */
+    int max_block;        /* rows logits holds */
+    dfl_proposer *pr;     /* NULL without a drafter; kept in step with kv even
+                             when a call decodes classically */
+} dfl_seq;
+
+typedef struct dfl_loop_opts {
+    int block;            /* 1: classic; N >= 2: speculate with blocks of N;
+                             0: adaptive (policy, up to max_block) */
+    dfl_costs *costs;     /* measured round costs for the adaptive policy (shared) */
+    dfl_accept_fn accept; /* NULL: greedy */
+    void *accept_ud;
+    int need_dlogits;     /* the rule reads drafter logits */
+    int (*is_stop)(void *ud, int32_t id);   /* NULL: none */
+    void *stop_ud;
+    int max_tokens;
+    int n_top_logprobs;   /* 0..20 */
+    /* Drafts for rules that need them sampled (rejection), or NULL: rewrites
+     * draft[0..n) from the drafter rows, hist[0..pos] committed (anchor last). */
+    void (*redraft)(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
+                    int32_t *draft);
+    const int *exact;     /* [b]: 1 when the probe found block size b exact;
+                             other sizes run as classic steps. NULL: all allowed */
+} dfl_loop_opts;
+
+/* Generates after prompt, reusing the longest common prefix of prompt with
+ * hist (what kv holds). cb gets every committed token in order; it returning
+ * nonzero stops generation (st->stop = DFL_STOP_CANCEL, and 0 is returned).
+ * st is added to (callers zero it); st->stop says why generation ended. */
+int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt, int n_prompt,
+                      dfl_token_fn cb, void *ud, dfl_stats *st, dfl_error *err);
+
+/* Runs rows tok[0..n) through the target in chunks that fit q->feat,
+ * feeding the proposer their features when feed is set. */
+int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error *err);
+
+/* ---- the exactness probe -------------------------------------------------- */
+
+/* Runs ids[0..n-1) then, one row at a time, the anchor ids[n-1] and its
+ * greedy continuation (B rows); then the same B rows as one block, and every
+ * smaller block 2..B-1, comparing logits (and the features of target layers
+ * fcap[], when given) bit for bit. state[b] (b = 2..B) gets 1 exact or -1
+ * not; r describes block B. json: the report (may be NULL). Uses a private
+ * cache of n + B rows. */
+int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int *fcap,
+                     int n_fcap, dfl_probe_result *r, int *state, char *json, size_t cap,
+                     dfl_error *err);
+
+/* The engine's memo: probes block sizes 2..bmax once per engine (on a fixed
+ * short prompt) unless already known; *exact = 1 when all are exact, else -1. */
+int dfl_probe_ensure(dfl_engine *e, int bmax, int *exact, dfl_error *err);
+
+#endif
