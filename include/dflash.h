@@ -222,6 +222,21 @@ int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap,
 int dfl_debug_draft(dfl_session *s, const int32_t *ids, int n, int B, float *logits,
                     dfl_error *err);
 
+/* ---- server: one engine, several sessions ------------------------------ */
+/* Asked for by src/server (dflash serve); see docs/server.md.
+ *
+ * Returns nonzero when dfl_generate may run on distinct sessions of e from
+ * several threads at once. The engine then holds a fair (first come, first
+ * served) per-engine lock around each forward pass -- a prefill chunk, a
+ * verify block, a decode step, a draft -- never across the token callback,
+ * so concurrent generations interleave round by round and none starves. The
+ * functions taking a const dfl_engine * (tokenizer, detokenizer on distinct
+ * dfl_detok, chat render, info) are then safe from any thread at any time.
+ * Returns 0 when the engine does not do this: callers serialise whole
+ * dfl_generate calls and tokenizer calls themselves (the server then runs
+ * one request at a time, first come first served). */
+int dfl_engine_concurrent(const dfl_engine *e);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,7 +11,6 @@ static int pending(const char *name) {
 
 int cmd_probe(int argc, char **argv) { (void)argc; (void)argv; return pending("probe"); }
 int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return pending("bench"); }
-int cmd_serve(int argc, char **argv) { (void)argc; (void)argv; return pending("serve"); }
 int cmd_tokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("tokenize"); }
 int cmd_detokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("detokenize"); }
 int cmd_quantize(int argc, char **argv) { (void)argc; (void)argv; return pending("quantize"); }

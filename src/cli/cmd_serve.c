@@ -1,0 +1,89 @@
+/* cmd_serve.c - dflash serve: flags -> srv_opts; the server is src/server/. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "server/server.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dflash serve -m MODEL [--draft DRAFTER] [options]\n\n"
+            "An OpenAI-compatible HTTP server (see docs/server.md).\n\n"
+            "  -m, --model PATH        target model: Hugging Face folder or .gguf\n"
+            "  --draft PATH            DFlash drafter (greedy requests speculate with it)\n"
+            "  --host ADDR             listen address (default 127.0.0.1; only this one)\n"
+            "  --port N                TCP port (default 8080; 0 picks a free one)\n"
+            "  -np, --parallel N       slots: requests generating at once (default 1)\n"
+            "  -c, --ctx-size N        context tokens per slot (default: min(model, 4096))\n"
+            "  -t, --threads N         compute threads (default: all cores)\n"
+            "  --api-key KEY           require 'Authorization: Bearer KEY' (all but /health);\n"
+            "                          the environment's DFLASH_API_KEY is read when not given\n"
+            "  --alias NAME            model id clients use (default: the model's name)\n"
+            "  --chat-template NAME    chatml | qwen3 | llama3 (default: the model's own)\n"
+            "  --dtype TYPE            convert weights at load (default: keep the file's)\n"
+            "  --queue N               requests that may wait for a slot before 503 (default 64)\n"
+            "  --max-body BYTES        request body limit (default 8388608)\n"
+            "  --timeout S             idle connection timeout in seconds (default 120)\n"
+            "  --shutdown-grace S      on SIGINT/SIGTERM let running requests finish this long\n"
+            "                          (default 10), then cancel them\n"
+            "  --temp T                temperature for requests that give none (default 1,\n"
+            "                          as OpenAI's API; 0 makes them greedy)\n");
+}
+
+int cmd_serve(int argc, char **argv) {
+#ifndef DFLASH_HAVE_MHD
+    (void)argc, (void)argv;
+    (void)usage;
+    fprintf(stderr, "dflash serve: this build has no libmicrohttpd (install libmicrohttpd-dev "
+                    "and rebuild)\n");
+    return 2;
+#else
+    srv_opts o;
+    srv_opts_default(&o);
+    o.api_key = getenv("DFLASH_API_KEY");
+    if (o.api_key && !*o.api_key) o.api_key = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "dflash serve: unknown option or missing value: %s\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_path = v;
+        else if (!strcmp(a, "--draft") || !strcmp(a, "-md")) o.draft_path = v;
+        else if (!strcmp(a, "--host")) o.host = v;
+        else if (!strcmp(a, "--port")) o.port = cli_int(a, v, 0, 65535);
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) o.parallel = cli_int(a, v, 1, 256);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o.ctx_size = cli_int(a, v, 0, 1 << 24);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o.threads = cli_int(a, v, 0, 1024);
+        else if (!strcmp(a, "--api-key")) o.api_key = *v ? v : NULL;
+        else if (!strcmp(a, "--alias")) o.alias = v;
+        else if (!strcmp(a, "--chat-template")) o.chat_template = v;
+        else if (!strcmp(a, "--dtype")) o.dtype = v;
+        else if (!strcmp(a, "--queue")) o.queue_max = cli_int(a, v, 0, 1 << 16);
+        else if (!strcmp(a, "--max-body")) o.max_body = (size_t)cli_int(a, v, 1024, 1L << 30);
+        else if (!strcmp(a, "--timeout")) o.conn_timeout_s = cli_int(a, v, 1, 86400);
+        else if (!strcmp(a, "--shutdown-grace")) o.shutdown_grace_s = cli_num(a, v, 0, 86400);
+        else if (!strcmp(a, "--temp")) o.default_temp = cli_num(a, v, 0, 2);
+        else {
+            fprintf(stderr, "dflash serve: unknown option %s\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!o.model_path) o.model_path = cli_default_model();
+    if (!o.draft_path && o.model_path && o.model_path == cli_default_model())
+        o.draft_path = cli_default_draft();
+    if (!o.model_path) {
+        fprintf(stderr, "dflash serve: no model: give -m PATH\n");
+        return 2;
+    }
+    return srv_main(&o);
+#endif
+}

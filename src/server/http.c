@@ -1,0 +1,600 @@
+/* http.c - the HTTP side of dflash serve, on libmicrohttpd.
+ *
+ * One thread per connection (MHD's), so a handler may wait: a non-streaming
+ * request waits for its job in the handler; a streaming one returns a
+ * callback response whose reader waits for the job's next bytes. While
+ * waiting, both poll the socket for the peer's hang-up, so a client that
+ * leaves frees its slot at once instead of at the next write. */
+#ifdef DFLASH_HAVE_MHD
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server.h"
+
+void srv_opts_default(srv_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->parallel = 1;
+    o->queue_max = 64;
+    o->max_body = 8u << 20;
+    o->max_json_depth = 64;
+    o->conn_timeout_s = 120;
+    o->shutdown_grace_s = 10;
+    o->default_temp = 1.0;
+}
+
+/* Per request: the body so far, and the job once one is made. */
+typedef struct conn_ctx {
+    srv_buf body;
+    int too_large;
+} conn_ctx;
+
+/* ---- replies ------------------------------------------------------------------- */
+
+static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int status,
+                             const char *ctype, char *body) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (srv->draining) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    srv_metrics_http(&srv->m, status);
+    return ret;
+}
+
+static enum MHD_Result reply_json(srv_server *srv, struct MHD_Connection *c, int status,
+                                  cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return reply(srv, c, status, "application/json; charset=utf-8", s);
+}
+
+static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, const srv_err *e) {
+    return reply(srv, c, e->status, "application/json; charset=utf-8", srv_err_json(e));
+}
+
+static enum MHD_Result fail(srv_server *srv, struct MHD_Connection *c, int status,
+                            const char *code, const char *fmt, const char *arg) {
+    srv_err e;
+    srv_errf(&e, status, NULL, fmt, arg);
+    e.code = code;
+    return reply_err(srv, c, &e);
+}
+
+/* ---- waiting for a job, watching the client ----------------------------------- */
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* The peer closed its end (or the socket failed). */
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static void wait_a_little(srv_job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+typedef struct stream_ctx {
+    srv_job *j;
+    int fd;
+} stream_ctx;
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream_ctx *s = cls;
+    srv_job *j = s->j;
+    (void)pos;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->out_sent < j->out.len) {
+            size_t n = j->out.len - j->out_sent;
+            if (n > max) n = max;
+            memcpy(buf, j->out.p + j->out_sent, n);
+            j->out_sent += n;
+            if (j->out_sent == j->out.len) j->out.len = j->out_sent = 0;   /* reuse the buffer */
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+        if (j->state == SRV_DONE) {
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        wait_a_little(j);
+        if (j->out_sent == j->out.len && j->state != SRV_DONE && client_gone(s->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            srv_cancel(j->srv, j, SRV_CANCEL_CLIENT);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+/* The response is gone: finished, or the connection died mid-stream. */
+static void stream_free(void *cls) {
+    stream_ctx *s = cls;
+    pthread_mutex_lock(&s->j->mu);
+    int done = s->j->state == SRV_DONE;
+    pthread_mutex_unlock(&s->j->mu);
+    if (!done) srv_cancel(s->j->srv, s->j, SRV_CANCEL_CLIENT);
+    srv_job_unref(s->j);
+    free(s);
+}
+
+static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c, srv_kind kind,
+                                      conn_ctx *cc) {
+    srv_err e;
+    srv_job *j = srv_parse_job(srv, kind, cc->body.p ? cc->body.p : "", cc->body.len, &e);
+    if (!j) return reply_err(srv, c, &e);
+    if (srv_submit(srv, j) < 0) {
+        srv_job_unref(j);
+        return fail(srv, c, 503, "server_busy",
+                    srv->draining ? "the server is shutting down%s"
+                                  : "all slots are busy and the queue is full; retry later%s", "");
+    }
+    int fd = conn_fd(c);
+    if (j->stream) {
+        stream_ctx *s = calloc(1, sizeof *s);
+        s->j = j;
+        s->fd = fd;
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+        if (!r) {
+            stream_free(s);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        srv_metrics_http(&srv->m, 200);
+        return ret;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (j->state != SRV_DONE) {
+        wait_a_little(j);
+        if (j->state != SRV_DONE && client_gone(fd)) {
+            pthread_mutex_unlock(&j->mu);
+            srv_cancel(srv, j, SRV_CANCEL_CLIENT);
+            srv_job_unref(j);
+            return MHD_NO;   /* nobody to answer */
+        }
+    }
+    int status = j->http_status ? j->http_status : 500;
+    char *body = strdup(j->out.p ? j->out.p : "{}");
+    pthread_mutex_unlock(&j->mu);
+    srv_job_unref(j);
+    return reply(srv, c, status, "application/json; charset=utf-8", body);
+}
+
+/* ---- small endpoints ------------------------------------------------------------ */
+
+static enum MHD_Result get_models(srv_server *srv, struct MHD_Connection *c) {
+    const dfl_model_info *in = &srv->info;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", srv->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)time(NULL));
+    cJSON_AddStringToObject(m, "owned_by", "dflash");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddStringToObject(meta, "arch", in->arch);
+    cJSON_AddStringToObject(meta, "dtype", in->dtype);
+    cJSON_AddNumberToObject(meta, "n_vocab", in->vocab);
+    cJSON_AddNumberToObject(meta, "n_ctx_train", in->max_ctx);
+    cJSON_AddNumberToObject(meta, "n_ctx", in->ctx_size);
+    cJSON_AddNumberToObject(meta, "n_layers", in->n_layers);
+    cJSON_AddNumberToObject(meta, "n_embd", in->dim);
+    cJSON_AddBoolToObject(meta, "draft", in->has_draft);
+    cJSON_AddNumberToObject(meta, "draft_block", in->draft_block);
+    cJSON_AddNumberToObject(meta, "slots", srv->n_slots);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    return reply_json(srv, c, 200, root);
+}
+
+static cJSON *parse_small(srv_server *srv, conn_ctx *cc, srv_err *e) {
+    const char *body = cc->body.p ? cc->body.p : "";
+    memset(e, 0, sizeof *e);
+    if (!srv_utf8_valid(body, cc->body.len)) {
+        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
+        return NULL;
+    }
+    if (!srv_json_depth_ok(body, cc->body.len, srv->o.max_json_depth)) {
+        srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", srv->o.max_json_depth);
+        return NULL;
+    }
+    cJSON *o = cJSON_ParseWithLengthOpts(body, cc->body.len + 1, NULL, 1);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        srv_errf(e, 400, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+static int opt_bool(const cJSON *o, const char *k, int def, srv_err *e) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v || cJSON_IsNull(v)) return def;
+    if (!cJSON_IsBool(v)) return srv_errf(e, 400, k, "'%s' must be a boolean", k), def;
+    return cJSON_IsTrue(v);
+}
+
+static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_err e;
+    cJSON *o = parse_small(srv, cc, &e);
+    if (!o) return reply_err(srv, c, &e);
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
+    int add = opt_bool(o, "add_special", 0, &e), parse = opt_bool(o, "parse_special", 1, &e);
+    int pieces = opt_bool(o, "with_pieces", 0, &e);
+    if (!e.status && !cJSON_IsString(content)) srv_errf(&e, 400, "content", "'content' must be a string");
+    if (e.status) {
+        cJSON_Delete(o);
+        return reply_err(srv, c, &e);
+    }
+    size_t len = strlen(content->valuestring);
+    int cap = (int)(len < (size_t)1 << 28 ? len : (size_t)1 << 28) + 16, n;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    dfl_error err = {0};
+    srv_tok_lock(srv);
+    n = dfl_tokenize(srv->e, content->valuestring, len, add, parse, ids, cap, &err);
+    srv_tok_unlock(srv);
+    if (n < 0 || n > cap) {
+        free(ids);
+        cJSON_Delete(o);
+        return fail(srv, c, 400, NULL, "could not tokenize: %s", n < 0 ? err.msg : "too many tokens");
+    }
+    cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
+    for (int i = 0; i < n; i++) {
+        if (!pieces) {
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        char buf[512];
+        srv_buf txt = {0};
+        dfl_detok d;
+        srv_tok_lock(srv);
+        dfl_detok_init(&d, srv->e, 1);
+        d.first = 0;
+        int k = dfl_detok_push(&d, ids[i], buf, sizeof buf);
+        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
+        k = dfl_detok_flush(&d, buf, sizeof buf);
+        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
+        srv_tok_unlock(srv);
+        srv_buf_put(&txt, "", 0);
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddNumberToObject(p, "id", ids[i]);
+        cJSON_AddStringToObject(p, "piece", txt.p);
+        cJSON_AddItemToArray(arr, p);
+        srv_buf_free(&txt);
+    }
+    free(ids);
+    cJSON_Delete(o);
+    return reply_json(srv, c, 200, r);
+}
+
+static enum MHD_Result post_detokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_err e;
+    cJSON *o = parse_small(srv, cc, &e);
+    if (!o) return reply_err(srv, c, &e);
+    cJSON *toks = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+    if (!cJSON_IsArray(toks)) {
+        cJSON_Delete(o);
+        srv_errf(&e, 400, "tokens", "'tokens' must be an array of token ids");
+        return reply_err(srv, c, &e);
+    }
+    for (cJSON *t = toks->child; t; t = t->next)
+        if (!cJSON_IsNumber(t) || t->valuedouble != (double)(int32_t)t->valuedouble ||
+            t->valuedouble < 0 || t->valuedouble >= srv->info.vocab) {
+            cJSON_Delete(o);
+            srv_errf(&e, 400, "tokens", "'tokens' must hold token ids from 0 to %d", srv->info.vocab - 1);
+            return reply_err(srv, c, &e);
+        }
+    srv_buf raw = {0}, txt = {0};
+    char buf[4096];
+    dfl_detok d;
+    srv_tok_lock(srv);
+    dfl_detok_init(&d, srv->e, 1);
+    for (cJSON *t = toks->child; t; t = t->next) {
+        int k = dfl_detok_push(&d, (int32_t)t->valuedouble, buf, sizeof buf);
+        if (k > 0) srv_buf_put(&raw, buf, (size_t)k);
+    }
+    int k = dfl_detok_flush(&d, buf, sizeof buf);
+    if (k > 0) srv_buf_put(&raw, buf, (size_t)k);
+    srv_tok_unlock(srv);
+    srv_utf8_sanitize(&txt, raw.p ? raw.p : "", raw.len);
+    srv_buf_put(&txt, "", 0);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "content", txt.p);
+    srv_buf_free(&raw);
+    srv_buf_free(&txt);
+    cJSON_Delete(o);
+    return reply_json(srv, c, 200, r);
+}
+
+/* ---- routing --------------------------------------------------------------------- */
+
+/* "Authorization: Bearer KEY", compared in constant time. */
+static int authorized(srv_server *srv, struct MHD_Connection *c) {
+    if (!srv->o.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7)) h = "";
+    else h += 7;
+    while (*h == ' ') h++;
+    return srv_secret_equal(srv->o.api_key, h);
+}
+
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPL, R_TOK, R_DETOK } route;
+
+static route find_route(const char *url, int *want_post) {
+    static const struct {
+        const char *path;
+        route r;
+        int post;
+    } table[] = {
+        {"/health", R_HEALTH, 0},          {"/v1/health", R_HEALTH, 0},
+        {"/v1/models", R_MODELS, 0},       {"/models", R_MODELS, 0},
+        {"/metrics", R_METRICS, 0},        {"/v1/chat/completions", R_CHAT, 1},
+        {"/chat/completions", R_CHAT, 1},  {"/v1/completions", R_COMPL, 1},
+        {"/completions", R_COMPL, 1},      {"/tokenize", R_TOK, 1},
+        {"/detokenize", R_DETOK, 1},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(url, table[i].path)) {
+            *want_post = table[i].post;
+            return table[i].r;
+        }
+    return R_NONE;
+}
+
+static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const char *url,
+                              const char *method, conn_ctx *cc) {
+    int want_post = 0;
+    route r = find_route(url, &want_post);
+    if (r == R_NONE) return fail(srv, c, 404, "not_found", "no endpoint %.200s", url);
+    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (want_post ? strcmp(method, "POST") : !is_get) {
+        srv_err e;
+        srv_errf(&e, 405, NULL, "%s %s is not supported; use %s", method, url,
+                 want_post ? "POST" : "GET");
+        return reply_err(srv, c, &e);
+    }
+    if (r == R_HEALTH) {
+        if (!srv->ready) return fail(srv, c, 503, "loading", "Loading model%s", "");
+        return reply(srv, c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+    }
+    if (!authorized(srv, c)) {
+        srv_err e;
+        srv_errf(&e, 401, NULL, "Incorrect API key provided");
+        e.type = "invalid_request_error";
+        e.code = "invalid_api_key";
+        return reply_err(srv, c, &e);
+    }
+    if (r == R_METRICS)
+        return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_text(srv));
+    if (!srv->ready) return fail(srv, c, 503, "loading", "Loading model%s", "");
+    if (cc->too_large) {
+        srv_err e;
+        srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
+        return reply_err(srv, c, &e);
+    }
+    switch (r) {
+    case R_MODELS: return get_models(srv, c);
+    case R_CHAT: return run_generation(srv, c, SRV_CHAT, cc);
+    case R_COMPL: return run_generation(srv, c, SRV_COMPLETION, cc);
+    case R_TOK: return post_tokenize(srv, c, cc);
+    case R_DETOK: return post_detokenize(srv, c, cc);
+    default: return MHD_NO;
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls) {
+    srv_server *srv = cls;
+    (void)version;
+    conn_ctx *cc = *con_cls;
+    if (!cc) {
+        cc = calloc(1, sizeof *cc);
+        if (!cc) return MHD_NO;
+        *con_cls = cc;
+        /* A declared body over the limit is refused before it is read. */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > srv->o.max_body) {
+            srv_err e;
+            srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
+            return reply_err(srv, c, &e);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cc->body.len + *upload_size > srv->o.max_body) {
+            cc->too_large = 1;
+            srv_buf_free(&cc->body);
+        } else if (!cc->too_large) {
+            srv_buf_put(&cc->body, upload_data, *upload_size);
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return handle(srv, c, url, method, cc);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return;
+    srv_buf_free(&cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+/* ---- startup and shutdown ------------------------------------------------------- */
+
+static void on_progress(void *ud, const char *what, uint64_t done, uint64_t total) {
+    int *last = ud;
+    int pct = total ? (int)(100 * done / total) : 100;
+    if (pct / 10 == *last / 10 && pct != 100) return;
+    if (pct == 100 && *last == 100) return;
+    *last = pct;
+    fprintf(stderr, "dflash serve: %s %d%%\n", what, pct);
+}
+
+typedef struct loader {
+    srv_server *srv;
+    pthread_t th;
+    volatile int done;   /* 1 ok, -1 failed */
+} loader;
+
+static void *load_engine(void *arg) {
+    loader *ld = arg;
+    srv_server *srv = ld->srv;
+    dfl_engine_opts eo;
+    dfl_error err = {0};
+    int last = -10;
+    dfl_engine_opts_default(&eo);
+    eo.model_path = srv->o.model_path;
+    eo.draft_path = srv->o.draft_path;
+    eo.dtype = srv->o.dtype;
+    eo.n_threads = srv->o.threads;
+    eo.ctx_size = srv->o.ctx_size;
+    eo.progress = on_progress;
+    eo.progress_ud = &last;
+    if (dfl_engine_load(&eo, &srv->e, &err)) {
+        fprintf(stderr, "dflash serve: %s\n", err.msg);
+        ld->done = -1;
+        return NULL;
+    }
+    dfl_engine_info(srv->e, &srv->info);
+    snprintf(srv->model_id, sizeof srv->model_id, "%s", srv->o.alias ? srv->o.alias : srv->info.name);
+    if (srv_sched_start(srv, &err)) {
+        fprintf(stderr, "dflash serve: starting %d slots: %s\n", srv->o.parallel, err.msg);
+        ld->done = -1;
+        return NULL;
+    }
+    fprintf(stderr,
+            "dflash serve: ready: model '%s' (%s, %s), %s, %d slot%s of %d tokens, engine %s\n",
+            srv->model_id, srv->info.arch, srv->info.dtype,
+            srv->info.has_draft ? "DFlash drafter" : "no drafter", srv->n_slots,
+            srv->n_slots == 1 ? "" : "s", srv->info.ctx_size,
+            srv->concurrent ? "interleaves slots per forward" : "runs one request at a time");
+    __atomic_store_n(&srv->ready, 1, __ATOMIC_RELEASE);
+    ld->done = 1;
+    return NULL;
+}
+
+static struct MHD_Daemon *start_http(srv_server *srv) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", srv->o.port);
+    int rc = getaddrinfo(srv->o.host, port, &hints, &ai);
+    if (rc) {
+        fprintf(stderr, "dflash serve: --host %s: %s\n", srv->o.host, gai_strerror(rc));
+        return NULL;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
+        ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)srv->o.conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!d) fprintf(stderr, "dflash serve: cannot listen on %s:%d: %s\n", srv->o.host, srv->o.port,
+                    strerror(errno));
+    return d;
+}
+
+/* Waits up to t seconds for SIGINT/SIGTERM; returns the signal or 0. */
+static int wait_signal(const sigset_t *set, double t) {
+    struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
+    int s = sigtimedwait(set, NULL, &ts);
+    return s > 0 ? s : 0;
+}
+
+int srv_main(const srv_opts *o) {
+    static srv_server S;   /* one per process; lives until exit */
+    srv_server *srv = &S;
+    srv->o = *o;
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_mutex_init(&srv->tok_mu, NULL);
+    pthread_cond_init(&srv->idle_cv, NULL);
+    srv_metrics_init(&srv->m);
+
+    /* Every thread started from here on inherits the blocked signals; the main
+     * thread takes them with sigtimedwait. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct MHD_Daemon *d = start_http(srv);
+    if (!d) return 1;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "dflash serve: listening on http://%s:%u\n", srv->o.host,
+            di ? (unsigned)di->port : (unsigned)srv->o.port);
+
+    loader ld = {.srv = srv};
+    pthread_create(&ld.th, NULL, load_engine, &ld);
+    int sig = 0, code = 0;
+    while (!(sig = wait_signal(&set, 0.2)))
+        if (ld.done < 0) break;
+    if (sig) fprintf(stderr, "dflash serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    else code = 1;
+
+    srv->draining = 1;
+    MHD_socket lfd = MHD_quiesce_daemon(d);   /* no new connections */
+    pthread_join(ld.th, NULL);
+    if (ld.done > 0) {
+        /* Queued requests are refused; running ones get the grace period (a
+         * second signal ends it), then are cancelled at their next token. */
+        srv_sched_drain(srv);
+        double deadline = srv_now() + srv->o.shutdown_grace_s;
+        int q, busy;
+        for (srv_sched_counts(srv, &q, &busy); busy && srv_now() < deadline;
+             srv_sched_counts(srv, &q, &busy))
+            if (wait_signal(&set, 0.1)) break;
+        srv_sched_stop(srv);
+    }
+    MHD_stop_daemon(d);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    if (srv->e) dfl_engine_free(srv->e);
+    fprintf(stderr, "dflash serve: stopped\n");
+    return code;
+}
+
+#endif /* DFLASH_HAVE_MHD */

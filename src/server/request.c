@@ -1,0 +1,487 @@
+/* request.c - OpenAI chat / completions request bodies -> srv_job.
+ *
+ * Bodies come from strangers: the whole body must be UTF-8 JSON no deeper than
+ * max_json_depth; every known field is type- and range-checked (null means
+ * "not given"); unknown fields are ignored. Errors name the field (`param`). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "server.h"
+
+int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...) {
+    va_list ap;
+    e->status = status;
+    e->type = status == 401   ? "authentication_error"
+              : status == 404 ? "not_found_error"
+              : status == 503 ? "unavailable_error"
+              : status >= 500 ? "server_error"
+                              : "invalid_request_error";
+    e->code = NULL;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *srv_err_json(const srv_err *e) {
+    cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(o, "message", e->msg);
+    cJSON_AddStringToObject(o, "type", e->type);
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ---- jobs ------------------------------------------------------------------- */
+
+srv_job *srv_job_new(srv_server *srv, srv_kind kind) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->srv = srv;
+    j->kind = kind;
+    j->refs = 1;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    dfl_gen_params_default(&j->gp);
+    j->created = (long)time(NULL);
+    return j;
+}
+
+void srv_job_unref(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    free(j->prompt);
+    free(j->bias_ids);
+    free(j->bias_vals);
+    srv_stop_free(&j->stop);
+    srv_buf_free(&j->text);
+    srv_buf_free(&j->out);
+    cJSON_Delete((cJSON *)j->lp);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* ---- typed field access: 0 absent or null, 1 set, -1 error (e filled) -------- */
+
+static cJSON *field(const cJSON *o, const char *k) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int get_bool(const cJSON *o, const char *k, int *out, srv_err *e) {
+    cJSON *v = field(o, k);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return srv_errf(e, 400, k, "'%s' must be a boolean", k);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static int get_num(const cJSON *o, const char *k, double lo, double hi, double *out,
+                   srv_err *e) {
+    cJSON *v = field(o, k);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v)) return srv_errf(e, 400, k, "'%s' must be a number", k);
+    double x = v->valuedouble;
+    if (!(x >= lo && x <= hi))
+        return srv_errf(e, 400, k, "'%s' is %g; expected %g to %g", k, x, lo, hi);
+    *out = x;
+    return 1;
+}
+
+static int get_int(const cJSON *o, const char *k, double lo, double hi, long long *out,
+                   srv_err *e) {
+    cJSON *v = field(o, k);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return srv_errf(e, 400, k, "'%s' must be an integer", k);
+    double x = v->valuedouble;
+    if (!(x >= lo && x <= hi))
+        return srv_errf(e, 400, k, "'%s' is %.0f; expected %.0f to %.0f", k, x, lo, hi);
+    *out = (long long)x;
+    return 1;
+}
+
+/* ---- sampling and output fields shared by both endpoints ------------------------- */
+
+static int parse_stop(srv_job *j, const cJSON *root, srv_err *e) {
+    cJSON *v = field(root, "stop");
+    if (!v) return 0;
+    const cJSON *one[1] = {v};
+    int n = 1;
+    if (cJSON_IsArray(v)) {
+        n = cJSON_GetArraySize(v);
+        if (n > SRV_MAX_STOP)
+            return srv_errf(e, 400, "stop", "'stop' has %d strings; at most %d", n, SRV_MAX_STOP);
+    } else if (!cJSON_IsString(v)) {
+        return srv_errf(e, 400, "stop", "'stop' must be a string or an array of strings");
+    }
+    const cJSON *it = cJSON_IsArray(v) ? v->child : one[0];
+    for (int i = 0; i < n; i++, it = it->next) {
+        if (!cJSON_IsString(it))
+            return srv_errf(e, 400, "stop", "'stop' must be a string or an array of strings");
+        size_t len = strlen(it->valuestring);
+        if (len == 0 || len > SRV_MAX_STOP_LEN)
+            return srv_errf(e, 400, "stop", "each stop string must be 1 to %d bytes",
+                            SRV_MAX_STOP_LEN);
+        j->stop.stop[j->stop.n_stop++] = strdup(it->valuestring);
+    }
+    return 0;
+}
+
+static int parse_logit_bias(srv_job *j, const cJSON *root, int vocab, srv_err *e) {
+    cJSON *v = field(root, "logit_bias");
+    if (!v) return 0;
+    if (!cJSON_IsObject(v)) return srv_errf(e, 400, "logit_bias", "'logit_bias' must be an object");
+    int n = cJSON_GetArraySize(v);
+    if (n > 1024) return srv_errf(e, 400, "logit_bias", "'logit_bias' has more than 1024 entries");
+    j->bias_ids = calloc(n ? n : 1, sizeof *j->bias_ids);
+    j->bias_vals = calloc(n ? n : 1, sizeof *j->bias_vals);
+    int k = 0;
+    for (cJSON *it = v->child; it; it = it->next, k++) {
+        char *end;
+        errno = 0;
+        long id = strtol(it->string, &end, 10);
+        if (errno || end == it->string || *end || id < 0 || id >= vocab)
+            return srv_errf(e, 400, "logit_bias", "logit_bias key '%.32s' is not a token id below %d",
+                            it->string, vocab);
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return srv_errf(e, 400, "logit_bias", "logit_bias values must be numbers from -100 to 100");
+        j->bias_ids[k] = (int32_t)id;
+        j->bias_vals[k] = (float)it->valuedouble;
+    }
+    j->gp.bias_ids = j->bias_ids;
+    j->gp.bias_vals = j->bias_vals;
+    j->gp.n_bias = n;
+    return 0;
+}
+
+static uint64_t random_seed(void) {
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) s = (uint64_t)time(NULL) ^ (uint64_t)clock();
+    return s;
+}
+
+static int parse_seed(dfl_gen_params *p, const cJSON *root, srv_err *e) {
+    cJSON *v = field(root, "seed");
+    p->seed = random_seed();
+    if (!v) return 0;
+    double x = cJSON_IsNumber(v) ? v->valuedouble : 0.5;
+    if (x != floor(x) || !(x >= -9.2e18 && x < 1.8e19))
+        return srv_errf(e, 400, "seed", "'seed' must be an integer");
+    p->seed = x >= 0 ? (uint64_t)x : (uint64_t)(int64_t)x;
+    return 0;
+}
+
+/* Each line: a range-checked field copied into the params when given. */
+#define NUM(key, lo, hi, dst)                                       \
+    if ((r = get_num(root, key, lo, hi, &x, e)) < 0) return -1;    \
+    if (r) dst = (float)x
+#define INT(key, lo, hi, dst)                                       \
+    if ((r = get_int(root, key, lo, hi, &i, e)) < 0) return -1;    \
+    if (r) dst = (int)i
+
+static int parse_sampling(srv_job *j, const cJSON *root, srv_err *e) {
+    dfl_gen_params *p = &j->gp;
+    double x;
+    long long i;
+    int r, b;
+    p->temperature = (float)j->srv->o.default_temp;
+    NUM("temperature", 0, 2, p->temperature);
+    NUM("top_p", 0, 1, p->top_p);
+    INT("top_k", 0, 1e9, p->top_k);
+    NUM("min_p", 0, 1, p->min_p);
+    NUM("presence_penalty", -2, 2, p->presence_penalty);
+    NUM("frequency_penalty", -2, 2, p->frequency_penalty);
+    NUM("repeat_penalty", 0.01, 100, p->repeat_penalty);
+    INT("repeat_last_n", 0, 1e9, p->repeat_last_n);
+    INT("block_size", 0, 512, p->block_size);
+    j->user_block = r;
+    if (parse_seed(p, root, e) < 0) return -1;
+    if ((r = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
+    if (r) p->ignore_eos = b;
+    /* Sampling needs the rejection rule to stay faithful to the target's
+     * distribution; the worker falls back to classic decode if the engine
+     * cannot speculate with it yet. */
+    p->spec_accept = p->temperature > 0 ? DFL_ACCEPT_REJECTION : DFL_ACCEPT_EXACT;
+    return 0;
+}
+#undef NUM
+#undef INT
+
+static int parse_common(srv_job *j, const cJSON *root, srv_err *e) {
+    srv_server *srv = j->srv;
+    cJSON *v = field(root, "model");
+    if (v) {
+        if (!cJSON_IsString(v)) return srv_errf(e, 400, "model", "'model' must be a string");
+        if (strcmp(v->valuestring, srv->model_id) && strcmp(v->valuestring, srv->o.model_path)) {
+            srv_errf(e, 404, "model", "The model '%.200s' does not exist; this server serves '%s'",
+                     v->valuestring, srv->model_id);
+            e->code = "model_not_found";
+            return -1;
+        }
+    }
+    snprintf(j->model, sizeof j->model, "%s", srv->model_id);
+    long long i;
+    if (get_int(root, "n", 1, 1, &i, e) < 0)
+        return srv_errf(e, 400, "n", "'n' must be 1: one choice per request");
+    if (get_int(root, "best_of", 1, 1, &i, e) < 0)
+        return srv_errf(e, 400, "best_of", "'best_of' must be 1");
+    if (get_bool(root, "stream", &j->stream, e) < 0) return -1;
+    cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so))
+            return srv_errf(e, 400, "stream_options", "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &j->include_usage, e) < 0) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+    if (parse_stop(j, root, e) < 0) return -1;
+    if (parse_sampling(j, root, e) < 0) return -1;
+    if (parse_logit_bias(j, root, srv->info.vocab, e) < 0) return -1;
+    return 0;
+}
+
+/* max_tokens / max_completion_tokens, clamped to the context left after the prompt. */
+static int parse_max_tokens(srv_job *j, const cJSON *root, srv_err *e) {
+    long long a = -1, b = -1;
+    if (get_int(root, "max_tokens", 1, 1e9, &a, e) < 0) return -1;
+    if (get_int(root, "max_completion_tokens", 1, 1e9, &b, e) < 0) return -1;
+    int room = j->srv->info.ctx_size - j->n_prompt;
+    long long want = b > 0 ? b : a > 0 ? a : j->kind == SRV_COMPLETION ? 16 : room;
+    j->gp.max_tokens = (int)(want < room ? want : room);
+    return 0;
+}
+
+/* ---- prompts ------------------------------------------------------------------ */
+
+static int tokenize(srv_job *j, const char *text, size_t len, int add_special, srv_err *e) {
+    srv_server *srv = j->srv;
+    int cap = srv->info.ctx_size;
+    dfl_error err = {0};
+    j->prompt = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!j->prompt) return srv_errf(e, 500, NULL, "out of memory");
+    srv_tok_lock(srv);
+    int n = dfl_tokenize(srv->e, text, len, add_special, 1, j->prompt, cap, &err);
+    srv_tok_unlock(srv);
+    if (n < 0) return srv_errf(e, 400, NULL, "could not tokenize the prompt: %s", err.msg);
+    if (n == 0) return srv_errf(e, 400, NULL, "the prompt is empty");
+    if (n >= cap) {
+        srv_errf(e, 400, "messages",
+                 "the prompt is %d tokens; this server's context holds %d (prompt + output)", n,
+                 cap);
+        e->code = "context_length_exceeded";
+        return -1;
+    }
+    j->n_prompt = n;
+    return 0;
+}
+
+/* Completions: prompt is a string, [string], [token ids] or [[token ids]]. */
+static int parse_prompt(srv_job *j, const cJSON *root, srv_err *e) {
+    cJSON *p = field(root, "prompt");
+    if (!p) return srv_errf(e, 400, "prompt", "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child;
+    else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
+        return srv_errf(e, 400, "prompt", "one prompt per request ('n' and batches are not supported)");
+    if (cJSON_IsString(p)) return tokenize(j, p->valuestring, strlen(p->valuestring), 1, e);
+    if (!cJSON_IsArray(p))
+        return srv_errf(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
+    int n = cJSON_GetArraySize(p), cap = j->srv->info.ctx_size;
+    if (n == 0) return srv_errf(e, 400, "prompt", "the prompt is empty");
+    if (n >= cap) {
+        srv_errf(e, 400, "prompt", "the prompt is %d tokens; this server's context holds %d", n, cap);
+        e->code = "context_length_exceeded";
+        return -1;
+    }
+    j->prompt = malloc(sizeof(int32_t) * (size_t)n);
+    int k = 0;
+    for (cJSON *it = p->child; it; it = it->next) {
+        double x = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (x != floor(x) || x < 0 || x >= j->srv->info.vocab)
+            return srv_errf(e, 400, "prompt", "prompt token %d is not a token id below %d", k,
+                            j->srv->info.vocab);
+        j->prompt[k++] = (int32_t)x;
+    }
+    j->n_prompt = n;
+    return 0;
+}
+
+/* A message's content: a string, or an array of {"type":"text","text":...} parts. */
+static int message_text(const cJSON *c, int i, srv_buf *out, srv_err *e) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    if (!c) return 0;
+    if (cJSON_IsString(c)) {
+        srv_buf_puts(out, c->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(c)) return srv_errf(e, 400, param, "'%s' must be a string or an array", param);
+    int k = 0;
+    for (cJSON *part = c->child; part; part = part->next, k++) {
+        cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text"))
+            return srv_errf(e, 400, param, "content part %d: only {\"type\": \"text\"} parts are supported", k);
+        if (!cJSON_IsString(text))
+            return srv_errf(e, 400, param, "content part %d: 'text' must be a string", k);
+        if (k) srv_buf_puts(out, "\n");
+        srv_buf_puts(out, text->valuestring);
+    }
+    return 0;
+}
+
+static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
+    srv_server *srv = j->srv;
+    cJSON *m = field(root, "messages");
+    if (!m) return srv_errf(e, 400, "messages", "'messages' is required");
+    if (!cJSON_IsArray(m)) return srv_errf(e, 400, "messages", "'messages' must be an array");
+    int n = cJSON_GetArraySize(m);
+    if (n == 0) return srv_errf(e, 400, "messages", "'messages' is empty");
+    int thinking = 1, ret = -1;
+    cJSON *kw = field(root, "chat_template_kwargs");
+    if (kw) {
+        if (!cJSON_IsObject(kw))
+            return srv_errf(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if (get_bool(kw, "enable_thinking", &thinking, e) < 0) {
+            snprintf(e->param, sizeof e->param, "chat_template_kwargs.enable_thinking");
+            return -1;
+        }
+    }
+    dfl_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    srv_buf *texts = calloc((size_t)n, sizeof *texts);
+    char *rendered = NULL;
+    int i = 0;
+    for (cJSON *it = m->child; it; it = it->next, i++) {
+        char param[40];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(it)) {
+            srv_errf(e, 400, param, "'%s' must be an object", param);
+            goto out;
+        }
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        if (!cJSON_IsString(role)) {
+            srv_errf(e, 400, param, "'%s.role' must be a string", param);
+            goto out;
+        }
+        const char *r = role->valuestring;
+        if (!strcmp(r, "developer")) r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            srv_errf(e, 400, param, "'%s.role' is '%.32s'; expected system, developer, user or assistant",
+                     param, r);
+            goto out;
+        }
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (cJSON_IsNull(c)) c = NULL;
+        if (!c && strcmp(r, "assistant")) {
+            srv_errf(e, 400, param, "'%s.content' is required", param);
+            goto out;
+        }
+        if (message_text(c, i, &texts[i], e) < 0) goto out;
+        srv_buf_put(&texts[i], "", 0);
+        msgs[i].role = r;
+        msgs[i].content = texts[i].p;
+    }
+    dfl_error err = {0};
+    size_t cap = 4096;
+    for (i = 0; i < n; i++) cap += texts[i].len + 64;
+    for (int tries = 0; tries < 2; tries++) {
+        free(rendered);
+        rendered = malloc(cap);
+        srv_tok_lock(srv);
+        int len = dfl_chat_render(srv->e, srv->o.chat_template, msgs, n, 1, thinking, rendered,
+                                  cap, &err);
+        srv_tok_unlock(srv);
+        if (len < 0) {
+            srv_errf(e, 400, "messages", "could not render the chat template: %s", err.msg);
+            goto out;
+        }
+        if ((size_t)len < cap) {
+            /* The template writes the special tokens as text (BOS included). */
+            ret = tokenize(j, rendered, (size_t)len, 0, e);
+            goto out;
+        }
+        cap = (size_t)len + 1;
+    }
+    srv_errf(e, 500, NULL, "the chat template's output size changed between calls");
+out:
+    for (i = 0; i < n; i++) srv_buf_free(&texts[i]);
+    free(texts);
+    free(msgs);
+    free(rendered);
+    return ret;
+}
+
+static int parse_logprobs(srv_job *j, const cJSON *root, srv_err *e) {
+    long long k = 0;
+    if (j->kind == SRV_CHAT) {
+        if (get_bool(root, "logprobs", &j->logprobs, e) < 0) return -1;
+        if (get_int(root, "top_logprobs", 0, 20, &k, e) < 0) return -1;
+        j->top_logprobs = j->logprobs ? (int)k : 0;
+    } else {
+        /* Completions: logprobs is the number of alternatives (0..20). */
+        int r = get_int(root, "logprobs", 0, 20, &k, e);
+        if (r < 0) return -1;
+        j->logprobs = r > 0;
+        j->top_logprobs = (int)k;
+    }
+    j->gp.n_top_logprobs = j->top_logprobs;
+    return 0;
+}
+
+srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
+    memset(e, 0, sizeof *e);
+    if (!srv_utf8_valid(body, len)) {
+        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
+        return NULL;
+    }
+    if (!srv_json_depth_ok(body, len, srv->o.max_json_depth)) {
+        srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", srv->o.max_json_depth);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, &end, 1);   /* body is NUL-terminated */
+    if (!root) {
+        srv_errf(e, 400, NULL, "invalid JSON near byte %ld",
+                 end ? (long)(end - body) : 0L);
+        return NULL;
+    }
+    srv_job *j = NULL;
+    if (!cJSON_IsObject(root)) {
+        srv_errf(e, 400, NULL, "the body must be a JSON object");
+        goto fail;
+    }
+    j = srv_job_new(srv, kind);
+    if (!j) {
+        srv_errf(e, 500, NULL, "out of memory");
+        goto fail;
+    }
+    if (parse_common(j, root, e) < 0 || parse_logprobs(j, root, e) < 0) goto fail;
+    if ((kind == SRV_CHAT ? parse_messages(j, root, e) : parse_prompt(j, root, e)) < 0) goto fail;
+    if (parse_max_tokens(j, root, e) < 0) goto fail;
+    cJSON_Delete(root);
+    return j;
+fail:
+    cJSON_Delete(root);
+    srv_job_unref(j);
+    return NULL;
+}

@@ -1,0 +1,315 @@
+/* respond.c - what a job sends: OpenAI chat.completion(.chunk) and
+ * text_completion JSON, SSE framing, usage, and the engine's timings and
+ * speculative statistics in the extra fields "timings" (llama.cpp's names)
+ * and "dflash". */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+#include "server.h"
+
+static const char *finish_name(srv_finish f) {
+    return f == SRV_FIN_LENGTH ? "length" : "stop";
+}
+
+/* The fields every response and chunk starts with. */
+static cJSON *base(const srv_job *j, int chunk) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", j->kind == SRV_COMPLETION ? "text_completion"
+                                         : chunk                  ? "chat.completion.chunk"
+                                                                  : "chat.completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->model);
+    cJSON_AddStringToObject(o, "system_fingerprint", "dflash");
+    return o;
+}
+
+/* Appends to out under the lock and wakes the HTTP side. */
+static void put(srv_job *j, const char *s, size_t n, int sse) {
+    pthread_mutex_lock(&j->mu);
+    if (sse) srv_buf_puts(&j->out, "data: ");
+    srv_buf_put(&j->out, s, n);
+    if (sse) srv_buf_puts(&j->out, "\n\n");
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void put_json(srv_job *j, cJSON *o, int sse) {
+    char *s = cJSON_PrintUnformatted(o);
+    put(j, s, strlen(s), sse);
+    cJSON_free(s);
+    cJSON_Delete(o);
+}
+
+/* ---- logprobs ------------------------------------------------------------------ */
+
+/* A token's own text (special tokens shown), as its own detokenizer sees it. */
+static void token_text(srv_job *j, int32_t id, srv_buf *out) {
+    char buf[256];
+    dfl_detok d;
+    out->len = 0;
+    srv_tok_lock(j->srv);
+    dfl_detok_init(&d, j->srv->e, 1);
+    d.first = 0;   /* a token's text keeps its leading space */
+    int n = dfl_detok_push(&d, id, buf, sizeof buf);
+    if (n > 0) srv_utf8_sanitize(out, buf, (size_t)n);
+    n = dfl_detok_flush(&d, buf, sizeof buf);
+    if (n > 0) srv_utf8_sanitize(out, buf, (size_t)n);
+    srv_tok_unlock(j->srv);
+    srv_buf_put(out, "", 0);
+}
+
+static cJSON *bytes_array(const srv_buf *t) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < t->len; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)t->p[i]));
+    return a;
+}
+
+/* Chat shape: {"token","logprob","bytes","top_logprobs":[{"token","logprob","bytes"}]}. */
+static cJSON *lp_entry(srv_job *j, const dfl_token_info *t) {
+    srv_buf txt = {0};
+    cJSON *o = cJSON_CreateObject();
+    token_text(j, t->id, &txt);
+    cJSON_AddStringToObject(o, "token", txt.p);
+    cJSON_AddNumberToObject(o, "logprob", t->logprob);
+    cJSON_AddItemToObject(o, "bytes", bytes_array(&txt));
+    cJSON_AddNumberToObject(o, "id", t->id);
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    int n = t->n_top < j->top_logprobs ? t->n_top : j->top_logprobs;
+    for (int k = 0; k < n; k++) {
+        cJSON *a = cJSON_CreateObject();
+        token_text(j, t->top_ids[k], &txt);
+        cJSON_AddStringToObject(a, "token", txt.p);
+        cJSON_AddNumberToObject(a, "logprob", t->top_logprobs[k]);
+        cJSON_AddItemToObject(a, "bytes", bytes_array(&txt));
+        cJSON_AddNumberToObject(a, "id", t->top_ids[k]);
+        cJSON_AddItemToArray(top, a);
+    }
+    srv_buf_free(&txt);
+    return o;
+}
+
+/* Completions shape from chat-shaped entries: parallel arrays. */
+static cJSON *lp_completion(cJSON *entries, size_t offset0, const cJSON *offsets) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    const cJSON *off = offsets ? offsets->child : NULL;
+    for (cJSON *en = entries ? entries->child : NULL; en; en = en->next) {
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(cJSON_GetObjectItem(en, "token")->valuestring));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(en, "logprob")->valuedouble));
+        cJSON *m = cJSON_CreateObject();
+        cJSON *top = cJSON_GetObjectItem(en, "top_logprobs");
+        for (cJSON *a = top->child; a; a = a->next) {
+            const char *tok = cJSON_GetObjectItem(a, "token")->valuestring;
+            if (!cJSON_GetObjectItemCaseSensitive(m, tok))
+                cJSON_AddNumberToObject(m, tok, cJSON_GetObjectItem(a, "logprob")->valuedouble);
+        }
+        cJSON_AddItemToArray(tops, m);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber(off ? off->valuedouble : (double)offset0));
+        if (off) off = off->next;
+    }
+    return o;
+}
+
+/* ---- usage, timings, speculative stats ------------------------------------------- */
+
+static void add_usage(cJSON *o, const srv_job *j) {
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_gen);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+}
+
+/* Milliseconds and rates to 3 decimals: enough, and short on the wire. */
+static void num3(cJSON *o, const char *k, double v) {
+    cJSON_AddNumberToObject(o, k, round(v * 1e3) / 1e3);
+}
+
+static void add_stats(cJSON *o, const srv_job *j) {
+    const dfl_stats *s = &j->st;
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    int np = s->n_prompt ? s->n_prompt : j->n_prompt;
+    cJSON_AddNumberToObject(t, "cache_n", j->n_cached);
+    cJSON_AddNumberToObject(t, "prompt_n", np);
+    num3(t, "prompt_ms", s->t_prefill * 1e3);
+    num3(t, "prompt_per_token_ms", np ? s->t_prefill * 1e3 / np : 0);
+    num3(t, "prompt_per_second", s->t_prefill > 0 ? np / s->t_prefill : 0);
+    cJSON_AddNumberToObject(t, "predicted_n", j->n_gen);
+    num3(t, "predicted_ms", s->t_decode * 1e3);
+    num3(t, "predicted_per_token_ms", j->n_gen ? s->t_decode * 1e3 / j->n_gen : 0);
+    num3(t, "predicted_per_second", s->t_decode > 0 ? j->n_gen / s->t_decode : 0);
+    num3(t, "draft_ms", s->t_draft * 1e3);
+    num3(t, "verify_ms", s->t_verify * 1e3);
+    num3(t, "queue_ms", (j->t_start - j->t_submit) * 1e3);
+    cJSON_AddNumberToObject(t, "draft_n", (double)s->proposed);
+    cJSON_AddNumberToObject(t, "draft_n_accepted", (double)s->accepted);
+
+    cJSON *d = cJSON_AddObjectToObject(o, "dflash");
+    cJSON_AddNumberToObject(d, "rounds", (double)s->rounds);
+    cJSON_AddNumberToObject(d, "proposed", (double)s->proposed);
+    cJSON_AddNumberToObject(d, "accepted", (double)s->accepted);
+    cJSON_AddNumberToObject(d, "committed", (double)s->committed);
+    num3(d, "tau", s->rounds ? (double)s->committed / (double)s->rounds : 0);
+    num3(d, "acceptance_rate", s->proposed ? (double)s->accepted / (double)s->proposed : 0);
+    cJSON_AddNumberToObject(d, "classic_steps", (double)s->classic_steps);
+    cJSON_AddNumberToObject(d, "block_size", j->gp.block_size);
+    cJSON_AddStringToObject(d, "note", s->note);
+}
+
+/* ---- events -------------------------------------------------------------------- */
+
+void srv_emit_begin(srv_job *j) {
+    if (!j->stream) {
+        j->lp = cJSON_CreateArray();
+        return;
+    }
+    if (j->kind != SRV_CHAT) return;
+    /* The first chat chunk names the role, as OpenAI's does. */
+    cJSON *o = base(j, 1);
+    cJSON *c = cJSON_CreateObject();
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
+    put_json(j, o, 1);
+}
+
+void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n) {
+    cJSON *lp = tok && j->logprobs ? lp_entry(j, tok) : NULL;
+    if (!j->stream) {
+        if (lp) {
+            cJSON_AddNumberToObject(lp, "text_offset", (double)j->text.len);
+            cJSON_AddItemToArray((cJSON *)j->lp, lp);
+        }
+        srv_buf_put(&j->text, text, n);
+        return;
+    }
+    size_t off = j->text_off;
+    j->text_off += n;
+    if (!n && !lp) return;
+    cJSON *o = base(j, 1), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (j->kind == SRV_CHAT) {
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "delta"), "content", text);
+        if (lp) {
+            cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), lp);
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+        if (lp) {
+            cJSON *one = cJSON_CreateArray();
+            cJSON_AddItemToArray(one, lp);
+            cJSON_AddItemToObject(c, "logprobs", lp_completion(one, off, NULL));
+            cJSON_Delete(one);
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+    }
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
+    put_json(j, o, 1);
+}
+
+static void end_stream(srv_job *j, const srv_err *fail) {
+    if (fail) {
+        char *s = srv_err_json(fail);
+        put(j, s, strlen(s), 1);
+        cJSON_free(s);
+    } else {
+        cJSON *o = base(j, 1), *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(c, "delta");
+        else cJSON_AddStringToObject(c, "text", "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+        if (j->include_usage) cJSON_AddNullToObject(o, "usage");
+        add_stats(o, j);
+        put_json(j, o, 1);
+        if (j->include_usage) {
+            o = base(j, 1);
+            cJSON_AddArrayToObject(o, "choices");
+            add_usage(o, j);
+            add_stats(o, j);
+            put_json(j, o, 1);
+        }
+    }
+    put(j, "[DONE]", 6, 1);
+}
+
+static void end_whole(srv_job *j, const srv_err *fail) {
+    if (fail) {
+        char *s = srv_err_json(fail);
+        j->http_status = fail->status;
+        put(j, s, strlen(s), 0);
+        cJSON_free(s);
+        return;
+    }
+    cJSON *o = base(j, 0), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *entries = (cJSON *)j->lp;
+    if (j->kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", j->text.p ? j->text.p : "");
+        if (j->logprobs) {
+            cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
+            cJSON *arr = cJSON_Duplicate(entries, 1);
+            for (cJSON *en = arr->child; en; en = en->next)
+                cJSON_DeleteItemFromObject(en, "text_offset");
+            cJSON_AddItemToObject(l, "content", arr);
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+    } else {
+        cJSON_AddStringToObject(c, "text", j->text.p ? j->text.p : "");
+        if (j->logprobs) {
+            cJSON *offs = cJSON_CreateArray();
+            for (cJSON *en = entries->child; en; en = en->next)
+                cJSON_AddItemToArray(offs, cJSON_CreateNumber(
+                                               cJSON_GetObjectItem(en, "text_offset")->valuedouble));
+            cJSON_AddItemToObject(c, "logprobs", lp_completion(entries, 0, offs));
+            cJSON_Delete(offs);
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+    }
+    cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    add_usage(o, j);
+    add_stats(o, j);
+    j->http_status = 200;
+    put_json(j, o, 0);
+}
+
+void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
+    srv_err fail = {0};
+    int failed = j->finish == SRV_FIN_ERROR;
+    if (failed && rc == DFL_ECANCEL)
+        srv_errf(&fail, 503, NULL, "the server is shutting down; the request was cancelled");
+    else if (failed)
+        srv_errf(&fail, 500, NULL, "generation failed: %s", err && err->msg[0] ? err->msg : "engine error");
+    if (j->finish != SRV_FIN_CANCEL) {
+        if (j->stream) end_stream(j, failed ? &fail : NULL);
+        else end_whole(j, failed ? &fail : NULL);
+    }
+    pthread_mutex_lock(&j->mu);
+    j->state = SRV_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}

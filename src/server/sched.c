@@ -1,0 +1,336 @@
+/* sched.c - slots, the bounded queue and one worker thread per slot.
+ *
+ * Each slot owns a dfl_session (its KV cache and drafter side store) and
+ * remembers the tokens of its last sequence. A job goes to the idle slot whose
+ * last sequence shares the longest prefix with the job's prompt (dfl_generate
+ * keeps that prefix, so a follow-up turn is not prefilled again), else to the
+ * least recently used one; jobs wait in arrival order when every slot is busy.
+ *
+ * Sharing the engine: when dfl_engine_concurrent() says so, the engine itself
+ * takes a fair lock around each forward and the workers' generations
+ * interleave round by round. Otherwise whole dfl_generate calls take turns
+ * here, first come first served, so no slot starves another and correctness
+ * never depends on the engine's locking. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server.h"
+
+/* Engines that predate the declaration keep the safe answer. The engine's own
+ * definition (in the file that defines dfl_generate) replaces this one. */
+__attribute__((weak)) int dfl_engine_concurrent(const dfl_engine *e) {
+    (void)e;
+    return 0;
+}
+
+/* ---- locks ------------------------------------------------------------------ */
+
+static void ticket_init(srv_ticket_lock *l) {
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    l->next = l->serving = 0;
+}
+
+static void ticket_lock(srv_ticket_lock *l) {
+    pthread_mutex_lock(&l->mu);
+    uint64_t me = l->next++;
+    while (l->serving != me) pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void ticket_unlock(srv_ticket_lock *l) {
+    pthread_mutex_lock(&l->mu);
+    l->serving++;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void srv_tok_lock(srv_server *srv) {
+    if (!srv->concurrent) pthread_mutex_lock(&srv->tok_mu);
+}
+
+void srv_tok_unlock(srv_server *srv) {
+    if (!srv->concurrent) pthread_mutex_unlock(&srv->tok_mu);
+}
+
+/* ---- queue and dispatch (all under srv->mu) ------------------------------------ */
+
+static srv_job *queue_pop(srv_server *srv) {
+    if (!srv->q_len) return NULL;
+    srv_job *j = srv->queue[srv->q_head];
+    srv->q_head = (srv->q_head + 1) % srv->q_cap;
+    srv->q_len--;
+    return j;
+}
+
+static int queue_remove(srv_server *srv, srv_job *j) {
+    int found = 0, n = srv->q_len, cap = srv->q_cap;
+    for (int i = 0, w = 0; i < n; i++) {
+        srv_job *x = srv->queue[(srv->q_head + i) % cap];
+        if (x == j) found = 1;
+        else srv->queue[(srv->q_head + w++) % cap] = x;
+    }
+    srv->q_len -= found;
+    return found;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = 0;
+    while (n < na && n < nb && a[n] == b[n]) n++;
+    return n;
+}
+
+/* Gives queued jobs to idle slots: longest shared prefix first, then least recently used. */
+static void dispatch(srv_server *srv) {
+    while (srv->q_len && srv->n_busy < srv->n_slots) {
+        srv_job *j = queue_pop(srv);
+        srv_slot *best = NULL;
+        int best_lcp = -1;
+        for (int i = 0; i < srv->n_slots; i++) {
+            srv_slot *s = &srv->slots[i];
+            if (s->job) continue;
+            int lcp = common_prefix(s->hist, s->n_hist, j->prompt, j->n_prompt);
+            if (lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used))
+                best = s, best_lcp = lcp;
+        }
+        j->n_cached = best_lcp < j->n_prompt ? best_lcp : j->n_prompt - 1;
+        pthread_mutex_lock(&j->mu);
+        j->state = SRV_RUNNING;
+        pthread_mutex_unlock(&j->mu);
+        best->job = j;
+        srv->n_busy++;
+        pthread_cond_signal(&best->cv);
+    }
+}
+
+int srv_submit(srv_server *srv, srv_job *j) {
+    static const char *prefix[2] = {"chatcmpl-", "cmpl-"};
+    pthread_mutex_lock(&srv->mu);
+    int idle = srv->n_slots - srv->n_busy;
+    if (srv->draining || !srv->ready || srv->q_len >= srv->o.queue_max + idle) {
+        pthread_mutex_unlock(&srv->mu);
+        pthread_mutex_lock(&srv->m.mu);
+        srv->m.req_rejected++;
+        pthread_mutex_unlock(&srv->m.mu);
+        return -1;
+    }
+    snprintf(j->id, sizeof j->id, "%s%llx%08llx", prefix[j->kind], (unsigned long long)j->created,
+             (unsigned long long)++srv->id_counter);
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    j->state = SRV_QUEUED;
+    pthread_mutex_unlock(&j->mu);
+    j->t_submit = srv_now();
+    srv->queue[(srv->q_head + srv->q_len++) % srv->q_cap] = j;
+    dispatch(srv);
+    pthread_mutex_unlock(&srv->mu);
+    return 0;
+}
+
+/* A job that never ran: it still answers (stream: an error event). */
+static void finish_unrun(srv_server *srv, srv_job *j, srv_finish f) {
+    j->finish = f;
+    j->t_start = j->t_end = srv_now();
+    srv_emit_end(j, DFL_ECANCEL, NULL);
+    srv_metrics_job(&srv->m, j);
+    srv_job_unref(j);
+}
+
+void srv_cancel(srv_server *srv, srv_job *j, int why) {
+    pthread_mutex_lock(&srv->mu);
+    pthread_mutex_lock(&j->mu);
+    if (!j->cancel) __atomic_store_n(&j->cancel, why, __ATOMIC_RELAXED);
+    int queued = j->state == SRV_QUEUED;
+    pthread_mutex_unlock(&j->mu);
+    if (queued && queue_remove(srv, j)) finish_unrun(srv, j, SRV_FIN_CANCEL);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void srv_sched_counts(srv_server *srv, int *queued, int *busy) {
+    pthread_mutex_lock(&srv->mu);
+    *queued = srv->q_len;
+    *busy = srv->n_busy;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- running a job --------------------------------------------------------------- */
+
+static int cancelled(srv_job *j) { return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED); }
+
+/* Text of a piece, made valid UTF-8, through the stop matcher, out to the job. */
+static int release(srv_job *j, const dfl_token_info *tok, const char *piece, int n, int final) {
+    srv_buf clean = {0};
+    const char *out;
+    size_t n_out;
+    if (n > 0) srv_utf8_sanitize(&clean, piece, (size_t)n);
+    int hit = srv_stop_push(&j->stop, clean.p ? clean.p : "", clean.len, final, &out, &n_out);
+    srv_emit_token(j, tok, out, n_out);
+    srv_buf_free(&clean);
+    return hit;
+}
+
+typedef struct run_ctx {
+    srv_job *j;
+    srv_slot *s;
+} run_ctx;
+
+static int on_token(void *ud, const dfl_token_info *tok) {
+    run_ctx *c = ud;
+    srv_job *j = c->j;
+    srv_server *srv = j->srv;
+    if (cancelled(j)) return 1;
+    j->n_gen++;
+    if (c->s->n_hist < srv->info.ctx_size) c->s->hist[c->s->n_hist++] = tok->id;
+    srv_metrics_tokens(&srv->m, 1);
+    char piece[4096];
+    srv_tok_lock(srv);
+    int eog = !j->gp.ignore_eos && dfl_token_is_eog(srv->e, tok->id);
+    int n = eog ? 0 : dfl_detok_push(&j->detok, tok->id, piece, sizeof piece);
+    srv_tok_unlock(srv);
+    if (release(j, tok, piece, n, 0) || eog) {
+        j->finish = SRV_FIN_STOP;
+        return 1;
+    }
+    return 0;
+}
+
+static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
+    run_ctx c = {j, s};
+    dfl_error err = {0};
+    int rc = DFL_ECANCEL;
+    j->t_start = srv_now();
+    dfl_detok_init(&j->detok, srv->e, 0);
+    srv_emit_begin(j);
+    s->n_hist = 0;
+    if (!srv->concurrent) ticket_lock(&srv->gen_lock);
+    if (!cancelled(j)) {
+        dfl_gen_params gp = j->gp;
+        if (gp.spec_accept != DFL_ACCEPT_EXACT && !j->user_block && srv->sampled_spec_unsup)
+            gp.block_size = 1;
+        memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
+        s->n_hist = j->n_prompt;
+        rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
+        if (rc == DFL_EUNSUP && j->n_gen == 0 && gp.spec_accept != DFL_ACCEPT_EXACT &&
+            gp.block_size != 1 && !cancelled(j)) {
+            /* Speculation with sampling is not in this engine yet: classic decode. */
+            srv->sampled_spec_unsup = 1;
+            gp.block_size = 1;
+            memset(&err, 0, sizeof err);
+            rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
+        }
+        if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
+    }
+    if (!srv->concurrent) ticket_unlock(&srv->gen_lock);
+
+    char piece[64];
+    srv_tok_lock(srv);
+    int n = dfl_detok_flush(&j->detok, piece, sizeof piece);
+    srv_tok_unlock(srv);
+    if (j->finish == SRV_FIN_NONE && release(j, NULL, piece, n, 1)) j->finish = SRV_FIN_STOP;
+
+    /* A callback's stop is not an error: dfl_generate returns 0 with
+     * DFL_STOP_CANCEL, and the reason is already in j->finish. */
+    int why = cancelled(j);
+    if (why == SRV_CANCEL_CLIENT) j->finish = SRV_FIN_CANCEL;
+    else if (j->finish != SRV_FIN_NONE) {}
+    else if (why == SRV_CANCEL_SHUTDOWN) j->finish = SRV_FIN_ERROR;
+    else if (rc == DFL_ECTX || (rc == DFL_OK && (j->st.stop == DFL_STOP_LENGTH ||
+                                                 j->st.stop == DFL_STOP_CTX)))
+        j->finish = SRV_FIN_LENGTH;
+    else if (rc == DFL_OK)
+        j->finish = j->st.stop == DFL_STOP_EOS || j->n_gen < j->gp.max_tokens ? SRV_FIN_STOP
+                                                                               : SRV_FIN_LENGTH;
+    else j->finish = SRV_FIN_ERROR;
+    if (j->finish == SRV_FIN_ERROR && why != SRV_CANCEL_SHUTDOWN)
+        fprintf(stderr, "dflash serve: %s: generation failed (%d): %s\n", j->id, rc, err.msg);
+    j->t_end = srv_now();
+    srv_emit_end(j, why == SRV_CANCEL_SHUTDOWN ? DFL_ECANCEL : rc, &err);
+    srv_metrics_job(&srv->m, j);
+}
+
+static void *worker(void *arg) {
+    srv_slot *s = arg;
+    srv_server *srv = s->srv;
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+        while (!s->job && !srv->stopping) pthread_cond_wait(&s->cv, &srv->mu);
+        srv_job *j = s->job;
+        if (!j) break;
+        pthread_mutex_unlock(&srv->mu);
+        run_job(srv, s, j);
+        srv_job_unref(j);
+        pthread_mutex_lock(&srv->mu);
+        s->job = NULL;
+        s->last_used = ++srv->use_clock;
+        srv->n_busy--;
+        dispatch(srv);
+        pthread_cond_broadcast(&srv->idle_cv);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------------- */
+
+int srv_sched_start(srv_server *srv, dfl_error *err) {
+    srv->concurrent = dfl_engine_concurrent(srv->e) != 0;
+    ticket_init(&srv->gen_lock);
+    srv->n_slots = srv->o.parallel;
+    srv->slots = calloc((size_t)srv->n_slots, sizeof *srv->slots);
+    /* Room for queue_max waiting jobs plus one per slot on its way to it. */
+    srv->q_cap = srv->o.queue_max + srv->n_slots;
+    srv->queue = calloc((size_t)srv->q_cap, sizeof *srv->queue);
+    for (int i = 0; i < srv->n_slots; i++) {
+        srv_slot *s = &srv->slots[i];
+        s->srv = srv;
+        s->idx = i;
+        pthread_cond_init(&s->cv, NULL);
+        s->hist = calloc((size_t)srv->info.ctx_size, sizeof *s->hist);
+        int rc = dfl_session_new(srv->e, &s->sess, err);
+        if (rc) return rc;
+    }
+    for (int i = 0; i < srv->n_slots; i++)
+        if (pthread_create(&srv->slots[i].th, NULL, worker, &srv->slots[i]))
+            return -1;
+    return 0;
+}
+
+void srv_sched_drain(srv_server *srv) {
+    pthread_mutex_lock(&srv->mu);
+    srv->draining = 1;
+    srv_job *j;
+    while ((j = queue_pop(srv))) {
+        pthread_mutex_lock(&j->mu);
+        j->cancel = SRV_CANCEL_SHUTDOWN;
+        pthread_mutex_unlock(&j->mu);
+        finish_unrun(srv, j, SRV_FIN_ERROR);
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void srv_sched_stop(srv_server *srv) {
+    if (!srv->slots) return;
+    srv_sched_drain(srv);
+    pthread_mutex_lock(&srv->mu);
+    for (int i = 0; i < srv->n_slots; i++) {
+        srv_job *r = srv->slots[i].job;
+        if (r) __atomic_store_n(&r->cancel, SRV_CANCEL_SHUTDOWN, __ATOMIC_RELAXED);
+    }
+    while (srv->n_busy > 0) pthread_cond_wait(&srv->idle_cv, &srv->mu);
+    srv->stopping = 1;
+    for (int i = 0; i < srv->n_slots; i++) pthread_cond_signal(&srv->slots[i].cv);
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < srv->n_slots; i++) {
+        srv_slot *s = &srv->slots[i];
+        if (s->th) pthread_join(s->th, NULL);
+        dfl_session_free(s->sess);
+        free(s->hist);
+        pthread_cond_destroy(&s->cv);
+    }
+    free(srv->slots);
+    free(srv->queue);
+    srv->slots = NULL;
+    srv->queue = NULL;
+}

@@ -1,0 +1,255 @@
+/* server.h - dflash serve: an OpenAI-compatible HTTP server on libmicrohttpd.
+ *
+ * Parts, each in its own file, all knowing only include/dflash.h:
+ *   text.c     byte buffers, UTF-8 checks, JSON depth scan, constant-time compare
+ *   stop.c     stop strings matched across token boundaries with a hold-back
+ *   request.c  OpenAI request JSON -> srv_job (every field type-checked)
+ *   respond.c  srv_job events -> OpenAI response / SSE chunk JSON
+ *   sched.c    slots (one dfl_session each), the bounded queue, worker threads
+ *   metrics.c  counters and their Prometheus text
+ *   http.c     libmicrohttpd glue: routing, auth, limits, streaming, shutdown
+ *
+ * A request's life: the HTTP thread parses and tokenizes it into a srv_job and
+ * submits it; a slot's worker runs dfl_generate on it, turning each committed
+ * token into bytes (SSE chunks or pieces of the final JSON) under the job's
+ * lock; the HTTP thread ships those bytes. Either side can end first: the job
+ * is reference counted, and `cancel` tells the worker the client is gone. */
+#ifndef DFL_SERVER_H
+#define DFL_SERVER_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dflash.h"
+
+typedef struct srv_opts {
+    const char *model_path, *draft_path, *dtype;
+    const char *host;          /* listen address; default 127.0.0.1 */
+    int port;
+    int parallel;              /* slots: sessions generating at once */
+    int ctx_size, threads;     /* passed to the engine (0: its default) */
+    const char *api_key;       /* NULL: no auth */
+    const char *alias;         /* model id clients use; default: the model's name */
+    const char *chat_template; /* force "chatml", "qwen3", "llama3"; NULL: the model's */
+    int queue_max;             /* requests waiting for a slot before 503 */
+    size_t max_body;           /* request body limit in bytes */
+    int max_json_depth;
+    int conn_timeout_s;        /* idle connection timeout */
+    double shutdown_grace_s;   /* let in-flight requests finish this long on SIGTERM */
+    double default_temp;       /* temperature when a request gives none */
+} srv_opts;
+
+void srv_opts_default(srv_opts *o);
+/* Loads the model, serves until SIGINT/SIGTERM; returns the process exit code. */
+int srv_main(const srv_opts *o);
+
+/* ---- text.c ---------------------------------------------------------------- */
+
+typedef struct srv_buf {
+    char *p;
+    size_t len, cap;
+} srv_buf;
+
+void srv_buf_put(srv_buf *b, const void *p, size_t n);
+void srv_buf_puts(srv_buf *b, const char *s);
+void srv_buf_free(srv_buf *b);
+
+/* 1 when s[0..n) is valid UTF-8 without NUL bytes. */
+int srv_utf8_valid(const char *s, size_t n);
+/* Appends s[0..n) to b with every invalid byte replaced by U+FFFD. */
+void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n);
+/* 1 when the JSON text nests at most max levels of {} / [] (strings skipped). */
+int srv_json_depth_ok(const char *s, size_t n, int max);
+/* Monotonic seconds. */
+double srv_now(void);
+/* Compares a secret with a candidate in time that depends only on the secret's length. */
+int srv_secret_equal(const char *secret, const char *given);
+
+/* ---- stop.c ---------------------------------------------------------------- */
+
+enum { SRV_MAX_STOP = 16, SRV_MAX_STOP_LEN = 256 };
+
+/* Text on its way to the client: what might be the start of a stop string is
+ * held back until the next piece decides. Pieces must be valid UTF-8, as must
+ * the stop strings; then every release point is a character boundary. */
+typedef struct srv_stop {
+    char *stop[SRV_MAX_STOP];
+    int n_stop;
+    srv_buf held;   /* text not yet released */
+    srv_buf rel;    /* the last released text (what *out points into) */
+    int hit;        /* a stop string was found: nothing more is released */
+} srv_stop;
+
+/* Adds piece; *out / *n_out: text now safe to release (points into an internal
+ * buffer valid until the next call). Returns 1 when a stop string completed:
+ * the released text then ends just before it. final=1 releases everything held. */
+int srv_stop_push(srv_stop *s, const char *piece, size_t n, int final, const char **out,
+                  size_t *n_out);
+void srv_stop_free(srv_stop *s);
+
+/* ---- jobs (request.c, respond.c) -------------------------------------------- */
+
+typedef enum { SRV_CHAT = 0, SRV_COMPLETION = 1 } srv_kind;
+typedef enum {
+    SRV_FIN_NONE = 0, SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_CANCEL, SRV_FIN_ERROR
+} srv_finish;
+typedef enum { SRV_QUEUED = 0, SRV_RUNNING, SRV_DONE } srv_state;
+enum { SRV_CANCEL_CLIENT = 1, SRV_CANCEL_SHUTDOWN = 2 };
+
+typedef struct srv_server srv_server;
+
+typedef struct srv_job {
+    srv_server *srv;
+    /* ---- set by the HTTP thread before submit; read-only afterwards ---- */
+    srv_kind kind;
+    int stream, include_usage;
+    int logprobs, top_logprobs;   /* report logprobs; alternatives per token (0..20) */
+    int32_t *prompt;              /* (n_prompt) */
+    int n_prompt;
+    dfl_gen_params gp;            /* its bias arrays point at bias_ids / bias_vals */
+    int32_t *bias_ids;
+    float *bias_vals;
+    int user_block;               /* block_size came from the request */
+    srv_stop stop;                /* its strings; the worker owns the held text */
+    char id[48];
+    char model[160];
+    long created;
+    double t_submit;
+
+    /* ---- worker-only while RUNNING ---- */
+    dfl_detok detok;
+    int n_gen;                    /* tokens committed so far */
+    int n_cached;                 /* prompt tokens shared with the slot's last sequence */
+    int first_chunk_sent;
+    srv_buf text;                 /* non-stream: the released text */
+    size_t text_off;              /* bytes of text released so far */
+    void *lp;                     /* non-stream: cJSON array of logprob entries */
+
+    /* ---- shared, under mu ---- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;            /* signalled when out grows or state becomes DONE */
+    srv_buf out;                  /* stream: SSE bytes; non-stream: the response JSON */
+    size_t out_sent;              /* bytes of out the HTTP side has consumed */
+    srv_state state;
+    srv_finish finish;
+    int http_status;              /* non-stream: status of out */
+    int refs;
+    int cancel;                   /* SRV_CANCEL_*: the worker stops at the next token */
+    double t_start, t_end;
+    dfl_stats st;
+} srv_job;
+
+srv_job *srv_job_new(srv_server *srv, srv_kind kind);
+void srv_job_unref(srv_job *j);
+
+/* An HTTP error waiting to be sent: status, OpenAI error type/code, message. */
+typedef struct srv_err {
+    int status;
+    const char *type;   /* "invalid_request_error", ... */
+    const char *code;   /* NULL or e.g. "model_not_found" */
+    char param[64];
+    char msg[512];
+} srv_err;
+
+int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* {"error":{...}} as a malloc'd string. */
+char *srv_err_json(const srv_err *e);
+
+/* Parses and checks a chat or completions body into a new job (tokenized).
+ * Returns NULL and fills e on any problem. */
+srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e);
+
+/* respond.c: what the worker emits. All append to j->out under j->mu. */
+void srv_emit_begin(srv_job *j);
+void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n);
+void srv_emit_end(srv_job *j, int rc, const dfl_error *err);
+
+/* ---- sched.c ----------------------------------------------------------------- */
+
+typedef struct srv_slot {
+    srv_server *srv;
+    int idx;
+    dfl_session *sess;
+    pthread_t th;
+    pthread_cond_t cv;
+    srv_job *job;         /* assigned job, NULL when idle */
+    int32_t *hist;        /* (ctx) tokens of the slot's last sequence: prompt + output */
+    int n_hist;
+    uint64_t last_used;
+} srv_slot;
+
+/* Serialises whole dfl_generate calls, first come first served, when the
+ * engine does not interleave sessions itself. */
+typedef struct srv_ticket_lock {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next, serving;
+} srv_ticket_lock;
+
+/* ---- metrics.c ------------------------------------------------------------------ */
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    uint64_t http[6];           /* responses by class: 2xx 4xx 5xx (index 2, 4, 5) */
+    uint64_t req_ok, req_cancelled, req_error, req_rejected;
+    uint64_t prompt_tokens, cached_tokens, gen_tokens;
+    double t_prefill, t_decode;
+    uint64_t rounds, proposed, accepted, committed, classic_steps;
+    double win_t0;              /* start of the current 1-second bucket */
+    uint64_t win[10];           /* tokens generated per second, last 10 seconds */
+    int win_pos;
+} srv_metrics;
+
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_tokens(srv_metrics *m, int n);     /* n tokens just generated */
+void srv_metrics_job(srv_metrics *m, const srv_job *j);
+void srv_metrics_http(srv_metrics *m, int status);
+/* Prometheus text exposition, malloc'd. */
+char *srv_metrics_text(srv_server *srv);
+
+/* ---- the server ------------------------------------------------------------------ */
+
+struct srv_server {
+    srv_opts o;
+    dfl_engine *e;
+    dfl_model_info info;
+    char model_id[160];
+    volatile int ready;          /* engine loaded, workers up */
+    volatile int draining;       /* SIGINT/SIGTERM: no new work */
+    int concurrent;              /* dfl_engine_concurrent(e) */
+    srv_ticket_lock gen_lock;    /* used when !concurrent */
+    pthread_mutex_t tok_mu;      /* tokenizer calls when !concurrent */
+
+    pthread_mutex_t mu;          /* guards slots' job/hist, the queue, counters below */
+    pthread_cond_t idle_cv;      /* a slot became idle */
+    int stopping;                /* workers exit */
+    int sampled_spec_unsup;      /* the engine refused speculation with sampling */
+    srv_slot *slots;
+    int n_slots;
+    srv_job **queue;             /* (queue_max) ring */
+    int q_head, q_len, q_cap;
+    int n_busy;
+    uint64_t use_clock;
+    uint64_t id_counter;
+    srv_metrics m;
+};
+
+/* Takes a reference for the scheduler. Returns 0, or -1 when the queue is
+ * full / the server is draining (the caller answers 503). */
+int srv_submit(srv_server *srv, srv_job *j);
+/* why: SRV_CANCEL_*. A queued job is dropped, a running one told to stop. */
+void srv_cancel(srv_server *srv, srv_job *j, int why);
+int srv_sched_start(srv_server *srv, dfl_error *err);
+/* Refuses new jobs and ends the queued ones (503 / an error event). */
+void srv_sched_drain(srv_server *srv);
+/* Drains, cancels running jobs at their next token, joins the workers. */
+void srv_sched_stop(srv_server *srv);
+void srv_sched_counts(srv_server *srv, int *queued, int *busy);
+
+/* Tokenizer access that is safe from any thread. */
+void srv_tok_lock(srv_server *srv);
+void srv_tok_unlock(srv_server *srv);
+
+#endif
