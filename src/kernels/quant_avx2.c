@@ -13,7 +13,7 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
-enum { TILE = 4 };
+enum { TILE = 8 };
 
 INLINE float f16_load(const uint8_t *p) {
     uint16_t h;
@@ -37,6 +37,7 @@ INLINE __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *
 INLINE __m256i round32(const float *x, __m256 id) {
     const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
     __m256i v[4];
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         __m256 f = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -81,14 +82,24 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
     }
 }
 
-/* ---- Q8_0 and Q4_0: blocks of 32 against Q8 activation blocks of 32 ------ */
+/* ---- register tiles -------------------------------------------------------
+ * A tile is R activation rows (R a constant after inlining, up to TILE)
+ * against one weight row; for_tiles cuts n rows into tiles of TILE and one
+ * remainder. Which rows share a tile never changes a row's arithmetic. */
 
-/* acc += (w . x per lane of 4) * s, with w . x = |w| . (x * sign(w)). */
-INLINE __m256 acc32(__m256 acc, __m256i w, __m256i wabs, const int8_t *x, __m256 s) {
-    __m256i xs = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)x), w);
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xs), _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
-}
+#define CASE_R(R, CALL) \
+    case R: CALL(R); break;
+#define FOR_TILES(n, CALL)                                                                    \
+    for (int r = 0; r < (n);) {                                                                \
+        int rt = (n) - r < TILE ? (n) - r : TILE;                                              \
+        switch (rt) {                                                                          \
+            CASE_R(8, CALL) CASE_R(7, CALL) CASE_R(6, CALL) CASE_R(5, CALL) CASE_R(4, CALL)    \
+            CASE_R(3, CALL) CASE_R(2, CALL) CASE_R(1, CALL)                                    \
+        }                                                                                      \
+        r += rt;                                                                               \
+    }
+
+/* ---- Q8_0 and Q4_0: blocks of 32 against activation blocks of 32 -------- */
 
 INLINE __m256i q4_0_weights(const uint8_t *p) {
     __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
@@ -96,69 +107,65 @@ INLINE __m256i q4_0_weights(const uint8_t *p) {
     return _mm256_sub_epi8(w, _mm256_set1_epi8(8));
 }
 
-/* R rows (R <= TILE, a constant after inlining) of weight row w. */
-INLINE void tile32(int q4, const uint8_t *w, int nb, const dfl_qact *a, int r0, int R, float *y,
-                   int ldy) {
+/* Per block and row: acc += (w . x per lane of 4) * (dw * dx), with
+ * w . x = |w| . (x * sign(w)) so maddubs gets an unsigned operand. */
+INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
+                   float *y, int ldy) {
     __m256 acc[TILE];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
-    const int8_t *x = a->q + (size_t)r0 * a->cols;
+    const size_t xs = (size_t)a->cols, bb = q4 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0);
+    const int8_t *x = a->q + (size_t)r0 * xs;
     const float *xd = a->d + (size_t)r0 * nb;
-    size_t bb = q4 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0);
-    for (int b = 0; b < nb; b++, w += bb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < nb; b++, w += bb, x += 32, xd++) {
         __m256i wq = q4 ? q4_0_weights(w) : loadu(w + 2);
         __m256i wabs = _mm256_sign_epi8(wq, wq);
         __m256 dw = _mm256_set1_ps(f16_load(w));
-        for (int i = 0; i < R; i++)
-            acc[i] = acc32(acc[i], wq, wabs, x + (size_t)i * a->cols + 32 * b,
-                           _mm256_mul_ps(dw, _mm256_set1_ps(xd[(size_t)i * nb + b])));
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m256i xsg = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)(x + i * xs)), wq);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsg), ones);
+            __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + (size_t)i * nb));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[i]);
+        }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]);
 }
 
-AVX2 static void rows_q8_0(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
-                           int ldy) {
-    int nb = W->cols / 32;
-    for (int o = o0; o < o1; o++) {
-        const uint8_t *w = W->data + (size_t)o * W->row_bytes;
-        int r = 0;
-        for (; r + TILE <= n; r += TILE) tile32(0, w, nb, a, r, TILE, Y + (size_t)r * ldy + o, ldy);
-        switch (n - r) {
-        case 3: tile32(0, w, nb, a, r, 3, Y + (size_t)r * ldy + o, ldy); break;
-        case 2: tile32(0, w, nb, a, r, 2, Y + (size_t)r * ldy + o, ldy); break;
-        case 1: tile32(0, w, nb, a, r, 1, Y + (size_t)r * ldy + o, ldy); break;
-        }
+#define ROWS32(name, q4)                                                                       \
+    AVX2 static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, \
+                          int ldy) {                                                           \
+        int nb = W->cols / 32;                                                                 \
+        for (int o = o0; o < o1; o++) {                                                        \
+            const uint8_t *w = W->data + (size_t)o * W->row_bytes;                            \
+            float *y = Y + o;                                                                  \
+            FOR_TILES(n, CALL32)                                                               \
+        }                                                                                      \
     }
-}
+#define CALL32(R) tile32(Q4, R, w, nb, a, r, y + (size_t)r * ldy, ldy)
+#define Q4 0
+ROWS32(rows_q8_0, 0)
+#undef Q4
+#define Q4 1
+ROWS32(rows_q4_0, 1)
+#undef Q4
 
-AVX2 static void rows_q4_0(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
-                           int ldy) {
-    int nb = W->cols / 32;
-    for (int o = o0; o < o1; o++) {
-        const uint8_t *w = W->data + (size_t)o * W->row_bytes;
-        int r = 0;
-        for (; r + TILE <= n; r += TILE) tile32(1, w, nb, a, r, TILE, Y + (size_t)r * ldy + o, ldy);
-        switch (n - r) {
-        case 3: tile32(1, w, nb, a, r, 3, Y + (size_t)r * ldy + o, ldy); break;
-        case 2: tile32(1, w, nb, a, r, 2, Y + (size_t)r * ldy + o, ldy); break;
-        case 1: tile32(1, w, nb, a, r, 1, Y + (size_t)r * ldy + o, ldy); break;
-        }
-    }
-}
-
-/* ---- K-quants: super-blocks of 256 against Q8 activation blocks of 256 --- */
+/* ---- K-quants: super-blocks of 256 against activation blocks of 256 ----- */
 
 /* A decoded super-block: quants as unsigned bytes in element order, 32 per
- * vector, and per vector the int16 scales that madd multiplies lanes by. */
+ * vector, and per vector the int16 scales that madd multiplies its lanes by. */
 typedef struct {
     __m256i q[8];
     __m256i sc[8];
-    __m256i corr;   /* Q4_K: mins, each twice; Q6_K: the 16 scales */
-    float d, dmin;
+    __m256i corr;   /* Q4_K: the 8 mins, each twice; Q6_K: the 16 scales */
+    __m256 d, dmin;
 } kblock;
 
 INLINE void decode_q4_K(const uint8_t *p, kblock *k) {
-    k->d = f16_load(p);
-    k->dmin = f16_load(p + 2);
+    k->d = _mm256_set1_ps(f16_load(p));
+    k->dmin = _mm256_set1_ps(f16_load(p + 2));
     uint32_t s[3];
     memcpy(s, p + 4, 12);
     /* 8 scales then 8 mins as bytes (the layout of q4k_scales in quant.c) */
@@ -169,9 +176,11 @@ INLINE void decode_q4_K(const uint8_t *p, kblock *k) {
     __m128i mn8 = _mm_setr_epi32((int)mn_lo, (int)mn_hi, 0, 0);
     k->corr = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     __m256i sc2 = _mm256_broadcastsi128_si256(sc16);
-    for (int j = 0; j < 8; j++)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) /* int16 lane j everywhere */
         k->sc[j] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
     const __m256i m4 = _mm256_set1_epi8(0xf);
+#pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         __m256i v = loadu(p + 16 + 32 * g);
         k->q[2 * g] = _mm256_and_si256(v, m4);
@@ -180,15 +189,15 @@ INLINE void decode_q4_K(const uint8_t *p, kblock *k) {
 }
 
 INLINE void decode_q6_K(const uint8_t *p, kblock *k) {
-    k->d = f16_load(p + 208);
+    k->d = _mm256_set1_ps(f16_load(p + 208));
     __m128i sc8 = _mm_loadu_si128((const __m128i *)(p + 192));
     k->corr = _mm256_cvtepi8_epi16(sc8);
-    for (int v = 0; v < 8; v++) /* bytes sc[2v] x8, sc[2v+1] x8, widened */
-        k->sc[v] = _mm256_cvtepi8_epi16(
-            _mm_shuffle_epi8(sc8, _mm_setr_epi8(2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v,
-                                                2 * v, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1,
-                                                2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1)));
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; v++) /* bytes sc[2v] x8 then sc[2v+1] x8, widened */
+        k->sc[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+            sc8, _mm_set_epi64x(0x0101010101010101ll * (2 * v + 1), 0x0101010101010101ll * (2 * v))));
     const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         __m256i l0 = loadu(p + 64 * h), l1 = loadu(p + 64 * h + 32), hb = loadu(p + 128 + 32 * h);
         k->q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4),
@@ -202,9 +211,11 @@ INLINE void decode_q6_K(const uint8_t *p, kblock *k) {
     }
 }
 
-/* The integer part of one row against one super-block (see the twins). */
+/* The integer sums of one row against one super-block (see the twins):
+ * lane k of sum_v madd(maddubs(q_v, x_v), sc_v). */
 INLINE __m256i isum_k(const kblock *k, const int8_t *x) {
     __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int v = 0; v < 8; v++)
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(
                                     k->q[v], _mm256_load_si256((const __m256i *)(x + 32 * v))),
@@ -212,56 +223,65 @@ INLINE __m256i isum_k(const kblock *k, const int8_t *x) {
     return s;
 }
 
-INLINE void tile_k(int q6, const uint8_t *w, int nb, const dfl_qact *a, int r0, int R, float *y,
-                   int ldy) {
+INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
+                   float *y, int ldy) {
     __m256 acc[TILE];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
-    int cols = a->cols;
-    for (int b = 0; b < nb; b++) {
+    const size_t xs = (size_t)a->cols, ss = xs / 16;
+    const size_t bb = q6 ? sizeof(dfl_block_q6_K) : sizeof(dfl_block_q4_K);
+    const int8_t *x = a->q + (size_t)r0 * xs;
+    const int16_t *bsum = a->bsum + (size_t)r0 * ss;
+    const float *xd = a->d + (size_t)r0 * nb;
+    for (int b = 0; b < nb; b++, w += bb, x += QK_K, bsum += 16, xd++) {
         kblock k;
         if (q6)
-            decode_q6_K(w + (size_t)b * sizeof(dfl_block_q6_K), &k);
+            decode_q6_K(w, &k);
         else
-            decode_q4_K(w + (size_t)b * sizeof(dfl_block_q4_K), &k);
+            decode_q4_K(w, &k);
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            size_t r = (size_t)r0 + i;
-            __m256i is = isum_k(&k, a->q + r * cols + QK_K * b);
-            __m256i c = _mm256_madd_epi16(k.corr, loadu(a->bsum + r * (cols / 16) + 16 * b));
-            float dx = a->d[r * nb + b];
+            __m256i is = isum_k(&k, x + i * xs);
+            __m256i c = _mm256_madd_epi16(k.corr, loadu(bsum + i * ss));
+            __m256 dx = _mm256_broadcast_ss(xd + (size_t)i * nb);
             if (q6) {
                 is = _mm256_sub_epi32(is, _mm256_slli_epi32(c, 5));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(k.d * dx), acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(k.d, dx), acc[i]);
             } else {
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(k.d * dx), acc[i]);
-                acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(k.dmin * dx), acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(k.d, dx), acc[i]);
+                acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(c), _mm256_mul_ps(k.dmin, dx), acc[i]);
             }
         }
     }
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]);
 }
 
-AVX2 static void rows_k(int q6, const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
-                        float *Y, int ldy) {
-    int nb = W->cols / QK_K;
-    for (int o = o0; o < o1; o++) {
-        const uint8_t *w = W->data + (size_t)o * W->row_bytes;
-        int r = 0;
-        for (; r + TILE <= n; r += TILE) tile_k(q6, w, nb, a, r, TILE, Y + (size_t)r * ldy + o, ldy);
-        switch (n - r) {
-        case 3: tile_k(q6, w, nb, a, r, 3, Y + (size_t)r * ldy + o, ldy); break;
-        case 2: tile_k(q6, w, nb, a, r, 2, Y + (size_t)r * ldy + o, ldy); break;
-        case 1: tile_k(q6, w, nb, a, r, 1, Y + (size_t)r * ldy + o, ldy); break;
-        }
+#define ROWSK(name, q6)                                                                        \
+    AVX2 static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, \
+                          int ldy) {                                                           \
+        int nb = W->cols / QK_K;                                                               \
+        for (int o = o0; o < o1; o++) {                                                        \
+            const uint8_t *w = W->data + (size_t)o * W->row_bytes;                            \
+            float *y = Y + o;                                                                  \
+            FOR_TILES(n, CALLK)                                                                \
+        }                                                                                      \
     }
-}
+#define CALLK(R) tile_k(Q6, R, w, nb, a, r, y + (size_t)r * ldy, ldy)
+#define Q6 0
+ROWSK(rows_q4_K, 0)
+#undef Q6
+#define Q6 1
+ROWSK(rows_q6_K, 1)
+#undef Q6
 
 AVX2 void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                          int ldy) {
     switch (W->type) {
     case DFL_Q8_0: rows_q8_0(W, a, n, o0, o1, Y, ldy); break;
     case DFL_Q4_0: rows_q4_0(W, a, n, o0, o1, Y, ldy); break;
-    case DFL_Q4_K: rows_k(0, W, a, n, o0, o1, Y, ldy); break;
-    case DFL_Q6_K: rows_k(1, W, a, n, o0, o1, Y, ldy); break;
+    case DFL_Q4_K: rows_q4_K(W, a, n, o0, o1, Y, ldy); break;
+    case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); break;
     default: break;
     }
 }
