@@ -349,7 +349,7 @@ static int check_config(const dfl_drafter *d, const dfl_target *t, const char *s
                         dfl_error *err) {
     const dfl_config *c = &d->c;
     if (c->dim != t->c.dim)
-        return dfl_fail(err, DFL_EFORMAT, "%s: drafter hidden size %d, but the target's is %d: "
+        return dfl_fail(err, DFL_EFORMAT, "%s: drafter hidden_size %d, but the target's is %d: "
                         "this drafter belongs to another target", src, c->dim, t->c.dim);
     if (c->vocab != t->c.vocab)
         return dfl_fail(err, DFL_EFORMAT, "%s: drafter vocab_size %d, but the target's is %d: "
