@@ -9,7 +9,6 @@ static int pending(const char *name) {
     return 2;
 }
 
-int cmd_probe(int argc, char **argv) { (void)argc; (void)argv; return pending("probe"); }
 int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return pending("bench"); }
 int cmd_tokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("tokenize"); }
 int cmd_detokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("detokenize"); }

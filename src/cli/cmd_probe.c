@@ -1,0 +1,156 @@
+/* cmd_probe.c - `dflash probe`: is the verify path exact (block logits ==
+ * single-row logits, bit for bit), and how well does the drafter guess? */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void help(void) {
+    printf(
+        "usage: dflash probe [options]\n"
+        "\n"
+        "Runs the same rows as one verify block and as single-row decode steps and\n"
+        "reports, as JSON on stdout, how many logit bytes differ, the largest absolute\n"
+        "difference and every argmax disagreement with its top-2 margin on each arm,\n"
+        "for the block size and every smaller one. Speculative decoding is exact only\n"
+        "when nothing differs; dflash generate runs this check itself and falls back to\n"
+        "classic decode when it fails.\n"
+        "\n"
+        "With a drafter it also decodes -n tokens classically and, at every position of\n"
+        "that path, lets the drafter propose a block (a shadow that never steers the\n"
+        "output): per block position, how often the draft equals the reference token\n"
+        "(hit) and how often it and all drafts before it do (prefix: what verification\n"
+        "would accept), and tau, the tokens per round greedy speculation would commit.\n"
+        "\n"
+        "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
+        "  --draft PATH           DFlash drafter folder or .gguf ('none': no drafter)\n"
+        "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_k q6_k)\n"
+        "  --block-size B         rows of the verify block (default: the drafter's, else 16)\n"
+        "  -p, --prompt TEXT      prompt text (default: a fixed short sequence of ids)\n"
+        "  --ids 1,2,3            prompt as token ids\n"
+        "  -n N                   tokens decoded for the drafter diagnostic (default 64)\n"
+        "  -c, --ctx-size N       KV cache rows\n"
+        "  -t, --threads N        threads (default: all cores)\n"
+        "\n"
+        "Exit status: 0 when the path is exact, 1 when it is not or on error.\n");
+}
+
+typedef struct opts {
+    dfl_engine_opts eo;
+    const char *prompt, *ids;
+    int block, n_gen, no_draft;
+} opts;
+
+static const char *need(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "dflash probe: %s needs a value (see --help)\n", argv[*i]);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+static void parse(opts *o, int argc, char **argv) {
+    dfl_engine_opts_default(&o->eo);
+    o->n_gen = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
+        else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
+        else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
+        else if (!strcmp(a, "--block-size")) o->block = cli_int(a, need(argc, argv, &i), 1, 512);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
+        else if (!strcmp(a, "--ids")) o->ids = need(argc, argv, &i);
+        else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, need(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
+            o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
+        else {
+            fprintf(stderr, "dflash probe: unknown option '%s' (see --help)\n", a);
+            exit(2);
+        }
+    }
+    if (o->eo.draft_path && !strcmp(o->eo.draft_path, "none")) o->eo.draft_path = NULL, o->no_draft = 1;
+    if (!o->eo.model_path) {
+        o->eo.model_path = cli_default_model();
+        if (!o->eo.model_path) {
+            fprintf(stderr, "dflash probe: no --model given and no built-in model found\n");
+            exit(2);
+        }
+        if (!o->eo.draft_path && !o->no_draft) o->eo.draft_path = cli_default_draft();
+    }
+    if (o->prompt && o->ids) {
+        fprintf(stderr, "dflash probe: give --prompt or --ids, not both\n");
+        exit(2);
+    }
+    /* the verify block must fit the engine's rows per forward */
+    o->eo.max_block = o->block;
+}
+
+/* The prompt ids (NULL, 0 for the built-in default). */
+static int32_t *prompt_ids(const opts *o, dfl_engine *e, int *n) {
+    *n = 0;
+    if (o->ids) {
+        int32_t *ids = malloc(sizeof(int32_t) * 65536);
+        *n = cli_ids("--ids", o->ids, ids, 65536);
+        return ids;
+    }
+    if (!o->prompt) return NULL;
+    dfl_error err = {0};
+    size_t len = strlen(o->prompt);
+    int k = dfl_tokenize(e, o->prompt, len, 1, 0, NULL, 0, &err);
+    int32_t *ids = k > 0 ? malloc(sizeof(int32_t) * k) : NULL;
+    if (k <= 0 || dfl_tokenize(e, o->prompt, len, 1, 0, ids, k, &err) != k) {
+        fprintf(stderr, "dflash probe: %s\n", k < 0 ? err.msg : "the prompt has no tokens");
+        exit(1);
+    }
+    *n = k;
+    return ids;
+}
+
+int cmd_probe(int argc, char **argv) {
+    opts o = {0};
+    parse(&o, argc, argv);
+    dfl_error err = {0};
+    dfl_engine *e;
+    if (dfl_engine_load(&o.eo, &e, &err)) {
+        fprintf(stderr, "dflash probe: %s\n", err.msg);
+        return 1;
+    }
+    dfl_model_info mi;
+    dfl_engine_info(e, &mi);
+    int block = o.block ? o.block : mi.has_draft ? mi.draft_block : 16;
+    int n;
+    int32_t *ids = prompt_ids(&o, e, &n);
+    size_t cap = 1 << 20;
+    char *json = malloc(cap), *djson = malloc(cap);
+    dfl_probe_result r;
+    int rc = dfl_probe(e, ids, n, block, &r, json, cap, &err);
+    dfl_draft_report dr;
+    if (!rc && mi.has_draft) rc = dfl_probe_draft(e, ids, n, block, o.n_gen, &dr, djson, cap, &err);
+    if (rc) {
+        fprintf(stderr, "dflash probe: %s\n", err.msg);
+    } else {
+        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d,\n \"probe\": %s", mi.name,
+               mi.dtype, mi.n_threads, json);
+        if (mi.has_draft) printf(",\n \"drafter\": %s", djson);
+        printf("}\n");
+        fprintf(stderr, "probe: block %d, %llu of %llu logit bytes differ, max |diff| %g, %d "
+                        "argmax disagreements: %s\n", r.block,
+                (unsigned long long)r.bytes_differ, (unsigned long long)r.bytes_compared,
+                r.max_abs_diff, r.n_argmax_disagree, r.bytes_differ ? "NOT EXACT" : "exact");
+        if (mi.has_draft) {
+            fprintf(stderr, "drafter: tau %.2f over %d anchors; hit rate by position:", dr.tau,
+                    dr.n_anchors);
+            for (int i = 0; i < dr.block - 1 && i < DFL_MAX_POS_STATS; i++)
+                fprintf(stderr, " %d:%.2f", i + 1,
+                        dr.pos_tried[i] ? (double)dr.pos_hit[i] / dr.pos_tried[i] : 0.0);
+            fprintf(stderr, "\n");
+        }
+    }
+    free(json), free(djson), free(ids);
+    dfl_engine_free(e);
+    return rc || r.bytes_differ ? 1 : 0;
+}
