@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dflash needs, when any is missing.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libmicrohttpd-dev
+pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
       python3 python3-numpy python3-torch clang valgrind)
 missing=()
 for p in "${pkgs[@]}"; do
