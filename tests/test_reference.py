@@ -361,10 +361,12 @@ CONFIGS = [  # (name, make_target kwargs); RoPE scalings tuned to bite within 20
                                    rope_scaling="linear", rope_factor=2.0)),
 ]
 
-DRAFTERS = [  # (target config name, make_drafter kwargs, block)
+# (target config name, make_drafter kwargs, block). The engine's drafter takes
+# plain RoPE only, so the drafter on the llama3-scaled target gets rope="none".
+DRAFTERS = [
     ("qwen3-qknorm-gqa2-hd32", dict(layers=2, target_layer_ids=[0, 2]), 8),
     ("llama-llama3-gqa2-untied", dict(layers=1, heads=8, kv_heads=4, head_dim=8, ffn=64,
-                                      target_layer_ids=[1], prefix_model=True), 4),
+                                      target_layer_ids=[1], prefix_model=True, rope="none"), 4),
     ("qwen3-untied-gqa4-hd8", dict(layers=2, target_layer_ids=[2, 0, 1]), 16),
 ]
 

@@ -504,6 +504,8 @@ def build_target_layer_ids(n_target, n_draft):
 
 
 def drafter_config(tc, d):
+    """z-lab's drafter config: rope_theta, eps, max positions (and rope_scaling,
+    unless d["rope"] == "none") as the target's."""
     c = {
         "architectures": ["DFlashDraftModel"],
         "attention_bias": False,
@@ -527,7 +529,7 @@ def drafter_config(tc, d):
         "num_key_value_heads": d["kv_heads"],
         "num_target_layers": tc["num_hidden_layers"],
         "rms_norm_eps": tc["rms_norm_eps"],
-        "rope_scaling": tc.get("rope_scaling"),
+        "rope_scaling": tc.get("rope_scaling") if d["rope"] == "target" else None,
         "rope_theta": tc["rope_theta"],
         "sliding_window": None,
         "tie_word_embeddings": tc.get("tie_word_embeddings", True),
@@ -582,7 +584,7 @@ def default_mask_id(target_dir, vocab):
 
 def make_drafter(out, target_dir, layers=None, heads=None, kv_heads=None, head_dim=None, ffn=None,
                  block_size=16, target_layer_ids=None, mask_id=None, dtype="bf16", seed=0,
-                 prefix_model=False, shard_mb=0, quiet=False):
+                 prefix_model=False, shard_mb=0, quiet=False, rope="target"):
     """Writes a random z-lab DFlash drafter paired with target_dir; returns its config."""
     with open(os.path.join(target_dir, "config.json")) as f:
         tc = json.load(f)
@@ -591,7 +593,9 @@ def make_drafter(out, target_dir, layers=None, heads=None, kv_heads=None, head_d
     d = dict(layers=layers or min(5, max(1, N // 2)), heads=H,
              kv_heads=kv_heads or tc.get("num_key_value_heads", H),
              head_dim=head_dim or tc.get("head_dim") or D // tc["num_attention_heads"],
-             ffn=ffn or tc["intermediate_size"], block_size=block_size, dtype=dtype)
+             ffn=ffn or tc["intermediate_size"], block_size=block_size, dtype=dtype, rope=rope)
+    if rope not in ("target", "none"):
+        raise SystemExit("make_checkpoint: --drafter-rope must be target or none")
     if d["heads"] % d["kv_heads"]:
         raise SystemExit("make_checkpoint: drafter heads must be a multiple of kv heads")
     d["target_layer_ids"] = list(target_layer_ids) if target_layer_ids else \
@@ -652,6 +656,8 @@ def main(argv=None):
     ap.add_argument("--target-layer-ids", help="comma-separated capture layers (default z-lab's)")
     ap.add_argument("--mask-id", type=int)
     ap.add_argument("--prefix-model", action="store_true", help="drafter keys start with 'model.'")
+    ap.add_argument("--drafter-rope", choices=["target", "none"], default="target",
+                    help="drafter rope_scaling: copy the target's (default) or none")
     a = ap.parse_args(argv)
     if a.drafter:
         if not a.target:
@@ -660,7 +666,7 @@ def main(argv=None):
         make_drafter(a.out, a.target, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
                      head_dim=a.head_dim, ffn=a.ffn, block_size=a.block_size, target_layer_ids=ids,
                      mask_id=a.mask_id, dtype=a.dtype, seed=a.seed, prefix_model=a.prefix_model,
-                     shard_mb=a.shard_mb, quiet=a.quiet)
+                     shard_mb=a.shard_mb, quiet=a.quiet, rope=a.drafter_rope)
         return 0
     kw = {k: getattr(a, k) for k in ("arch", "dim", "layers", "heads", "kv_heads", "head_dim", "ffn",
                                      "vocab", "max_ctx", "rope_theta", "eps", "tied", "rope_scaling",
