@@ -5,9 +5,9 @@
  * rows 0..n-2 and the first verify block starts with prompt[n-1], so a
  * drafter can already propose the first generated tokens (its context is the
  * prompt rows before the anchor, as in training). */
-#include <math.h>
 #include <string.h>
 
+#include "sample/sample.h"
 #include "spec/spec.h"
 
 /* ---- acceptance ----------------------------------------------------------- */
@@ -29,30 +29,6 @@ int dfl_accept_greedy(void *ud, const float *logits, int vocab, const int32_t *b
 enum { DFL_MAX_BLOCK = 512 };
 
 static int imin(int a, int b) { return a < b ? a : b; }
-
-/* The chosen token's log-probability and the n_top best, from raw logits. */
-static void token_info(const float *row, int vocab, int32_t id, int n_top, dfl_token_info *ti) {
-    float m = row[0];
-    for (int i = 1; i < vocab; i++)
-        if (row[i] > m) m = row[i];
-    double s = 0;
-    for (int i = 0; i < vocab; i++) s += exp((double)row[i] - m);
-    double lse = m + log(s);
-    ti->id = id;
-    ti->logprob = (float)(row[id] - lse);
-    ti->n_top = n_top < 0 ? 0 : n_top > 20 ? 20 : n_top;
-    int k = 0;   /* insertion into a sorted top list; ties keep the lower id first */
-    for (int i = 0; i < vocab && ti->n_top; i++) {
-        if (k == ti->n_top && row[i] <= row[ti->top_ids[k - 1]]) continue;
-        int j = k < ti->n_top ? k++ : k - 1;
-        while (j > 0 && row[ti->top_ids[j - 1]] < row[i]) {
-            ti->top_ids[j] = ti->top_ids[j - 1];
-            j--;
-        }
-        ti->top_ids[j] = i;
-    }
-    for (int j = 0; j < k; j++) ti->top_logprobs[j] = (float)(row[ti->top_ids[j]] - lse);
-}
 
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     int n = imin(na, nb), i = 0;
@@ -95,7 +71,7 @@ static int commit(run *r, int32_t id, const float *row) {
     const dfl_loop_opts *o = r->o;
     dfl_token_info ti;
     memset(&ti, 0, sizeof ti);
-    token_info(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
+    dfl_logprobs(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
     r->gen++;
     r->st->n_gen++;
     int cancel = r->cb ? r->cb(r->ud, &ti) : 0;

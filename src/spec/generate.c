@@ -1,0 +1,151 @@
+/* generate.c - dfl_generate: picks classic or speculative decoding for a
+ * request, gates speculation on the exactness probe, and runs the loop. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "sample/sample.h"
+#include "spec/spec.h"
+
+typedef struct stopper {
+    const dfl_engine *e;
+    const dfl_gen_params *p;
+} stopper;
+
+static int is_stop(void *ud, int32_t id) {
+    const stopper *s = ud;
+    for (int i = 0; i < s->p->n_stop_ids; i++)
+        if (s->p->stop_ids[i] == id) return 1;
+    if (s->p->ignore_eos) return 0;
+    if (s->e->tok) return dfl_tok_is_eog(s->e->tok, id);
+    return id == s->e->t->c.eos_id;
+}
+
+/* The sampler's rules behind the acceptance seam. */
+static int accept_sampled(void *ud, const float *logits, int vocab, const int32_t *block, int B,
+                          int pos, const int32_t *hist, const float *dlogits, int32_t *tgt) {
+    (void)vocab;
+    dfl_sampler *s = ud;
+    if (B == 1) {
+        tgt[0] = dfl_sample(s, logits, hist, pos + 1);
+        return 0;
+    }
+    dfl_accept_result r;
+    dfl_accept(s, logits, B, block + 1, dlogits, hist, pos + 1, &r);
+    for (int i = 0; i < r.n_accepted; i++) tgt[i] = block[i + 1];
+    tgt[r.n_accepted] = r.next;
+    return r.n_accepted;
+}
+
+static void redraft_sampled(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
+                            int32_t *draft) {
+    dfl_sample_drafts(ud, dlogits, n, hist, pos + 1, draft);
+}
+
+/* Plain argmax decoding: no temperature, penalties or biases. */
+static int is_greedy(const dfl_gen_params *p) {
+    return p->temperature <= 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
+           p->frequency_penalty == 0 && p->n_bias == 0;
+}
+
+static int check_params(const dfl_gen_params *p, dfl_error *err) {
+    if (p->max_tokens < 0) return dfl_fail(err, DFL_EARG, "max_tokens %d < 0", p->max_tokens);
+    if (p->block_size < 0 || p->block_size > 512)
+        return dfl_fail(err, DFL_EARG, "block size %d outside 0 (auto) .. 512", p->block_size);
+    if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
+        return dfl_fail(err, DFL_EARG, "stop ids: %d given without an array", p->n_stop_ids);
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > 20)
+        return dfl_fail(err, DFL_EARG, "top logprobs %d outside 0..20", p->n_top_logprobs);
+    return 0;
+}
+
+static void note(dfl_stats *st, const char *msg) {
+    size_t l = strlen(st->note);
+    snprintf(st->note + l, sizeof st->note - l, "%s%s", l ? "; " : "", msg);
+}
+
+/* The loop's block setting for this request: 1 (classic) whenever
+ * speculation cannot be both exact and useful. */
+static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl_error *err) {
+    dfl_engine *e = s->e;
+    if (!e->d || !s->ds) {
+        if (p->block_size > 1) note(st, "no drafter loaded: classic decode");
+        return 1;
+    }
+    if (p->block_size == 1) return 1;
+    if (!is_greedy(p)) {
+        note(st, "sampling or penalties requested: classic decode (the speculative loop is "
+                 "greedy-only for now)");
+        return 1;
+    }
+    if (p->spec_accept != DFL_ACCEPT_EXACT)
+        note(st, "greedy decoding: the exact acceptance rule is used");
+    int bmax = p->block_size ? p->block_size : e->max_block;
+    if (bmax > e->max_block) {
+        note(st, "block size capped at the engine's max block");
+        bmax = e->max_block;
+    }
+    if (bmax > e->d->max_rows) bmax = e->d->max_rows;
+    if (bmax > e->t->max_rows) bmax = e->t->max_rows;
+    if (bmax < 2) return 1;
+    int exact = 0;
+    int rc = dfl_probe_ensure(e, bmax, &exact, err);
+    if (rc) return rc;
+    st->exact_checked = exact;
+    if (exact < 0) {
+        const char *allow = getenv("DFLASH_ALLOW_INEXACT");
+        if (allow && !strcmp(allow, "1")) {
+            note(st, "the probe found the verify path inexact; DFLASH_ALLOW_INEXACT=1 keeps "
+                     "speculation on (output may differ from classic decode)");
+            return p->block_size ? bmax : 0;
+        }
+        note(st, "the probe found the verify path inexact (dflash probe shows where): "
+                 "classic decode; DFLASH_ALLOW_INEXACT=1 overrides");
+        return 1;
+    }
+    return p->block_size ? bmax : 0;
+}
+
+int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_gen_params *p,
+                 dfl_token_fn cb, void *ud, dfl_stats *st, dfl_error *err) {
+    dfl_stats local;
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    dfl_gen_params defaults;
+    if (!p) dfl_gen_params_default(&defaults), p = &defaults;
+    int rc = check_params(p, err);
+    if (rc) return rc;
+    if (!prompt && n_prompt) return dfl_fail(err, DFL_EARG, "prompt ids missing");
+    dfl_engine *e = s->e;
+    dfl_target *t = e->t;
+
+    dfl_sampler *smp = NULL;
+    if (!is_greedy(p) && (rc = dfl_sampler_new(p, t->c.vocab, &smp, err))) return rc;
+    int block = pick_mode(s, p, st, err);
+    if (block < 0) {
+        dfl_sampler_free(smp);
+        return block;
+    }
+
+    dfl_seq q = {.t = t, .kv = s->kv, .hist = s->hist, .logits = s->logits,
+                 .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block};
+    dfl_dflash_proposer dp;
+    if (e->d && s->ds) {
+        dfl_dflash_proposer_init(&dp, e->d, s->ds);
+        q.pr = &dp.base;
+    }
+    if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
+    stopper sp = {e, p};
+    dfl_loop_opts o = {.block = block, .is_stop = is_stop, .stop_ud = &sp,
+                       .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
+                       .costs = &e->costs,
+                       .exact = st->exact_checked == 1 ? e->probe_state : NULL};
+    if (smp) {
+        o.accept = accept_sampled;
+        o.accept_ud = smp;
+        if (p->spec_accept == DFL_ACCEPT_REJECTION) o.need_dlogits = 1, o.redraft = redraft_sampled;
+    }
+    rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
+    dfl_sampler_free(smp);
+    return rc;
+}
