@@ -11,8 +11,8 @@
 3. `dflash dump` against the numpy reference for small random f32
    checkpoints: Llama with llama3 and yarn RoPE, Qwen2 with biases, Qwen3
    with q/k norms, Mistral with linear RoPE; tied and untied; GQA ratios
-   1/2/4; head_dim != dim/heads; DFlash drafters (plain and "model."-prefixed
-   keys). Tolerance: max |diff| <= 1e-3 * max(1, max |ref|), and identical
+   1/2/4; head_dim != dim/heads; bf16 (sharded) and f16 files; DFlash
+   drafters (plain and "model."-prefixed keys, f32 and bf16). Tolerance: max |diff| <= 1e-3 * max(1, max |ref|), and identical
    argmax wherever the reference top-2 margin exceeds twice that.
 
 Without $DFLASH_BIN (and no build*/dflash) part 3 is skipped, unless CI=true,
@@ -359,6 +359,8 @@ CONFIGS = [  # (name, make_target kwargs); RoPE scalings tuned to bite within 20
     ("qwen3-untied-gqa4-hd8", dict(arch="qwen3", heads=8, kv_heads=2, head_dim=8, tied=False)),
     ("mistral-linear-untied", dict(arch="mistral", heads=4, kv_heads=1, tied=False,
                                    rope_scaling="linear", rope_factor=2.0)),
+    ("qwen3-bf16-sharded", dict(arch="qwen3", heads=4, kv_heads=2, dtype="bf16", shard_mb=0.05)),
+    ("llama-f16", dict(arch="llama", heads=4, kv_heads=2, dtype="f16", tied=False)),
 ]
 
 # (target config name, make_drafter kwargs, block). The engine's drafter takes
@@ -368,6 +370,7 @@ DRAFTERS = [
     ("llama-llama3-gqa2-untied", dict(layers=1, heads=8, kv_heads=4, head_dim=8, ffn=64,
                                       target_layer_ids=[1], prefix_model=True, rope="none"), 4),
     ("qwen3-untied-gqa4-hd8", dict(layers=2, target_layer_ids=[2, 0, 1]), 16),
+    ("qwen3-bf16-sharded", dict(layers=1, target_layer_ids=[1, 2], dtype="bf16"), 6),
 ]
 
 
@@ -470,7 +473,7 @@ def main():
             mc.make_target(dirs[name], seed=10 + i, **dict(BASE, **kw))
         for i, (tname, kw, B) in enumerate(DRAFTERS):
             mc.make_drafter(os.path.join(tmp, f"draft-{tname}-{B}"), dirs[tname], block_size=B,
-                            dtype="f32", seed=20 + i, quiet=True, **kw)
+                            seed=20 + i, quiet=True, **dict(dict(dtype="f32"), **kw))
         test_reference_self(tmp, dirs)
         test_engine(dirs, tmp)
     print(f"test_reference: {time.time() - t0:.1f} s")

@@ -392,7 +392,7 @@ def write_tensors(out, tensors, dtype, seed, kind, shard_mb=0, prefix="", quiet=
     nbytes = [int(np.prod(s[2])) * item for s in specs]
     total = sum(nbytes)
     shards, cur, size = [], [], 0
-    limit = shard_mb * (1 << 20) if shard_mb else None
+    limit = int(shard_mb * (1 << 20)) if shard_mb else None
     for sp, nb in zip(specs, nbytes):
         if limit and cur and size + nb > limit:
             shards.append(cur)
@@ -648,7 +648,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", help="tokenizer.json to copy (with tokenizer_config.json beside "
                     "it); 'synthetic' (default: a small byte-level BPE) or 'none'")
-    ap.add_argument("--shard-mb", type=int, default=0, help="split into shards of about N MB")
+    ap.add_argument("--shard-mb", type=float, default=0, help="split into shards of about N MB")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--drafter", action="store_true", help="write a DFlash drafter for --target")
     ap.add_argument("--target", help="the target folder a drafter pairs with")
