@@ -12,5 +12,4 @@ static int pending(const char *name) {
 int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return pending("bench"); }
 int cmd_tokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("tokenize"); }
 int cmd_detokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("detokenize"); }
-int cmd_quantize(int argc, char **argv) { (void)argc; (void)argv; return pending("quantize"); }
 int cmd_capture(int argc, char **argv) { (void)argc; (void)argv; return pending("capture"); }
