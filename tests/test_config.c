@@ -177,6 +177,8 @@ static void test_hf_refused(void) {
            DFL_EFORMAT, "rope_scaling.beta_fast = -1");
     expect(QWEN3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"attention_factor\":0}",
            DFL_EFORMAT, "attention_factor = 0");
+    expect(QWEN3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"rope_theta\":1}",
+           DFL_EFORMAT, "rope_theta = 1 (yarn needs > 1)");
     expect(QWEN3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"truncate\":false}",
            DFL_EUNSUP, "truncate = false");
     /* not JSON, too deep, not an object */

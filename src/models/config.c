@@ -50,6 +50,9 @@ static int validate_rope(const dfl_config *c, const char *src, dfl_error *err) {
         POSITIVE(c->rope_beta_fast, "rope_scaling.beta_fast");
         POSITIVE(c->rope_beta_slow, "rope_scaling.beta_slow");
         POSITIVE(c->rope_attn_factor, "rope_scaling.attention_factor");
+        if (!(c->rope_theta > 1)) /* the correction range divides by log(theta) */
+            return dfl_fail(err, DFL_EFORMAT, "%s: rope_theta = %g (yarn needs > 1)", src,
+                            c->rope_theta);
         RANGE(c->rope_orig_ctx, 1, MAX_CTX, "rope_scaling.original_max_position_embeddings");
         return 0;
     default:
