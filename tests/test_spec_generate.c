@@ -1,0 +1,206 @@
+/* test_spec_generate.c - the public API end to end on a random Qwen3 target
+ * and a random z-lab DFlash drafter made by tools/make_checkpoint.py:
+ * speculative output identical to classic decode for blocks 2, 4, 8, 16 and
+ * the adaptive policy (to the end of the context, and to EOS), stop reasons,
+ * cancellation, follow-up turns on one session, the sampling fallback, the
+ * probe (0 differing bytes) and the drafter diagnostic. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dflash.h"
+#include "testutil.h"
+
+enum { CTX = 200, MAXG = 256 };
+
+typedef struct sink {
+    int32_t ids[MAXG];
+    int n, cancel_at;
+} sink;
+
+static int on_tok(void *ud, const dfl_token_info *t) {
+    sink *s = ud;
+    if (s->n < MAXG) s->ids[s->n] = t->id;
+    s->n++;
+    return s->cancel_at && s->n == s->cancel_at;
+}
+
+static int run(dfl_session *s, const int32_t *prompt, int n, const dfl_gen_params *p, sink *out,
+               dfl_stats *st) {
+    dfl_error err = {0};
+    int cancel = out->cancel_at;
+    memset(out, 0, sizeof *out);
+    out->cancel_at = cancel;
+    int rc = dfl_generate(s, prompt, n, p, on_tok, out, st, &err);
+    if (rc) fprintf(stderr, "generate: %s\n", err.msg);
+    return rc;
+}
+
+static int same(const sink *a, const sink *b) {
+    return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * (a->n < MAXG ? a->n : MAXG));
+}
+
+static void test_invariance(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_session *s;
+    dfl_error err = {0};
+    dfl_session_new(e, &s, &err);
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.max_tokens = 1000;
+    p.ignore_eos = 1;
+    p.block_size = 1;
+    sink ref, got;
+    dfl_stats st;
+    CHECK(run(s, prompt, n, &p, &ref, &st) == 0, "classic");
+    CHECK(ref.n == CTX - n + 1 && st.stop == DFL_STOP_CTX && st.rounds == 0,
+          "classic: %d tokens, stop %d", ref.n, st.stop);
+    int blocks[] = {2, 4, 8, 16, 0};
+    for (int i = 0; i < 5; i++) {
+        p.block_size = blocks[i];
+        dfl_session *f;
+        dfl_session_new(e, &f, &err);
+        int rc = run(f, prompt, n, &p, &got, &st);
+        CHECK(rc == 0 && same(&ref, &got), "block %d: %d tokens differ from classic decode",
+              blocks[i], got.n);
+        CHECK(st.exact_checked == 1 && st.stop == DFL_STOP_CTX, "block %d: exact %d stop %d",
+              blocks[i], st.exact_checked, st.stop);
+        CHECK(blocks[i] == 0 || (st.rounds > 0 && st.proposed >= st.rounds),
+              "block %d: %llu rounds", blocks[i], (unsigned long long)st.rounds);
+        CHECK(st.t_draft >= 0 && st.t_verify > 0 && st.n_gen == got.n, "block %d: stats",
+              blocks[i]);
+        dfl_session_free(f);
+    }
+    /* to EOS: the same tokens and the same reason, EOS delivered last */
+    p.ignore_eos = 0;
+    p.block_size = 1;
+    int32_t eos_ids[1] = {ref.ids[40]};
+    int first = 0;
+    while (first < 40 && ref.ids[first] != eos_ids[0]) first++;
+    p.stop_ids = eos_ids, p.n_stop_ids = 1;   /* the random model rarely says EOS by itself */
+    run(s, prompt, n, &p, &ref, &st);
+    CHECK(st.stop == DFL_STOP_EOS && ref.n == first + 1 && ref.ids[ref.n - 1] == eos_ids[0],
+          "classic stops at the stop token: %d tokens, stop %d", ref.n, st.stop);
+    for (int b = 2; b <= 16; b *= 2) {
+        p.block_size = b;
+        run(s, prompt, n, &p, &got, &st);   /* same session: reuses the cached prefix */
+        CHECK(same(&ref, &got) && st.stop == DFL_STOP_EOS, "block %d to the stop token", b);
+    }
+    p.n_stop_ids = 0;
+    /* cancellation is not an error and ends right after the token */
+    got.cancel_at = 7;
+    p.block_size = 8;
+    int rc = run(s, prompt, n, &p, &got, &st);
+    CHECK(rc == 0 && got.n == 7 && st.stop == DFL_STOP_CANCEL, "cancel: rc %d, %d tokens", rc,
+          got.n);
+    got.cancel_at = 0;
+    dfl_session_free(s);
+}
+
+/* A follow-up turn on a session matches the same prompt on a fresh one. */
+static void test_turns(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_session *s, *f;
+    dfl_error err = {0};
+    dfl_session_new(e, &s, &err);
+    dfl_session_new(e, &f, &err);
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.ignore_eos = 1;
+    p.block_size = 8;
+    p.max_tokens = 30;
+    sink a, b;
+    dfl_stats st;
+    run(s, prompt, n, &p, &a, &st);
+    int32_t turn[128];
+    memcpy(turn, prompt, n * sizeof(int32_t));
+    memcpy(turn + n, a.ids, 20 * sizeof(int32_t));
+    for (int i = 0; i < 5; i++) turn[n + 20 + i] = 100 + i;   /* a "user" reply */
+    run(s, turn, n + 25, &p, &a, &st);
+    run(f, turn, n + 25, &p, &b, &st);
+    CHECK(same(&a, &b), "follow-up turn differs from a fresh session");
+    dfl_session_free(s);
+    dfl_session_free(f);
+}
+
+/* Sampling requests decode classically (the note says so) and match the
+ * same request with block 1. */
+static void test_sampling_fallback(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_session *s;
+    dfl_error err = {0};
+    dfl_session_new(e, &s, &err);
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.ignore_eos = 1;
+    p.max_tokens = 50;
+    p.temperature = 0.8f;
+    p.seed = 7;
+    sink a, b;
+    dfl_stats st;
+    int rc = run(s, prompt, n, &p, &a, &st);
+    CHECK(rc == 0 && st.rounds == 0 && st.classic_steps == 50 && st.note[0],
+          "temperature 0.8: rounds %llu, note '%s'", (unsigned long long)st.rounds, st.note);
+    p.block_size = 1;
+    run(s, prompt, n, &p, &b, &st);
+    CHECK(same(&a, &b), "sampled output depends on the block setting");
+    dfl_session_free(s);
+}
+
+static void test_probe(dfl_engine *e, const int32_t *prompt, int n) {
+    static char json[1 << 16];
+    dfl_probe_result r;
+    dfl_error err = {0};
+    for (int b = 2; b <= 16; b *= 2) {
+        int rc = dfl_probe(e, prompt, n, b, &r, json, sizeof json, &err);
+        CHECK(rc == 0 && r.block == b && r.bytes_compared > 0 && r.bytes_differ == 0 &&
+              r.n_argmax_disagree == 0, "probe block %d: %s %s", b, err.msg, json);
+        CHECK(strstr(json, "\"exact\": true") != NULL, "probe JSON: %s", json);
+    }
+    dfl_draft_report dr;
+    int rc = dfl_probe_draft(e, prompt, n, 8, 40, &dr, json, sizeof json, &err);
+    CHECK(rc == 0 && dr.n_anchors == 40 && dr.pos_tried[0] == 40 && dr.pos_tried[6] == 34 &&
+          dr.tau >= 1, "drafter diagnostic: %s", err.msg);
+    CHECK(strstr(json, "\"positions\"") != NULL, "diagnostic JSON: %s", json);
+    /* dfl_debug_draft: a block of B-1 rows of logits */
+    dfl_session *s;
+    dfl_session_new(e, &s, &err);
+    static float lg[15 * 512];
+    rc = dfl_debug_draft(s, prompt, n, 16, lg, &err);
+    int finite = 1;
+    for (int i = 0; i < 15 * 512; i++) finite &= lg[i] == lg[i];
+    CHECK(rc == 0 && finite, "debug draft: %s", err.msg);
+    dfl_session_free(s);
+}
+
+int main(void) {
+    const char *src = getenv("DFLASH_SRC");
+    if (!src) src = "..";
+    const char *dir = test_tmpdir();
+    char cmd[2048], model[512], draft[512];
+    snprintf(model, sizeof model, "%s/target", dir);
+    snprintf(draft, sizeof draft, "%s/drafter", dir);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/tools/make_checkpoint.py --preset tiny --dtype bf16 --quiet "
+             "--out %s && /usr/bin/python3 %s/tools/make_checkpoint.py --drafter --target %s "
+             "--layers 2 --block-size 16 --quiet --out %s", src, model, src, model, draft);
+    if (system(cmd) != 0) {
+        CHECK(0, "could not make the random checkpoints: %s", cmd);
+        return test_summary();
+    }
+    dfl_engine_opts o;
+    dfl_engine_opts_default(&o);
+    o.model_path = model;
+    o.draft_path = draft;
+    o.n_threads = 2;
+    o.ctx_size = CTX;
+    dfl_engine *e;
+    dfl_error err = {0};
+    int rc = dfl_engine_load(&o, &e, &err);
+    CHECK(rc == 0, "load: %s", err.msg);
+    if (rc) return test_summary();
+    int32_t prompt[9] = {355, 12, 200, 31, 7, 400, 90, 91, 92};
+    test_invariance(e, prompt, 9);
+    test_turns(e, prompt, 9);
+    test_sampling_fallback(e, prompt, 9);
+    test_probe(e, prompt, 9);
+    dfl_engine_free(e);
+    test_rmdir(dir);
+    return test_summary();
+}
