@@ -81,6 +81,10 @@ static int load_layer(dfl_target *t, dfl_weights *w, const names *nm, int l, dfl
     rc = rc ? rc : dfl_w_mat(w, lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down, err);
     rc = rc ? rc : dfl_w_vec(w, lname(b, nm->attn_norm, l), c->dim, &L->attn_norm, err);
     rc = rc ? rc : dfl_w_vec(w, lname(b, nm->ffn_norm, l), c->dim, &L->ffn_norm, err);
+    if (!rc && t->unpermute) {
+        dfl_w_unpermute(w, &L->wq, c->n_heads, c->head_dim);
+        dfl_w_unpermute(w, &L->wk, c->n_kv_heads, c->head_dim);
+    }
     if (c->qkv_bias) {
         rc = rc ? rc : dfl_w_vec(w, lname(b, nm->bq, l), qd, &L->bq, err);
         rc = rc ? rc : dfl_w_vec(w, lname(b, nm->bk, l), kvd, &L->bk, err);
@@ -158,6 +162,10 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
     *out = NULL;
     int rc = open_source(t, path, err);
     if (!rc) rc = dfl_config_validate(&t->c, path, err);
+    if (!rc && !t->c.rope_neox) {
+        t->unpermute = 1;
+        t->c.rope_neox = 1;
+    }
     if (!rc) {
         dfl_rope_init(&t->rope, &t->c);
         rc = load_weights(t, o, err);

@@ -65,6 +65,7 @@ typedef struct dfl_target {
     dfl_rope rope;
     dfl_tensors ts;       /* file tensors (mappings) */
     gguf_file *gguf;      /* when loaded from GGUF (tokenizer reads it) */
+    int unpermute;        /* GGUF llama: q/k rows stored interleaved, undone at load */
     void *owned;          /* converted weights / f32 norms, one allocation */
     dfl_pool *pool;
     int max_rows;         /* rows per forward call */

@@ -132,6 +132,18 @@ int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *e
     return 0;
 }
 
+void dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim) {
+    uint8_t *dst = own(w, m->row_bytes * m->rows);
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++)
+        for (int i = 0; i < half; i++)
+            for (int j = 0; j < 2; j++) {
+                size_t from = (size_t)h * head_dim + 2 * i + j, to = (size_t)h * head_dim + j * half + i;
+                memcpy(dst + to * m->row_bytes, m->data + from * m->row_bytes, m->row_bytes);
+            }
+    m->data = dst;
+}
+
 void dfl_w_ignore(dfl_weights *w, const char *suffix) {
     size_t sl = strlen(suffix);
     for (int i = 0; i < w->ts->n; i++) {

@@ -22,6 +22,10 @@ int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, 
 int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err);
 /* Optional GGUF rope_freqs.weight (Llama-3 frequency factors): divides inv_freq. */
 int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *err);
+/* Undoes llama.cpp's q/k row permutation (Meta's interleaved RoPE pairs back
+ * to Hugging Face's rotate-half halves) in an owned copy, so every model runs
+ * one RoPE layout and a GGUF computes the same bits as its HF original. */
+void dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim);
 /* Marks tensors whose name ends with suffix as used (known, ignored). */
 void dfl_w_ignore(dfl_weights *w, const char *suffix);
 /* Refuses any tensor not bound: names the first few. */
