@@ -340,7 +340,8 @@ static int is_kquant(dfl_type t) { return t == DFL_Q4_K || t == DFL_Q6_K; }
 /* Lays the scratch out as a dfl_qact for n rows; returns the bytes needed. */
 static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *a) {
     int blk = is_kquant(t) ? QK_K : 32;
-    size_t nq = align64((size_t)n * cols), nd = align64((size_t)n * (cols / blk) * sizeof(float));
+    size_t nq = align64((size_t)n * cols);
+    size_t nd = align64((size_t)(n + 7) / 8 * 8 * (cols / blk) * sizeof(float));
     size_t ns = is_kquant(t) ? align64((size_t)n * (cols / 16) * sizeof(int16_t)) : 0;
     if (a) {
         uint8_t *p = scratch;
@@ -379,7 +380,7 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
             }
             /* below 2^-100 a block counts as zero: 1/d must not overflow */
             float d = amax >= 0x1p-100f ? amax / 127 : 0.0f, id = d != 0 ? 1.0f / d : 0.0f;
-            a->d[(size_t)r * nb + b] = d;
+            a->d[dfl_qact_di(nb, r, b)] = d;
             for (int i = 0; i < blk; i++) q[b * blk + i] = act_round(x[b * blk + i] * id);
         }
         if (a->bsum)
@@ -389,6 +390,8 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
                 a->bsum[(size_t)r * (a->cols / 16) + g] = (int16_t)s;
             }
     }
+    for (int r = n; r % 8; r++) /* the unused lanes of the last group of 8 */
+        for (int b = 0; b < nb; b++) a->d[dfl_qact_di(nb, r, b)] = 0;
 }
 
 /* ---- the twins of the AVX2 dot products ---------------------------------- */
@@ -418,14 +421,16 @@ static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s)
     for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
 }
 
-static float dot_q8_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd) {
+/* xd: the activation scales (dfl_qact.d) of row r. */
+static float dot_q8_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r) {
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0))
-        acc_block32(acc, (const int8_t *)(p + 2), x + 32 * b, h2f(rd16(p)) * xd[b]);
+        acc_block32(acc, (const int8_t *)(p + 2), x + 32 * b,
+                    h2f(rd16(p)) * xd[dfl_qact_di(nb, r, b)]);
     return hsum8(acc);
 }
 
-static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd) {
+static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r) {
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_0)) {
         int8_t w[32];
@@ -433,7 +438,7 @@ static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float
             w[i] = (int8_t)((p[2 + i] & 0xf) - 8);
             w[i + 16] = (int8_t)((p[2 + i] >> 4) - 8);
         }
-        acc_block32(acc, w, x + 32 * b, h2f(rd16(p)) * xd[b]);
+        acc_block32(acc, w, x + 32 * b, h2f(rd16(p)) * xd[dfl_qact_di(nb, r, b)]);
     }
     return hsum8(acc);
 }
@@ -441,7 +446,7 @@ static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float
 /* Q4_K per super-block: isum[k] = sum_j sc[j] * lane k of group j;
  * msum[k] = mn[k] * (bsum[2k] + bsum[2k+1]);
  * acc[k] = fma(isum[k], d*dx, acc[k]), then acc[k] = fma(msum[k], -(dmin*dx), acc[k]). */
-static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd,
+static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r,
                           const int16_t *bs) {
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), x += QK_K, bs += 16) {
@@ -451,7 +456,7 @@ static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float
         int isum[8] = {0};
         for (int j = 0; j < 8; j++)
             for (int k = 0; k < 8; k++) isum[k] += sc[j] * lane4u(q + 32 * j, x + 32 * j, k);
-        float dd = h2f(rd16(p)) * xd[b], dm = h2f(rd16(p + 2)) * xd[b];
+        float dx = xd[dfl_qact_di(nb, r, b)], dd = h2f(rd16(p)) * dx, dm = h2f(rd16(p + 2)) * dx;
         for (int k = 0; k < 8; k++) {
             int msum = mn[k] * (bs[2 * k] + bs[2 * k + 1]);
             acc[k] = fmaf((float)isum[k], dd, acc[k]);
@@ -464,14 +469,14 @@ static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float
 /* Q6_K per super-block, quants unsigned: isum[k] = sum_v sc[group of 16] *
  * lane k of group v - 32 * (sc[2k]*bsum[2k] + sc[2k+1]*bsum[2k+1]);
  * acc[k] = fma(isum[k], d*dx, acc[k]). */
-static float dot_q6_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd,
+static float dot_q6_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r,
                           const int16_t *bs) {
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q6_K), x += QK_K, bs += 16) {
         const int8_t *sc = (const int8_t *)(p + 192);
         uint8_t q[QK_K];
         q6k_quants(p, p + 128, q);
-        float dd = h2f(rd16(p + 208)) * xd[b];
+        float dd = h2f(rd16(p + 208)) * xd[dfl_qact_di(nb, r, b)];
         for (int k = 0; k < 8; k++) {
             int isum = 0;
             for (int v = 0; v < 8; v++)
@@ -491,14 +496,13 @@ static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1
         const uint8_t *w = W->data + (size_t)o * W->row_bytes;
         for (int r = 0; r < n; r++) {
             const int8_t *x = a->q + (size_t)r * W->cols;
-            const float *xd = a->d + (size_t)r * nb;
             const int16_t *bs = a->bsum ? a->bsum + (size_t)r * (W->cols / 16) : NULL;
             float y = 0;
             switch (W->type) {
-            case DFL_Q8_0: y = dot_q8_0_ref(w, nb, x, xd); break;
-            case DFL_Q4_0: y = dot_q4_0_ref(w, nb, x, xd); break;
-            case DFL_Q4_K: y = dot_q4_K_ref(w, nb, x, xd, bs); break;
-            case DFL_Q6_K: y = dot_q6_K_ref(w, nb, x, xd, bs); break;
+            case DFL_Q8_0: y = dot_q8_0_ref(w, nb, x, a->d, r); break;
+            case DFL_Q4_0: y = dot_q4_0_ref(w, nb, x, a->d, r); break;
+            case DFL_Q4_K: y = dot_q4_K_ref(w, nb, x, a->d, r, bs); break;
+            case DFL_Q6_K: y = dot_q6_K_ref(w, nb, x, a->d, r, bs); break;
             default: break;
             }
             Y[(size_t)r * ldy + o] = y;

@@ -59,9 +59,16 @@ typedef struct dfl_qact {
     int blk;                /* 32 or 256 elements per scale */
     int cols;
     int8_t *q;              /* [n, cols]: round(x / d), in [-127, 127] */
-    float *d;               /* [n, cols / blk]: max|x| / 127 (0 when max|x| < 2^-100) */
+    float *d;               /* [ceil(n/8), cols / blk, 8]: max|x| / 127 (0 when max|x| <
+                               2^-100), 8 rows side by side so that a tile of 8 rows
+                               scales its 8 scales in one vector op; see dfl_qact_di */
     int16_t *bsum;          /* [n, cols / 16]: sums of 16 quants (K-quants only, else NULL) */
 } dfl_qact;
+
+/* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */
+static inline size_t dfl_qact_di(int nb, int r, int b) {
+    return ((size_t)(r / 8) * nb + b) * 8 + r % 8;
+}
 
 /* Internal to quant.c / quant_avx2.c: the AVX2 kernels, each the twin of a
  * plain-C function in quant.c with the same arithmetic. */
