@@ -1,0 +1,159 @@
+/* bench_quant.c - quantized matmul speed against this machine's read
+ * bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_K / Q6_K weights on
+ * Qwen3-0.6B shapes: ms per call for 1..32 rows, GB/s of weights at one row,
+ * GOP/s (2 * rows * cols * n / time), and the cost of n rows relative to one.
+ * Weight copies are cycled (256 MiB in all) so they come from memory, as in
+ * decode, not from L3.
+ *
+ *   bench_quant [threads] [seconds per measurement] [type]
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+static dfl_pool *pool;
+static int nthreads;
+static double min_time = 0.3;
+
+typedef struct {
+    const uint8_t *buf;
+    size_t n;
+    long long sink[256];
+} bw_job;
+
+__attribute__((target("avx2"))) static void bw_task(void *ctx, int i, int n) {
+    bw_job *j = ctx;
+    size_t per = j->n / n / 128 * 128;
+    const uint8_t *p = j->buf + per * i;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t k = 0; k < per; k += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + k)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + k + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + k + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + k + 96)));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    long long e[4];
+    memcpy(e, &s, sizeof e);
+    j->sink[i] = e[0] + e[1] + e[2] + e[3];
+}
+
+static double read_bandwidth(void) {
+    size_t bytes = (size_t)512 << 20;
+    bw_job j = {dfl_aligned_alloc(bytes), bytes, {0}};
+    memset((void *)j.buf, 1, bytes);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t = dfl_now();
+        dfl_pool_run(pool, bw_task, &j, nthreads);
+        t = dfl_now() - t;
+        if (bytes / t > best) best = bytes / t;
+    }
+    free((void *)j.buf);
+    return best / 1e9;
+}
+
+typedef struct {
+    dfl_mat *W;
+    int ncopy;
+    size_t bytes;
+} mats;
+
+static mats make_mats(dfl_type t, int rows, int cols, size_t total) {
+    mats m = {0};
+    size_t rb = dfl_type_row_bytes(t, cols);
+    m.bytes = rb * rows;
+    m.ncopy = (int)(total / m.bytes);
+    if (m.ncopy < 1) m.ncopy = 1;
+    m.W = xcalloc(m.ncopy, sizeof(dfl_mat));
+    float *row = xmalloc(sizeof(float) * cols);
+    uint8_t *first = NULL;
+    for (int c = 0; c < m.ncopy; c++) {
+        uint8_t *d = dfl_aligned_alloc(m.bytes);
+        if (c == 0) {
+            for (int o = 0; o < rows; o++) {
+                for (int k = 0; k < cols; k++)
+                    row[k] = (float)((o * 31 + k * 17) % 97) / 97.0f - 0.5f;
+                dfl_qquant_row(t, row, d + rb * o, cols);
+            }
+            first = d;
+        } else {
+            memcpy(d, first, m.bytes);
+        }
+        m.W[c] = (dfl_mat){t, rows, cols, d, rb};
+    }
+    free(row);
+    return m;
+}
+
+static void free_mats(mats *m) {
+    for (int c = 0; c < m->ncopy; c++) free((void *)m->W[c].data);
+    free(m->W);
+}
+
+static void nop_task(void *ctx, int i, int n) { (void)ctx, (void)i, (void)n; }
+
+/* Seconds per dfl_pool_run of nthreads empty tasks: the fixed cost of a call. */
+static double pool_overhead(void) {
+    double best = 1e9;
+    for (int rep = 0; rep < 2000; rep++) {
+        double t = dfl_now();
+        dfl_pool_run(pool, nop_task, NULL, nthreads);
+        t = dfl_now() - t;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static double time_qmatmul(mats *m, int n, const float *X, float *Y, void *scratch) {
+    int calls = 0;
+    double best = 1e9, start = dfl_now();
+    while (dfl_now() - start < min_time || calls < 5) {
+        double t = dfl_now();
+        dfl_qmatmul(pool, &m->W[calls % m->ncopy], n, X, m->W[0].cols, Y, m->W[0].rows, scratch);
+        t = dfl_now() - t;
+        if (t < best) best = t;
+        calls++;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    nthreads = argc > 1 ? atoi(argv[1]) : 2;
+    if (argc > 2) min_time = atof(argv[2]);
+    int only = argc > 3 ? dfl_type_from_name(argv[3]) : -1;
+    pool = dfl_pool_new(nthreads);
+    double bw = read_bandwidth();
+    printf("threads %d, read bandwidth %.1f GB/s, pool_run overhead %.1f us\n", nthreads, bw,
+           pool_overhead() * 1e6);
+    static const int shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}};
+    static const int ns[] = {1, 2, 4, 8, 16, 32};
+    static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_K, DFL_Q6_K};
+    float *X = dfl_aligned_alloc(sizeof(float) * 32 * 3072);
+    float *Y = dfl_aligned_alloc(sizeof(float) * 32 * 3072);
+    for (int i = 0; i < 32 * 3072; i++) X[i] = (float)(i % 23) * 0.1f - 1.1f;
+    void *scratch = dfl_aligned_alloc(dfl_qmatmul_scratch(DFL_Q8_0, 32, 3072) +
+                                      dfl_qmatmul_scratch(DFL_Q4_K, 32, 3072));
+    for (int ti = 0; ti < 4; ti++) {
+        if (only >= 0 && types[ti] != (dfl_type)only) continue;
+        printf("\n%s    rows x cols : n=1 ms (GB/s, %% of bw) | n: ms (GOP/s, x n=1)\n",
+               dfl_type_name(types[ti]));
+        for (int s = 0; s < 3; s++) {
+            mats m = make_mats(types[ti], shapes[s][0], shapes[s][1], (size_t)256 << 20);
+            double t1 = time_qmatmul(&m, 1, X, Y, scratch);
+            printf("  %4dx%-4d: %.3f ms (%.1f GB/s, %.0f%%)", shapes[s][0], shapes[s][1], t1 * 1e3,
+                   m.bytes / t1 / 1e9, 100 * m.bytes / t1 / 1e9 / bw);
+            for (int k = 1; k < 6; k++) {
+                double t = time_qmatmul(&m, ns[k], X, Y, scratch);
+                double ops = 2.0 * shapes[s][0] * shapes[s][1] * ns[k];
+                printf(" | %d: %.3f (%.0f, %.2fx)", ns[k], t * 1e3, ops / t / 1e9, t / t1);
+            }
+            printf("\n");
+            free_mats(&m);
+        }
+    }
+    free(X), free(Y), free(scratch);
+    dfl_pool_free(pool);
+    return 0;
+}
