@@ -98,6 +98,15 @@ int dfl_detok_push(dfl_detok *d, int32_t id, char *out, size_t cap) {
         n--;
     }
     d->first = 0;
+    if (!d->n_pending) { /* most pieces are ASCII: nothing to check */
+        int i = 0;
+        while (i < n && !(p[i] & 0x80)) i++;
+        if (i == n) {
+            if ((size_t)n > cap) return DFL_EARG;
+            memcpy(out, p, (size_t)n);
+            return n;
+        }
+    }
     /* pending (< 4 bytes) + the piece, worst case 3 output bytes per input byte */
     unsigned char buf[TOK_MAX_PIECE + 8];
     size_t m = (size_t)d->n_pending;

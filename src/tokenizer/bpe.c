@@ -24,26 +24,35 @@ void tok_ids_push(tok_ids *a, int32_t id) {
 
 /* Words repeat (English text is ~90% repeats), so each call keeps the ids of
  * the words it has seen. The cache lives for one call: tokenizers are shared
- * between threads and never written after load. */
-enum { CACHE_MAX_WORD = 64 };
+ * between threads and never written after load. A slot holds the word and up
+ * to two ids inline (one cache line holds two slots); longer results sit in
+ * an arena. The table is small so that it stays in cache. */
+enum { WORD_STACK = 64, CACHE_KEY = 18, CACHE_INLINE = 2 }; /* WORD_STACK: symbols on the stack */
+/* Up to this many symbols the quadratic merge beats the heap. */
+#ifndef MERGE_SMALL
+#define MERGE_SMALL 16
+#endif
 
 typedef struct cache_slot {
-    uint32_t hash, key_off; /* key bytes in keys */
-    uint16_t key_len, n_ids;
-    uint32_t ids_off;       /* ids in ids */
+    uint32_t hash;
+    uint8_t key_len;        /* 0: empty */
+    uint8_t n_ids;
+    char key[CACHE_KEY];
+    union {
+        int32_t ids[CACHE_INLINE];
+        uint32_t off;       /* into ids, when n_ids > CACHE_INLINE */
+    } u;
 } cache_slot;
 
 struct tok_cache {
-    cache_slot *slot; /* (mask+1); key_len 0 = empty */
+    cache_slot *slot; /* (mask+1) */
     uint32_t mask, used;
-    char *keys;
-    size_t keys_n, keys_cap;
     tok_ids ids;
 };
 
 tok_cache *tok_cache_new(size_t text_len) {
     uint32_t cap = 1024;
-    while (cap < text_len / 4 && cap < (1u << 20)) cap *= 2;
+    while (cap < text_len / 16 && cap < (1u << 16)) cap *= 2;
     tok_cache *c = xcalloc(1, sizeof *c);
     c->slot = xcalloc(cap, sizeof *c->slot);
     c->mask = cap - 1;
@@ -53,36 +62,38 @@ tok_cache *tok_cache_new(size_t text_len) {
 void tok_cache_free(tok_cache *c) {
     if (!c) return;
     free(c->slot);
-    free(c->keys);
     free(c->ids.v);
     free(c);
 }
 
+/* The slot holding w, or the empty slot where it would go. */
 static cache_slot *cache_find(tok_cache *c, const char *w, size_t n, uint32_t h) {
     uint32_t i = h & c->mask;
     for (;;) {
         cache_slot *s = &c->slot[i];
-        if (!s->key_len) return s;
-        if (s->hash == h && s->key_len == n && !memcmp(c->keys + s->key_off, w, n)) return s;
+        if (!s->key_len || (s->hash == h && s->key_len == n && !memcmp(s->key, w, n))) return s;
         i = (i + 1) & c->mask;
     }
 }
 
+static void cache_get(const tok_cache *c, const cache_slot *s, tok_ids *out) {
+    const int32_t *v = s->n_ids <= CACHE_INLINE ? s->u.ids : c->ids.v + s->u.off;
+    for (int i = 0; i < s->n_ids; i++) tok_ids_push(out, v[i]);
+}
+
 static void cache_put(tok_cache *c, cache_slot *s, const char *w, size_t n, uint32_t h,
                       const int32_t *ids, int n_ids) {
-    if (c->used * 2 >= c->mask || n_ids > UINT16_MAX) return; /* full: stop caching */
-    if (c->keys_n + n > c->keys_cap) {
-        size_t cap = c->keys_cap ? c->keys_cap * 2 : 1 << 16;
-        while (cap < c->keys_n + n) cap *= 2;
-        char *k = realloc(c->keys, cap);
-        if (!k) return;
-        c->keys = k;
-        c->keys_cap = cap;
+    if (c->used * 4 >= c->mask * 3 || n > CACHE_KEY || n_ids > 255) return; /* full: stop */
+    s->hash = h;
+    s->key_len = (uint8_t)n;
+    s->n_ids = (uint8_t)n_ids;
+    memcpy(s->key, w, n);
+    if (n_ids <= CACHE_INLINE) {
+        memcpy(s->u.ids, ids, (size_t)n_ids * sizeof *ids);
+    } else {
+        s->u.off = (uint32_t)c->ids.n;
+        for (int i = 0; i < n_ids; i++) tok_ids_push(&c->ids, ids[i]);
     }
-    memcpy(c->keys + c->keys_n, w, n);
-    *s = (cache_slot){h, (uint32_t)c->keys_n, (uint16_t)n, (uint16_t)n_ids, (uint32_t)c->ids.n};
-    c->keys_n += n;
-    for (int i = 0; i < n_ids; i++) tok_ids_push(&c->ids, ids[i]);
     c->used++;
 }
 
@@ -91,7 +102,7 @@ static void cache_put(tok_cache *c, cache_slot *s, const char *w, size_t n, uint
 /* Short words: ranks of adjacent pairs in an array; merge the lowest (leftmost
  * on ties), refresh its two neighbours. Quadratic, but words are short. */
 static int merge_small(const dfl_tokenizer *t, int32_t *sym, int m) {
-    int32_t rank[CACHE_MAX_WORD], res[CACHE_MAX_WORD];
+    int32_t rank[WORD_STACK], res[WORD_STACK];
     for (int i = 0; i + 1 < m; i++) {
         const tok_merge *e = tok_pairmap_get(&t->merges, sym[i], sym[i + 1]);
         rank[i] = e ? e->rank : INT32_MAX;
@@ -165,9 +176,14 @@ static void push_pair(const dfl_tokenizer *t, heap_ent *h, int *nh, const int32_
 
 static int merge_large(const dfl_tokenizer *t, int32_t *sym, int m) {
     if (m < 2) return m;
-    int32_t *next = xmalloc((size_t)m * sizeof *next), *prev = xmalloc((size_t)m * sizeof *prev);
+    enum { STACK = 256 };
+    int32_t next_s[STACK], prev_s[STACK];
+    heap_ent h_s[3 * STACK];
+    int big = m > STACK;
+    int32_t *next = big ? xmalloc((size_t)m * sizeof *next) : next_s;
+    int32_t *prev = big ? xmalloc((size_t)m * sizeof *prev) : prev_s;
     /* every merge pushes at most two entries and there are fewer than m merges */
-    heap_ent *h = xmalloc((size_t)3 * m * sizeof *h);
+    heap_ent *h = big ? xmalloc((size_t)3 * m * sizeof *h) : h_s;
     int nh = 0;
     for (int i = 0; i < m; i++) {
         next[i] = i + 1 < m ? i + 1 : -1;
@@ -187,9 +203,11 @@ static int merge_large(const dfl_tokenizer *t, int32_t *sym, int m) {
     }
     int k = 0;
     for (int i = 0; i >= 0; i = next[i]) sym[k++] = sym[i];
-    free(next);
-    free(prev);
-    free(h);
+    if (big) {
+        free(next);
+        free(prev);
+        free(h);
+    }
     return k;
 }
 
@@ -231,11 +249,11 @@ static int initial_symbols(const dfl_tokenizer *t, const char *w, size_t n, int3
 void tok_bpe_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c, tok_ids *out) {
     cache_slot *slot = NULL;
     uint32_t h = 0;
-    if (c && n <= CACHE_MAX_WORD) {
+    if (c && n <= CACHE_KEY) {
         h = tok_hash(w, n);
         slot = cache_find(c, w, n, h);
         if (slot->key_len) {
-            for (int i = 0; i < slot->n_ids; i++) tok_ids_push(out, c->ids.v[slot->ids_off + i]);
+            cache_get(c, slot, out);
             return;
         }
     }
@@ -247,11 +265,11 @@ void tok_bpe_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c,
             return;
         }
     }
-    int32_t small[CACHE_MAX_WORD];
+    int32_t small[WORD_STACK];
     /* never more symbols than bytes */
-    int32_t *sym = n <= CACHE_MAX_WORD ? small : xmalloc(n * sizeof *sym);
+    int32_t *sym = n <= WORD_STACK ? small : xmalloc(n * sizeof *sym);
     int m = initial_symbols(t, w, n, sym);
-    m = m <= CACHE_MAX_WORD ? merge_small(t, sym, m) : merge_large(t, sym, m);
+    m = m <= MERGE_SMALL ? merge_small(t, sym, m) : merge_large(t, sym, m);
     for (int i = 0; i < m; i++) tok_ids_push(out, sym[i]);
     if (slot) cache_put(c, slot, w, n, h, sym, m);
     if (sym != small) free(sym);

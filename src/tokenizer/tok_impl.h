@@ -35,9 +35,13 @@ enum { TOK_MAX_ID = 1 << 24, TOK_MAX_PIECE = 4096 };
 
 /* Open-addressing map from a byte string to an id; the strings live in the
  * tokenizer's pool (key_off/key_len per id). */
+typedef struct tok_slot {
+    uint32_t hash;  /* of the key */
+    int32_t id;     /* -1 when the slot is empty */
+} tok_slot;
+
 typedef struct tok_strmap {
-    uint32_t *hash; /* (cap) hash of the key in the slot */
-    int32_t *id;    /* (cap) -1 when the slot is empty */
+    tok_slot *s;    /* (cap) */
     uint32_t mask;  /* cap - 1, cap a power of two */
 } tok_strmap;
 

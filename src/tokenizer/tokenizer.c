@@ -85,40 +85,36 @@ static uint32_t pow2_at_least(uint64_t n) {
 
 void tok_strmap_init(tok_strmap *m, int n) {
     uint32_t cap = pow2_at_least((uint64_t)n * 2);
-    m->hash = xmalloc(cap * sizeof *m->hash);
-    m->id = xmalloc(cap * sizeof *m->id);
-    memset(m->id, 0xff, cap * sizeof *m->id);
+    m->s = xmalloc(cap * sizeof *m->s);
+    for (uint32_t i = 0; i < cap; i++) m->s[i] = (tok_slot){0, -1};
     m->mask = cap - 1;
 }
 
 void tok_strmap_free(tok_strmap *m) {
-    free(m->hash);
-    free(m->id);
-    m->hash = NULL;
-    m->id = NULL;
+    free(m->s);
+    m->s = NULL;
 }
 
 void tok_strmap_put(dfl_tokenizer *t, int32_t id) {
     tok_strmap *m = &t->vocab;
     const char *k = tok_key(t, id);
     uint32_t n = t->key_len[id], h = tok_hash(k, n), i = h & m->mask;
-    while (m->id[i] >= 0) {
-        int32_t o = m->id[i];
-        if (m->hash[i] == h && t->key_len[o] == n && !memcmp(tok_key(t, o), k, n)) return;
+    while (m->s[i].id >= 0) {
+        int32_t o = m->s[i].id;
+        if (m->s[i].hash == h && t->key_len[o] == n && !memcmp(tok_key(t, o), k, n)) return;
         i = (i + 1) & m->mask;
     }
-    m->hash[i] = h;
-    m->id[i] = id;
+    m->s[i] = (tok_slot){h, id};
 }
 
 int32_t tok_strmap_get(const dfl_tokenizer *t, const char *s, size_t n) {
     const tok_strmap *m = &t->vocab;
-    if (!m->id) return -1;
+    if (!m->s) return -1;
     uint32_t h = tok_hash(s, n), i = h & m->mask;
     for (;;) {
-        int32_t o = m->id[i];
-        if (o < 0) return -1;
-        if (m->hash[i] == h && t->key_len[o] == n && !memcmp(tok_key(t, o), s, n)) return o;
+        tok_slot e = m->s[i];
+        if (e.id < 0) return -1;
+        if (e.hash == h && t->key_len[e.id] == n && !memcmp(tok_key(t, e.id), s, n)) return e.id;
         i = (i + 1) & m->mask;
     }
 }
