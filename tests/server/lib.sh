@@ -1,0 +1,105 @@
+# lib.sh - shared by tests/test_server*.sh: tool checks, the openai client
+# install, a small random model pair, starting and stopping a server.
+# Everything talks to 127.0.0.1 only and ends by itself (timeouts everywhere).
+
+SRC=${DFLASH_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+BIN=${DFLASH_BIN:-$SRC/build/dflash}
+SHARED=${DFLASH_SHARED:-$SRC/../shared}
+BUILD=${DFLASH_BUILD:-$SRC/build}
+NODE_DIR=$SRC/tests/server
+PY=/usr/bin/python3
+SERVER_PID=
+WORK=$(mktemp -d /tmp/dflash-server-test.XXXXXX)
+trap 'stop_server KILL; rm -rf "$WORK"' EXIT
+
+say() { echo "[$(date +%H:%M:%S)] $*"; }
+die() { echo "FAIL: $*" >&2; exit 1; }
+# A missing tool or asset: a failure under CI=true, a skip otherwise.
+missing() {
+  if [ "${CI:-}" = true ]; then die "$*"; fi
+  echo "SKIP: $*"
+  exit 0
+}
+
+need_tools() {
+  command -v node >/dev/null || missing "node is not installed"
+  command -v npm >/dev/null || missing "npm is not installed"
+  [ -x "$BIN" ] || die "no dflash binary at $BIN"
+  "$BIN" serve --help >/dev/null 2>&1 || die "dflash serve is not in this build (libmicrohttpd-dev?)"
+  [ -f "$SHARED/assets/tokenizers/qwen3/tokenizer.json" ] || missing "qwen3 tokenizer asset missing"
+}
+
+need_promtool() {
+  command -v promtool >/dev/null || missing "promtool is not installed (Debian package prometheus)"
+}
+
+# The openai npm client, pinned by package-lock.json, installed beside the tests.
+install_client() {
+  local want have
+  want=$(node -e "console.log(require('$NODE_DIR/package-lock.json').packages['node_modules/openai'].version)")
+  have=$(node -e "try{console.log(require('$NODE_DIR/node_modules/openai/package.json').version)}catch{}" 2>/dev/null)
+  [ "$want" = "$have" ] && return 0
+  say "npm ci (openai $want)"
+  ( cd "$NODE_DIR" && flock "$BUILD/.server-npm.lock" timeout 300 npm ci --no-audit --no-fund --loglevel=error ) ||
+    missing "npm ci failed (no npm registry?)"
+}
+
+# A tiny random Qwen3 target with the real Qwen3 tokenizer, and a DFlash drafter for
+# it; f32, which decodes faster here than bf16.
+make_models() {
+  say "making a random qwen3 target and drafter"
+  $PY "$SRC/tools/make_checkpoint.py" --arch qwen3 --preset tiny --vocab 151936 --seed 11 --dtype f32 \
+    --tokenizer "$SHARED/assets/tokenizers/qwen3/tokenizer.json" --out "$WORK/target" --quiet ||
+    die "make_checkpoint (target)"
+  $PY "$SRC/tools/make_checkpoint.py" --drafter --target "$WORK/target" --dtype f32 --out "$WORK/draft" --quiet ||
+    die "make_checkpoint (drafter)"
+}
+
+# The binary was built with AddressSanitizer.
+is_asan() { ldd "$BIN" 2>/dev/null | grep -q libasan; }
+
+# start_server LOG ARGS...: starts `dflash serve --port 0 ARGS`, waits for
+# /health, sets SERVER_PID and SERVER_URL.
+start_server() {
+  local log=$1; shift
+  "$BIN" serve --host 127.0.0.1 --port 0 "$@" >"$log" 2>&1 &
+  SERVER_PID=$!
+  local port="" i
+  for i in $(seq 1 600); do
+    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$log" | head -1)
+    [ -n "$port" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$log"; die "the server exited at start"; }
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$log"; die "the server did not report its port"; }
+  SERVER_URL=http://127.0.0.1:$port
+  for i in $(seq 1 1200); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$SERVER_URL/health")" = 200 ] && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$log"; die "the server exited while loading"; }
+    sleep 0.1
+  done
+  cat "$log"
+  die "the server did not become healthy in 120 s"
+}
+
+# stop_server [SIG]: SIGTERM (default) and wait up to 60 s; sets SERVER_RC.
+stop_server() {
+  local sig=${1:-TERM} i
+  SERVER_RC=
+  [ -n "$SERVER_PID" ] || return 0
+  kill -"$sig" "$SERVER_PID" 2>/dev/null
+  for i in $(seq 1 600); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -KILL "$SERVER_PID" 2>/dev/null
+    SERVER_RC=timeout
+  fi
+  wait "$SERVER_PID" 2>/dev/null
+  local rc=$?
+  [ -n "$SERVER_RC" ] || SERVER_RC=$rc
+  SERVER_PID=
+}
+
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status"; }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# test_server.sh - dflash serve end to end through the official openai npm
+# client, on a small random Qwen3 target + DFlash drafter: chat and
+# completions, streaming and not, stop strings, usage, logprobs; greedy output
+# equals `dflash generate` with and without the drafter; every documented 4xx
+# error; the API key; /metrics through promtool; a clean SIGTERM exit.
+set -uo pipefail
+. "$(dirname "$0")/server/lib.sh"
+
+need_tools
+need_promtool
+install_client
+make_models
+
+KEY=test-key-$$
+for mode in draft none; do
+  say "=== server with drafter: $mode"
+  $PY "$NODE_DIR/expect.py" "$BIN" "$WORK/target" \
+    "$([ $mode = draft ] && echo "$WORK/draft" || echo none)" "$WORK/expect-$mode.json" ||
+    die "dflash generate (expected outputs)"
+  args=(-m "$WORK/target" -c 512 --parallel 2 --max-body 1048576)
+  [ $mode = draft ] && args+=(--draft "$WORK/draft" --api-key "$KEY")
+  start_server "$WORK/server-$mode.log" "${args[@]}"
+  key=""; [ $mode = draft ] && key=$KEY
+  SERVER_URL=$SERVER_URL SERVER_API_KEY=$key EXPECT="$WORK/expect-$mode.json" MAX_BODY=1048576 \
+    timeout 600 node "$NODE_DIR/api.mjs" || { tail -50 "$WORK/server-$mode.log"; die "api.mjs ($mode)"; }
+  curl -sf -H "Authorization: Bearer $key" "$SERVER_URL/metrics" >"$WORK/metrics-$mode.txt" ||
+    die "GET /metrics"
+  promtool check metrics <"$WORK/metrics-$mode.txt" || die "promtool check metrics ($mode)"
+  stop_server TERM
+  [ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server-$mode.log"; die "the server exited with $SERVER_RC on SIGTERM"; }
+  grep -q "dflash serve: stopped" "$WORK/server-$mode.log" || die "no clean stop in the log"
+  ! grep -q "Sanitizer" "$WORK/server-$mode.log" || { cat "$WORK/server-$mode.log"; die "sanitizer report"; }
+done
+echo "test_server: all passed"
