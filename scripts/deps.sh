@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dflash needs, when any is missing.
+# Installs the Debian packages dflash needs, when any is missing. (prometheus:
+# its promtool checks /metrics in tests/test_server*.sh.)
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-      python3 python3-numpy python3-torch clang valgrind)
+      python3 python3-numpy python3-torch clang valgrind prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
