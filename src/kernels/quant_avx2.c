@@ -219,9 +219,12 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
             __m256i q = q6 ? q6_K_quants(w, v) : q4_K_quants(w, v);
             __m256i sc = q6 ? q6_K_scale(sc8, v) : q4_K_scale(sc2, v);
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++)
+            for (int i = 0; i < R; i++) {
                 is[i] = _mm256_add_epi32(
                     is[i], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load(x + i * xs + 32 * v)), sc));
+                /* keep the sum running: reassociated, all 8R products would be live at once */
+                __asm__("" : "+x"(is[i]));
+            }
         }
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
