@@ -10,6 +10,3 @@ static int pending(const char *name) {
 }
 
 int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return pending("bench"); }
-int cmd_tokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("tokenize"); }
-int cmd_detokenize(int argc, char **argv) { (void)argc; (void)argv; return pending("detokenize"); }
-int cmd_capture(int argc, char **argv) { (void)argc; (void)argv; return pending("capture"); }

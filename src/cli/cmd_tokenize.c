@@ -1,0 +1,191 @@
+/* cmd_tokenize.c - `dflash tokenize` (text -> JSON array of ids) and
+ * `dflash detokenize` (ids -> text). Both load the tokenizer alone
+ * (vocab_only): a Hugging Face folder (tokenizer.json + tokenizer_config.json)
+ * or the vocabulary inside a GGUF file. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+enum { MAX_TEXT = 256 << 20 };
+
+static void help_tokenize(void) {
+    printf("usage: dflash tokenize --model PATH (--text S | --file F) [options]\n"
+           "\n"
+           "Prints the token ids of the text as a JSON array.\n"
+           "\n"
+           "  -m, --model PATH     Hugging Face folder or .gguf file (default: built-in model)\n"
+           "  --text S             the text\n"
+           "  --file F             read the text from F ('-' for stdin)\n"
+           "  --special            add BOS/EOS as the tokenizer's config says\n"
+           "  --no-parse-special   keep special-token text such as <|im_start|> as plain text\n"
+           "                       (by default it becomes the special token, as Hugging Face)\n");
+}
+
+static void help_detokenize(void) {
+    printf("usage: dflash detokenize --model PATH --ids 1,2,3 [options]\n"
+           "\n"
+           "Prints the text of the ids (exactly; no newline is added).\n"
+           "\n"
+           "  -m, --model PATH     Hugging Face folder or .gguf file (default: built-in model)\n"
+           "  --ids LIST           comma-separated token ids\n"
+           "  --skip-special       leave out special tokens (<|im_end|>, <s>, ...)\n");
+}
+
+/* Reads a whole file or stdin; exits with a message on failure. */
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            fprintf(stderr, "dflash tokenize: out of memory reading %s\n", path);
+            exit(1);
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            if (cap >= MAX_TEXT) {
+                fprintf(stderr, "dflash tokenize: %s is larger than %d MiB\n", path, MAX_TEXT >> 20);
+                exit(1);
+            }
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+    }
+    if (ferror(f)) {
+        perror(path);
+        exit(1);
+    }
+    if (f != stdin) fclose(f);
+    *len = n;
+    return buf;
+}
+
+static dfl_engine *load_vocab(const char *model) {
+    if (!model) model = cli_default_model();
+    if (!model) {
+        fprintf(stderr, "dflash: no model given (--model PATH)\n");
+        exit(2);
+    }
+    dfl_engine_opts o;
+    dfl_engine_opts_default(&o);
+    o.model_path = model;
+    o.vocab_only = 1;
+    dfl_engine *e = NULL;
+    dfl_error err = {0};
+    if (dfl_engine_load(&o, &e, &err)) {
+        fprintf(stderr, "dflash: %s\n", err.msg);
+        exit(1);
+    }
+    return e;
+}
+
+static const char *need(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "dflash: %s needs a value\n", argv[*i]);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *text = NULL, *file = NULL;
+    int add_special = 0, parse_special = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help_tokenize();
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            model = need(argc, argv, &i);
+        } else if (!strcmp(a, "--text") || !strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            text = need(argc, argv, &i);
+        } else if (!strcmp(a, "--file") || !strcmp(a, "-f")) {
+            file = need(argc, argv, &i);
+        } else if (!strcmp(a, "--special")) {
+            add_special = 1;
+        } else if (!strcmp(a, "--no-parse-special")) {
+            parse_special = 0;
+        } else {
+            fprintf(stderr, "dflash tokenize: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!text == !file) {
+        fprintf(stderr, "dflash tokenize: give exactly one of --text S or --file F\n");
+        return 2;
+    }
+    size_t len = 0;
+    char *buf = file ? read_all(file, &len) : NULL;
+    if (text) len = strlen(text);
+    dfl_engine *e = load_vocab(model);
+    dfl_error err = {0};
+    const char *s = buf ? buf : text;
+    int n = dfl_tokenize(e, s, len, add_special, parse_special, NULL, 0, &err);
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (n > 0 && ids) n = dfl_tokenize(e, s, len, add_special, parse_special, ids, n, &err);
+    if (n < 0 || (n > 0 && !ids)) {
+        fprintf(stderr, "dflash tokenize: %s\n", n < 0 ? err.msg : "out of memory");
+        return 1;
+    }
+    putchar('[');
+    for (int i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+    printf("]\n");
+    free(ids);
+    free(buf);
+    dfl_engine_free(e);
+    return 0;
+}
+
+int cmd_detokenize(int argc, char **argv) {
+    const char *model = NULL, *list = NULL;
+    int show_special = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help_detokenize();
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            model = need(argc, argv, &i);
+        } else if (!strcmp(a, "--ids")) {
+            list = need(argc, argv, &i);
+        } else if (!strcmp(a, "--skip-special")) {
+            show_special = 0;
+        } else {
+            fprintf(stderr, "dflash detokenize: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!list) {
+        fprintf(stderr, "dflash detokenize: --ids 1,2,3 is required\n");
+        return 2;
+    }
+    int cap = 1;
+    for (const char *p = list; *p; p++) cap += *p == ',';
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return 1;
+    int n = *list ? cli_ids("--ids", list, ids, cap) : 0;
+    dfl_engine *e = load_vocab(model);
+    dfl_detok d;
+    dfl_detok_init(&d, e, show_special);
+    static char out[1 << 16];
+    for (int i = 0; i <= n; i++) {
+        int r = i < n ? dfl_detok_push(&d, ids[i], out, sizeof out)
+                      : dfl_detok_flush(&d, out, sizeof out);
+        if (r < 0) {
+            fprintf(stderr, "dflash detokenize: id %d is not in the vocabulary\n", i < n ? ids[i] : -1);
+            return 1;
+        }
+        fwrite(out, 1, (size_t)r, stdout);
+    }
+    free(ids);
+    dfl_engine_free(e);
+    return 0;
+}
