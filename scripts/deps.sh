@@ -3,7 +3,7 @@
 # its promtool checks /metrics in tests/test_server*.sh.)
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-      python3 python3-numpy python3-torch clang valgrind prometheus)
+      python3 python3-numpy python3-torch python3-jinja2 clang valgrind prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -42,14 +42,60 @@ typedef struct str {
 static str mk(const char *s) { return (str){s ? s : "", s ? strlen(s) : 0}; }
 static void put_s(out *o, str s) { put_n(o, s.s, s.n); }
 
-static int is_ws(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+/* Length of the whitespace character at the start of s (Python's
+ * str.isspace: ASCII spaces, \x1c-\x1f, U+0085, U+00A0, U+1680, U+2000-200A,
+ * U+2028, U+2029, U+202F, U+205F, U+3000), 0 if none. */
+static int ws_len(const char *p, size_t n) {
+    const unsigned char *s = (const unsigned char *)p;
+    if (!n) return 0;
+    if (s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r') || (s[0] >= 0x1c && s[0] <= 0x1f)) return 1;
+    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0)) return 2;
+    if (n < 3) return 0;
+    uint32_t cp = (uint32_t)(s[0] & 0x0f) << 12 | (uint32_t)(s[1] & 0x3f) << 6 | (s[2] & 0x3f);
+    if ((s[0] & 0xf0) != 0xe0) return 0;
+    return cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+                   cp == 0x202f || cp == 0x205f || cp == 0x3000
+               ? 3
+               : 0;
+}
 
-/* Python's strip() (ASCII whitespace), and strip of '\n' alone. */
+/* Python's strip() (Jinja's trim filter). */
 static str trim(str s) {
-    while (s.n && is_ws((unsigned char)s.s[0])) s.s++, s.n--;
-    while (s.n && is_ws((unsigned char)s.s[s.n - 1])) s.n--;
+    int l;
+    while ((l = ws_len(s.s, s.n))) s.s += l, s.n -= (size_t)l;
+    for (;;) { /* from the end: find the start of the last character */
+        size_t k = s.n;
+        while (k && ((unsigned char)s.s[k - 1] & 0xc0) == 0x80) k--;
+        if (!k) break;
+        k--;
+        l = ws_len(s.s + k, s.n - k);
+        if (!l || k + (size_t)l != s.n) break;
+        s.n = k;
+    }
     return s;
 }
+
+/* Python's json.dumps(s, ensure_ascii=False): Jinja's tojson in transformers. */
+static void put_json(out *o, str s) {
+    static const char hex[] = "0123456789abcdef";
+    put(o, "\"");
+    for (size_t i = 0; i < s.n; i++) {
+        unsigned char c = (unsigned char)s.s[i];
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n"
+                      : c == '\r' ? "\\r" : c == '\t' ? "\\t" : c == '\b' ? "\\b"
+                      : c == '\f' ? "\\f" : NULL;
+        if (e) {
+            put(o, e);
+        } else if (c < 0x20) {
+            char u[7] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15], 0};
+            put(o, u);
+        } else {
+            put_n(o, s.s + i, 1);
+        }
+    }
+    put(o, "\"");
+}
+
 static str lstrip_nl(str s) {
     while (s.n && s.s[0] == '\n') s.s++, s.n--;
     return s;
@@ -174,8 +220,8 @@ static void render_llama3(out *o, int fam, const char *bos, const dfl_chat_msg *
     for (; i < n; i++) {
         if (fam == FAM_LLAMA3 && i == 0) put(o, bos);
         if (fam == FAM_LLAMA31 && (role_is(&m[i], "tool") || role_is(&m[i], "ipython"))) {
-            header(o, "ipython");
-            put_s(o, mk(m[i].content));
+            header(o, "ipython"); /* a string "is iterable" in Jinja: the template JSON-encodes it */
+            put_json(o, mk(m[i].content));
         } else {
             header(o, m[i].role);
             put_s(o, trim(mk(m[i].content)));
