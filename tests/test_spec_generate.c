@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dflash.h"
+#include "engine.h"
 #include "testutil.h"
 
 enum { CTX = 200, MAXG = 256 };
@@ -169,6 +170,35 @@ static void test_probe(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_session_free(s);
 }
 
+/* The probe's verdict gates speculation: a block size marked inexact runs
+ * classic decode with a note, unless DFLASH_ALLOW_INEXACT=1. */
+static void test_fail_closed(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_session *s;
+    dfl_error err = {0};
+    dfl_session_new(e, &s, &err);
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.ignore_eos = 1;
+    p.max_tokens = 20;
+    p.block_size = 4;
+    sink a, b;
+    dfl_stats st;
+    run(s, prompt, n, &p, &a, &st);
+    CHECK(st.exact_checked == 1 && st.rounds > 0, "exact path speculates");
+    int saved = e->probe_state[3];
+    e->probe_state[3] = -1;   /* as if block 3 had differed */
+    run(s, prompt, n, &p, &b, &st);
+    CHECK(st.exact_checked == -1 && st.rounds == 0 && strstr(st.note, "inexact") && same(&a, &b),
+          "inexact path: rounds %llu, note '%s'", (unsigned long long)st.rounds, st.note);
+    setenv("DFLASH_ALLOW_INEXACT", "1", 1);
+    run(s, prompt, n, &p, &b, &st);
+    CHECK(st.rounds > 0 && strstr(st.note, "DFLASH_ALLOW_INEXACT"), "override: rounds %llu",
+          (unsigned long long)st.rounds);
+    unsetenv("DFLASH_ALLOW_INEXACT");
+    e->probe_state[3] = saved;
+    dfl_session_free(s);
+}
+
 int main(void) {
     const char *src = getenv("DFLASH_SRC");
     if (!src) src = "..";
@@ -200,6 +230,7 @@ int main(void) {
     test_turns(e, prompt, 9);
     test_sampling_fallback(e, prompt, 9);
     test_probe(e, prompt, 9);
+    test_fail_closed(e, prompt, 9);
     dfl_engine_free(e);
     test_rmdir(dir);
     return test_summary();

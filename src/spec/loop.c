@@ -192,6 +192,9 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     if (rc) return rc;
     run r = {.q = q, .o = o, .cb = cb, .ud = ud, .st = st};
     r.spec = q->pr && o->block != 1;
+    if (r.spec && q->pr->n_cap && !q->feat)
+        return dfl_fail(err, DFL_EARG, "the proposer reads features but the sequence has no "
+                        "feature buffer");
     st->weight_bytes = (double)q->t->weight_bytes;
     st->n_prompt += n_prompt;
 
