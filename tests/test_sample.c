@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/base.h"
 #include "sample/sample.h"
@@ -19,6 +20,13 @@
 
 static uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) {
     return dfl_rng_u64(a, 77, b, c); /* any good mixer; tests only */
+}
+
+/* CPU time of this thread: the machine is shared, wall time is noise. */
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 static double hunit(uint64_t h) { return (double)(h >> 11) * 0x1p-53; }
@@ -150,9 +158,19 @@ static int ref_sample(const dfl_gen_params *p, const float *logits, const int32_
 
 /* Logits of the row that predicts position n from hist[0..n): depend on the
  * last two tokens and n, with one favoured token so drafts often match. */
+enum { NBASE = 97, MAXV = 1024 };
+static float g_base[NBASE][MAXV]; /* random bodies, picked per context */
+
+static void model_init(void) {
+    for (int r = 0; r < NBASE; r++)
+        for (int i = 0; i < MAXV; i++) g_base[r][i] = (float)hnorm(hash3(r, i, 1));
+}
+
 static void model_row(uint64_t salt, const int32_t *hist, int n, int V, float scale, float *out) {
     uint64_t ctx = hash3(salt, (uint64_t)hist[n - 1] * 1000003u + (n > 1 ? hist[n - 2] : 0), n);
-    for (int i = 0; i < V; i++) out[i] = (float)(scale * hnorm(hash3(ctx, i, 1)));
+    const float *base = g_base[ctx % NBASE];
+    int shift = (int)(hash3(ctx, 1, 1) % V);
+    for (int i = 0; i < V; i++) out[i] = scale * base[(i + shift) % V];
     out[hash3(ctx, 2, 2) % V] += 3.0f * scale;
     out[hash3(ctx, 3, 3) % V] += 2.0f * scale;
 }
@@ -217,12 +235,31 @@ static void test_kernels(void) {
         int a1 = dfl_sample_argmax_ref(row, n, &m1), a2 = dfl_sample_argmax(row, n, &m2);
         bad_a += a1 != a2 || memcmp(&m1, &m2, 4) != 0;
         float T = (float)(0.05 + 3 * hunit(hash3(it, 5, 5)));
-        uint64_t t1 = dfl_sample_weights_ref(row, n, m1, 1.0f / T, w1, b1);
-        uint64_t t2 = dfl_sample_weights(row, n, m1, 1.0f / T, w2, b2);
+        uint64_t s1[N / DFL_SAMPLE_BLOCK + 1], s2[N / DFL_SAMPLE_BLOCK + 1];
+        uint64_t t1 = dfl_sample_weights_ref(row, n, m1, 1.0f / T, w1, b1, s1);
+        uint64_t t2 = dfl_sample_weights(row, n, m1, 1.0f / T, w2, b2, s2);
         bad_t += t1 != t2;
+        int nb = (n + DFL_SAMPLE_BLOCK - 1) / DFL_SAMPLE_BLOCK;
+        bad_t += memcmp(s1, s2, sizeof(uint64_t) * nb) != 0;
+        uint64_t sum = 0;
+        for (int b = 0; b < nb; b++) sum += s1[b];
+        bad_t += sum != t1;
         bad_w += memcmp(w1, w2, sizeof(uint64_t) * n) != 0;
         bad_b += memcmp(b1, b2, sizeof(uint16_t) * n) != 0;
     }
+    int bad_g = 0;
+    for (int it = 0; it < 200; it++) {
+        int n = 1 + (int)(hash3(it, 6, 6) % N), b_end = (int)(hash3(it, 7, 7) % 4097);
+        for (int i = 0; i < n; i++) {
+            b1[i] = (uint16_t)(hash3(it, 8, i) % DFL_SAMPLE_BUCKETS);
+            w1[i] = hash3(it, 9, i) % 4 ? hash3(it, 10, i) >> 24 : 0;
+        }
+        int32_t o1[N], o2[N];
+        int k1 = dfl_sample_gather_ref(b1, w1, n, b_end, o1);
+        int k2 = dfl_sample_gather(b1, w1, n, b_end, o2);
+        bad_g += k1 != k2 || memcmp(o1, o2, sizeof(int32_t) * k1) != 0;
+    }
+    CHECK(bad_g == 0, "gather kernel differs from twin %d times", bad_g);
     CHECK(bad_a == 0, "argmax kernel differs from twin %d times", bad_a);
     CHECK(bad_w == 0 && bad_t == 0, "weights kernel differs from twin %d/%d times", bad_w, bad_t);
     CHECK(bad_b == 0, "bucket kernel differs from twin %d times", bad_b);
@@ -382,6 +419,8 @@ static void test_against_reference(void) {
             for (int i = 0; i < V; i++) {
                 row[i] = (float)(sc * hnorm(hash3(h, 11, i)));
                 if (it % 3 == 0) row[i] = roundf(row[i]);
+                /* a ladder: the cut lands at every depth (-4, -8, -14, -28) */
+                if (it % 3 == 1) row[i] = -(float)(hash3(h, 14, i) % V) * sc * 0.04f;
             }
             for (int j = 0; j < 40; j++) hist[j] = (int32_t)(hash3(h, 12, j) % V);
             int n_hist = 1 + (int)(hash3(h, 13, 0) % 40);
@@ -481,13 +520,13 @@ static void test_big_vocab(void) {
                             "T=1 top_p=0.999 rep=1.1"};
     for (int c = 0; c < 4; c++) {
         dfl_sampler *s = new_sampler(&g_bigp[c], BIGV);
-        double t0 = dfl_now();
+        double t0 = cpu_now();
         int reps = 0;
         for (; reps < 5; reps++)
             for (int r = 0; r < NROWS; r++) dfl_sample(s, g_big + (size_t)r * BIGV, g_bighist, 60);
-        double us = (dfl_now() - t0) / (reps * NROWS) * 1e6;
+        double us = (cpu_now() - t0) / (reps * NROWS) * 1e6;
         dfl_sampler_dist(s, g_big, g_bighist, 60, NULL, 0, &s->p);
-        printf("sample 151936 vocab, %-28s %7.1f us/row (kept %d)\n", names[c], us,
+        printf("sample 151936 vocab, %-28s %7.1f us/row CPU (kept %d)\n", names[c], us,
                dfl_dist_count(&s->p, BIGV));
         dfl_sampler_free(s);
     }
@@ -802,14 +841,21 @@ static void test_rejection(void) {
     }
 }
 
+static void timed(const char *name, void (*fn)(void)) {
+    double t0 = cpu_now();
+    fn();
+    printf("%-28s %.1f s CPU\n", name, cpu_now() - t0);
+}
+
 int main(void) {
-    test_rng();
-    test_kernels();
-    test_by_hand();
-    test_against_reference();
-    test_exact_equals_classic();
-    test_typical();
-    test_rejection();
-    test_big_vocab();
+    model_init();
+    timed("rng", test_rng);
+    timed("kernels", test_kernels);
+    timed("by hand", test_by_hand);
+    timed("against reference", test_against_reference);
+    timed("exact == classic", test_exact_equals_classic);
+    timed("typical", test_typical);
+    timed("rejection", test_rejection);
+    timed("150K vocabulary", test_big_vocab);
     return test_summary();
 }

@@ -38,16 +38,29 @@ static inline uint64_t dist_w(const dfl_dist *d, int i) {
     return d->point ? (uint64_t)(i == d->top) : d->w[i];
 }
 
-/* definition: target = floor(r53 * total / 2^53) < total, exact in 128 bits. */
+/* definition: target = floor(r53 * total / 2^53) < total, exact in 128 bits;
+ * the token is the first, in id order, where the running weight passes it. */
 int32_t dfl_dist_pick(const dfl_dist *d, int vocab, uint64_t r) {
     if (d->point) return d->top;
     uint64_t target = (uint64_t)(((unsigned __int128)(r >> 11) * d->total) >> 53);
     uint64_t cum = 0;
-    for (int i = 0; i < vocab; i++) {
+    if (d->n >= 0) {
+        for (int j = 0; j < d->n; j++) {
+            cum += d->w[d->ids[j]];
+            if (cum > target) return d->ids[j];
+        }
+        return d->top; /* unreachable: total is the sum of w */
+    }
+    int i = 0;
+    for (int b = 0; b < vocab / DFL_SAMPLE_BLOCK; b++, i += DFL_SAMPLE_BLOCK) {
+        if (cum + d->bsum[b] > target) break; /* skip whole blocks first */
+        cum += d->bsum[b];
+    }
+    for (; i < vocab; i++) {
         cum += d->w[i];
         if (cum > target) return i;
     }
-    return d->top; /* unreachable: total is the sum of w */
+    return d->top;
 }
 
 double dfl_dist_prob(const dfl_dist *d, int32_t id) {
@@ -59,16 +72,20 @@ double dfl_dist_prob(const dfl_dist *d, int32_t id) {
 double dfl_dist_entropy(const dfl_dist *d, int vocab) {
     if (d->point) return 0.0;
     double h = 0, inv = 1.0 / (double)d->total;
-    for (int i = 0; i < vocab; i++)
-        if (d->w[i]) {
-            double p = (double)d->w[i] * inv;
+    int n = d->n >= 0 ? d->n : vocab;
+    for (int j = 0; j < n; j++) {
+        uint64_t w = d->w[d->n >= 0 ? d->ids[j] : j];
+        if (w) {
+            double p = (double)w * inv;
             h -= p * log(p);
         }
+    }
     return h;
 }
 
 int dfl_dist_count(const dfl_dist *d, int vocab) {
     if (d->point) return 1;
+    if (d->n >= 0) return d->n;
     int n = 0;
     for (int i = 0; i < vocab; i++) n += d->w[i] != 0;
     return n;
@@ -78,6 +95,7 @@ static void dist_point(dfl_dist *d, int32_t top) {
     d->point = 1;
     d->top = top;
     d->total = 1;
+    d->n = -1;
 }
 
 /* ---- sampler ------------------------------------------------------------ */
@@ -148,8 +166,13 @@ int dfl_sampler_new(const dfl_gen_params *p, int vocab, dfl_sampler **out, dfl_e
     s->bcount = xmalloc(sizeof(uint32_t) * DFL_SAMPLE_BUCKETS);
     s->bmass = xmalloc(sizeof(uint64_t) * DFL_SAMPLE_BUCKETS);
     s->res = xmalloc(sizeof(double) * v);
+    s->cand = xmalloc(sizeof(int32_t) * v);
     s->p.w = xmalloc(sizeof(uint64_t) * v);
     s->q.w = xmalloc(sizeof(uint64_t) * v);
+    s->p.ids = xmalloc(sizeof(int32_t) * v);
+    s->q.ids = xmalloc(sizeof(int32_t) * v);
+    s->p.bsum = xmalloc(sizeof(uint64_t) * (v / DFL_SAMPLE_BLOCK + 1));
+    s->q.bsum = xmalloc(sizeof(uint64_t) * (v / DFL_SAMPLE_BLOCK + 1));
     *out = s;
     return 0;
 }
@@ -165,8 +188,13 @@ void dfl_sampler_free(dfl_sampler *s) {
     free(s->bcount);
     free(s->bmass);
     free(s->res);
+    free(s->cand);
     free(s->p.w);
     free(s->q.w);
+    free(s->p.ids);
+    free(s->q.ids);
+    free(s->p.bsum);
+    free(s->q.bsum);
     free(s);
 }
 
@@ -233,21 +261,44 @@ typedef struct cut {
     int32_t id;
 } cut;
 
-/* Shortest prefix of the weighted tokens holding max_n tokens or mass >=
- * target. Sums whole histogram buckets (bucket order is logit order), then
- * sorts the one bucket where the prefix ends: no sort of the vocabulary. */
-static uint64_t walk(dfl_sampler *s, const float *row, const dfl_dist *d, uint64_t max_n,
-                     uint64_t target, cut *c) {
+/* The walks first gather the buckets of x >= -4, then -8, -14, then all:
+ * for language-model rows top-k and top-p end early and few tokens get the
+ * scalar histogram; the result does not depend on where the walk succeeds. */
+static const int levels[4] = {
+    (int)(4.0f * DFL_SAMPLE_BUCKETS / -DFL_SAMPLE_XMIN),
+    (int)(8.0f * DFL_SAMPLE_BUCKETS / -DFL_SAMPLE_XMIN),
+    (int)(14.0f * DFL_SAMPLE_BUCKETS / -DFL_SAMPLE_XMIN),
+    DFL_SAMPLE_BUCKETS,
+};
+
+/* Histogram and list (ascending) of the weighted tokens in buckets < b_end. */
+static int gather(dfl_sampler *s, const dfl_dist *d, int b_end) {
+    memset(s->bcount, 0, sizeof(uint32_t) * (size_t)b_end);
+    memset(s->bmass, 0, sizeof(uint64_t) * (size_t)b_end);
+    int n = dfl_sample_gather(s->cb, d->w, s->vocab, b_end, s->cand);
+    for (int j = 0; j < n; j++) {
+        int i = s->cand[j], b = s->cb[i];
+        s->bcount[b]++;
+        s->bmass[b] += d->w[i];
+    }
+    return n;
+}
+
+/* Shortest prefix of the gathered tokens holding max_n tokens or mass >=
+ * target: sums whole buckets (bucket order is logit order), then sorts the
+ * one bucket where the prefix ends. Returns 0 when the buckets run out. */
+static int walk(dfl_sampler *s, const float *row, const dfl_dist *d, int n, int b_end,
+                uint64_t max_n, uint64_t target, cut *c, uint64_t *mass) {
     uint64_t cn = 0, cm = 0;
-    for (int b = 0; b < DFL_SAMPLE_BUCKETS; b++) {
+    for (int b = 0; b < b_end; b++) {
         if (cn + s->bcount[b] < max_n && cm + s->bmass[b] < target) {
             cn += s->bcount[b];
             cm += s->bmass[b];
             continue;
         }
         int k = 0;
-        for (int i = 0; i < s->vocab; i++)
-            if (s->cb[i] == b && d->w[i]) s->keys[k++] = order_key(row[i], i);
+        for (int j = 0; j < n; j++)
+            if (s->cb[s->cand[j]] == b) s->keys[k++] = order_key(row[s->cand[j]], s->cand[j]);
         qsort(s->keys, (size_t)k, sizeof(uint64_t), cmp_u64);
         for (int j = 0; j < k; j++) {
             int id = (int)(uint32_t)s->keys[j];
@@ -256,54 +307,83 @@ static uint64_t walk(dfl_sampler *s, const float *row, const dfl_dist *d, uint64
             if (cn >= max_n || cm >= target) {
                 c->l = row[id];
                 c->id = id;
-                return cm;
+                *mass = cm;
+                return 1;
             }
         }
     }
-    return cm; /* unreachable when max_n <= count and target <= total */
+    return 0;
+}
+
+/* Top-k, then top-p over the top-k survivors: the cut, or 0 when the
+ * gathered buckets do not reach it. */
+static int find_cut(dfl_sampler *s, const float *row, const dfl_dist *d, int n, int b_end,
+                    cut *c) {
+    int all = b_end == DFL_SAMPLE_BUCKETS;
+    uint64_t max_n = UINT64_MAX, mass = d->total;
+    if (s->top_k > 0) {
+        max_n = (uint64_t)s->top_k;
+        if (!walk(s, row, d, n, b_end, max_n, UINT64_MAX, c, &mass)) {
+            if (!all) return 0;
+            max_n = UINT64_MAX; /* fewer weighted tokens than k: top-k keeps all */
+        }
+    }
+    if (s->top_p < 1.0f) {
+        double t = ceil((double)s->top_p * (double)mass);
+        uint64_t target = t < 1 ? 1 : t >= (double)mass ? mass : (uint64_t)t;
+        if (!walk(s, row, d, n, b_end, max_n, target, c, &mass)) return 0; /* !all only */
+    }
+    return 1;
 }
 
 /* Temperature, then top-k, then top-p over the top-k survivors, then min-p
  * relative to the top token (the order of Hugging Face's warpers). Every
  * filter keeps a prefix of (logit descending, id ascending). */
 static void filtered(dfl_sampler *s, const float *row, float m, int top, dfl_dist *d) {
-    int use_k = s->top_k > 0, use_p = s->top_p < 1.0f, use_min = s->min_p > 0.0f;
-    int hist = use_k || use_p;
+    int use_cut = s->top_k > 0 || s->top_p < 1.0f;
     d->point = 0;
     d->top = top;
+    d->n = -1;
     d->total = dfl_sample_weights(row, s->vocab, m, 1.0f / s->temperature, d->w,
-                                  hist ? s->cb : NULL);
-    if (!(use_k || use_p || use_min)) return;
-
+                                  use_cut ? s->cb : NULL, d->bsum);
+    /* the top token weighs 2^40; (double)w >= min_p * 2^40 <=> w >= thr */
+    uint64_t thr = (uint64_t)ceil((double)s->min_p * (double)d->w[top]);
+    if (!use_cut) {
+        if (s->min_p > 0.0f) {
+            uint64_t tot = 0;
+            for (int i = 0; i < s->vocab; i++) {
+                if (i % DFL_SAMPLE_BLOCK == 0) d->bsum[i / DFL_SAMPLE_BLOCK] = 0;
+                d->w[i] = d->w[i] >= thr ? d->w[i] : 0;
+                d->bsum[i / DFL_SAMPLE_BLOCK] += d->w[i];
+                tot += d->w[i];
+            }
+            d->total = tot;
+        }
+        return;
+    }
     cut c = {-INFINITY, INT32_MAX};
-    if (hist) {
-        memset(s->bcount, 0, sizeof(uint32_t) * DFL_SAMPLE_BUCKETS);
-        memset(s->bmass, 0, sizeof(uint64_t) * DFL_SAMPLE_BUCKETS);
-        uint64_t n = 0;
-        for (int i = 0; i < s->vocab; i++) {
-            s->bcount[s->cb[i]] += d->w[i] != 0;
-            s->bmass[s->cb[i]] += d->w[i];
-            n += d->w[i] != 0;
-        }
-        uint64_t max_n = UINT64_MAX, mass = d->total;
-        if (use_k && (uint64_t)s->top_k < n) {
-            max_n = (uint64_t)s->top_k;
-            mass = walk(s, row, d, max_n, UINT64_MAX, &c);
-        }
-        if (use_p) {
-            double t = ceil((double)s->top_p * (double)mass);
-            uint64_t target = t < 1 ? 1 : t >= (double)mass ? mass : (uint64_t)t;
-            walk(s, row, d, max_n, target, &c);
+    int n = 0;
+    for (int lv = 0; lv < 4; lv++) {
+        n = gather(s, d, levels[lv]);
+        if (find_cut(s, row, d, n, levels[lv], &c)) break;
+    }
+    /* the kept tokens are among the gathered ones: list them, zero the rest */
+    int k = 0;
+    for (int j = 0; j < n; j++) {
+        int id = s->cand[j];
+        float l = row[id];
+        if ((l > c.l || (l == c.l && id <= c.id)) && d->w[id] >= thr) {
+            d->ids[k] = id;
+            s->keys[k++] = d->w[id];
         }
     }
-    double thr = use_min ? (double)s->min_p * (double)d->w[top] : 0.0; /* w[top] = 2^40 */
+    memset(d->w, 0, sizeof(uint64_t) * (size_t)s->vocab);
     uint64_t tot = 0;
-    for (int i = 0; i < s->vocab; i++) {
-        float l = row[i];
-        int keep = (l > c.l || (l == c.l && i <= c.id)) && (double)d->w[i] >= thr;
-        d->w[i] = keep ? d->w[i] : 0;
-        tot += d->w[i];
+    for (int j = 0; j < k; j++) {
+        d->w[d->ids[j]] = s->keys[j];
+        tot += s->keys[j];
     }
+    d->n = k;
     d->total = tot;
 }
 

@@ -54,13 +54,20 @@ uint64_t dfl_sample_weight(float x);
 /* First index of the largest value; NaN never wins; 0 when none beats -inf. */
 int dfl_sample_argmax(const float *row, int n, float *max);
 int dfl_sample_argmax_ref(const float *row, int n, float *max);
+/* Tokens per partial sum, so that a draw skips whole blocks. */
+#define DFL_SAMPLE_BLOCK 64
 /* w[i] = weight((row[i] - m) * inv_t); bucket (when not NULL) =
- * min(BUCKETS-1, (int)(x * -BUCKETS/-XMIN)), BUCKETS-1 below XMIN.
+ * min(BUCKETS-1, (int)(x * -BUCKETS/-XMIN)), BUCKETS-1 below XMIN;
+ * bsum (when not NULL) = sums of w over blocks of DFL_SAMPLE_BLOCK.
  * Returns the sum of w. */
 uint64_t dfl_sample_weights(const float *row, int n, float m, float inv_t, uint64_t *w,
-                            uint16_t *bucket);
+                            uint16_t *bucket, uint64_t *bsum);
 uint64_t dfl_sample_weights_ref(const float *row, int n, float m, float inv_t, uint64_t *w,
-                                uint16_t *bucket);
+                                uint16_t *bucket, uint64_t *bsum);
+/* Lists, ascending, the i with bucket[i] < b_end and w[i] > 0; returns how many. */
+int dfl_sample_gather(const uint16_t *bucket, const uint64_t *w, int n, int b_end, int32_t *out);
+int dfl_sample_gather_ref(const uint16_t *bucket, const uint64_t *w, int n, int b_end,
+                          int32_t *out);
 
 /* ---- filtered distributions --------------------------------------------- */
 
@@ -71,6 +78,9 @@ typedef struct dfl_dist {
     int32_t top;      /* first argmax of the processed row */
     uint64_t total;   /* sum of w (1 for a point) */
     uint64_t *w;      /* (vocab) weight per token id, 0: never sampled */
+    int n;            /* >= 0: the tokens with w > 0 are exactly ids[0..n) */
+    int32_t *ids;     /* (vocab) ascending, when n >= 0 (after top-k / top-p) */
+    uint64_t *bsum;   /* (vocab / DFL_SAMPLE_BLOCK + 1) block sums of w, when n < 0 */
 } dfl_dist;
 
 /* The token that 64 random bits r pick: walks ids in ascending order until
@@ -106,6 +116,7 @@ typedef struct dfl_sampler {
     int32_t *count;           /* (vocab) penalty counts; all zero between calls */
     uint16_t *cb;             /* (vocab) histogram bucket of each token */
     uint64_t *keys;           /* (vocab) sort keys of one bucket's members */
+    int32_t *cand;            /* (vocab) weighted tokens of the walked buckets */
     uint32_t *bcount;         /* (DFL_SAMPLE_BUCKETS) weighted tokens per bucket */
     uint64_t *bmass;          /* (DFL_SAMPLE_BUCKETS) weight per bucket */
     double *res;              /* (vocab) residual weights (rejection rule) */
@@ -118,7 +129,7 @@ int dfl_sampler_new(const dfl_gen_params *p, int vocab, dfl_sampler **out, dfl_e
 void dfl_sampler_free(dfl_sampler *s);
 
 /* The filtered distribution of one row into d (s->p, s->q, or a caller's
- * dist with a vocab-sized w). History: the tokens at positions
+ * dist with its arrays sized as in dfl_sampler_new). History: the tokens at positions
  * 0 .. n_a+n_b-1, given as two pieces (committed tokens, then block tokens)
  * so that a block needs no copy. */
 void dfl_sampler_dist(dfl_sampler *s, const float *logits, const int32_t *a, int n_a,

@@ -96,79 +96,134 @@ static inline int bucket_of(float x) {
 }
 
 uint64_t dfl_sample_weights_ref(const float *row, int n, float m, float inv_t, uint64_t *w,
-                                uint16_t *bucket) {
+                                uint16_t *bucket, uint64_t *bsum) {
     uint64_t tot = 0;
     for (int i = 0; i < n; i++) {
         float x = (row[i] - m) * inv_t;
         w[i] = dfl_sample_weight(x);
         tot += w[i];
         if (bucket) bucket[i] = (uint16_t)bucket_of(x);
+        if (bsum) {
+            if (i % DFL_SAMPLE_BLOCK == 0) bsum[i / DFL_SAMPLE_BLOCK] = 0;
+            bsum[i / DFL_SAMPLE_BLOCK] += w[i];
+        }
     }
     return tot;
 }
 
 #ifdef HAVE_X86
-/* No FMA on purpose: separate multiply and add round like the twin. */
+/* Eight weights (and buckets) from row[0..8); returns their sum in 4 lanes.
+ * No FMA on purpose: separate multiply and add round like the twin. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+weights8(const float *row, __m256 vm, __m256 vit, uint64_t *w, uint16_t *bucket) {
+    const __m256 xmin = _mm256_set1_ps(DFL_SAMPLE_XMIN);
+    __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row), vm), vit);
+    __m256 ok = _mm256_cmp_ps(x, xmin, _CMP_GE_OQ);
+    __m256i oki = _mm256_castps_si256(ok);
+    if (bucket) {
+        const __m256i b_last = _mm256_set1_epi32(DFL_SAMPLE_BUCKETS - 1);
+        __m256i b = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_and_ps(x, ok), _mm256_set1_ps(BSCALE)));
+        b = _mm256_min_epi32(_mm256_blendv_epi8(b_last, b, oki), b_last);
+        __m128i b16 = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+        _mm_storeu_si128((__m128i *)bucket, b16);
+    }
+    if (_mm256_movemask_ps(ok) == 0) { /* the common case far below the top */
+        _mm256_storeu_si256((__m256i *)w, _mm256_setzero_si256());
+        _mm256_storeu_si256((__m256i *)(w + 4), _mm256_setzero_si256());
+        return _mm256_setzero_si256();
+    }
+    __m256 t = _mm256_mul_ps(_mm256_and_ps(x, ok), _mm256_set1_ps(LOG2E)); /* 0 where not ok */
+    __m256 k = _mm256_floor_ps(t);
+    __m256 f = _mm256_sub_ps(t, k);
+    __m256 p = _mm256_set1_ps(C6);
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C5));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C1));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    __m256 v = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(0x1p40f));
+    /* floor to int64 through double: exact below 2^52 */
+    const __m256d magic = _mm256_set1_pd(0x1p52);
+    __m256d lo = _mm256_floor_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    __m256d hi = _mm256_floor_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    __m256i wlo = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(lo, magic)), _mm256_castpd_si256(magic));
+    __m256i whi = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(hi, magic)), _mm256_castpd_si256(magic));
+    wlo = _mm256_and_si256(wlo, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(oki)));
+    whi = _mm256_and_si256(whi, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(oki, 1)));
+    _mm256_storeu_si256((__m256i *)w, wlo);
+    _mm256_storeu_si256((__m256i *)(w + 4), whi);
+    return _mm256_add_epi64(wlo, whi);
+}
+
 __attribute__((target("avx2"))) static uint64_t weights_avx2(const float *row, int n, float m,
                                                              float inv_t, uint64_t *w,
-                                                             uint16_t *bucket) {
+                                                             uint16_t *bucket, uint64_t *bsum) {
     const __m256 vm = _mm256_set1_ps(m), vit = _mm256_set1_ps(inv_t);
-    const __m256 xmin = _mm256_set1_ps(DFL_SAMPLE_XMIN), l2e = _mm256_set1_ps(LOG2E);
-    const __m256 s40 = _mm256_set1_ps(0x1p40f), one = _mm256_set1_ps(1.0f);
-    const __m256 bs = _mm256_set1_ps(BSCALE);
-    const __m256i b_last = _mm256_set1_epi32(DFL_SAMPLE_BUCKETS - 1);
-    const __m256d magic = _mm256_set1_pd(0x1p52);
-    const __m256i magic_bits = _mm256_castpd_si256(magic);
-    __m256i acc = _mm256_setzero_si256();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + i), vm), vit);
-        __m256 ok = _mm256_cmp_ps(x, xmin, _CMP_GE_OQ);
-        __m256 xs = _mm256_and_ps(x, ok); /* 0 where not ok: keeps the math finite */
-        __m256 t = _mm256_mul_ps(xs, l2e);
-        __m256 k = _mm256_floor_ps(t);
-        __m256 f = _mm256_sub_ps(t, k);
-        __m256 p = _mm256_set1_ps(C6);
-        p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C5));
-        p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C4));
-        p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C3));
-        p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C2));
-        p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(C1));
-        p = _mm256_add_ps(_mm256_mul_ps(p, f), one);
-        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k),
-                                                       _mm256_set1_epi32(127)), 23);
-        __m256 v = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), s40);
-        /* floor to int64 through double: exact below 2^52 */
-        __m256d lo = _mm256_floor_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-        __m256d hi = _mm256_floor_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-        __m256i wlo = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(lo, magic)), magic_bits);
-        __m256i whi = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(hi, magic)), magic_bits);
-        __m256i oki = _mm256_castps_si256(ok);
-        wlo = _mm256_and_si256(wlo, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(oki)));
-        whi = _mm256_and_si256(whi, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(oki, 1)));
-        _mm256_storeu_si256((__m256i *)(w + i), wlo);
-        _mm256_storeu_si256((__m256i *)(w + i + 4), whi);
-        acc = _mm256_add_epi64(acc, _mm256_add_epi64(wlo, whi));
-        if (bucket) {
-            __m256i b = _mm256_cvttps_epi32(_mm256_mul_ps(xs, bs));
-            b = _mm256_min_epi32(_mm256_blendv_epi8(b_last, b, oki), b_last);
-            __m128i b16 = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-            _mm_storeu_si128((__m128i *)(bucket + i), b16);
-        }
+    const int nb = n / DFL_SAMPLE_BLOCK;
+    uint64_t tot = 0;
+    for (int blk = 0; blk < nb; blk++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int i = blk * DFL_SAMPLE_BLOCK; i < (blk + 1) * DFL_SAMPLE_BLOCK; i += 8)
+            acc = _mm256_add_epi64(acc, weights8(row + i, vm, vit, w + i, bucket ? bucket + i : NULL));
+        uint64_t lanes[4];
+        _mm256_storeu_si256((__m256i *)lanes, acc);
+        uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+        if (bsum) bsum[blk] = sum;
+        tot += sum;
     }
-    uint64_t lanes[4];
-    _mm256_storeu_si256((__m256i *)lanes, acc);
-    uint64_t tot = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+    int i = nb * DFL_SAMPLE_BLOCK;
     if (i < n)
-        tot += dfl_sample_weights_ref(row + i, n - i, m, inv_t, w + i, bucket ? bucket + i : NULL);
+        tot += dfl_sample_weights_ref(row + i, n - i, m, inv_t, w + i, bucket ? bucket + i : NULL,
+                                      bsum ? bsum + nb : NULL);
     return tot;
 }
 #endif
 
 uint64_t dfl_sample_weights(const float *row, int n, float m, float inv_t, uint64_t *w,
-                            uint16_t *bucket) {
+                            uint16_t *bucket, uint64_t *bsum) {
 #ifdef HAVE_X86
-    if (dfl_cpu_has_avx2()) return weights_avx2(row, n, m, inv_t, w, bucket);
+    if (dfl_cpu_has_avx2()) return weights_avx2(row, n, m, inv_t, w, bucket, bsum);
 #endif
-    return dfl_sample_weights_ref(row, n, m, inv_t, w, bucket);
+    return dfl_sample_weights_ref(row, n, m, inv_t, w, bucket, bsum);
+}
+
+/* ---- gather ------------------------------------------------------------- */
+
+int dfl_sample_gather_ref(const uint16_t *bucket, const uint64_t *w, int n, int b_end,
+                          int32_t *out) {
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (bucket[i] < b_end && w[i]) out[k++] = i;
+    return k;
+}
+
+#ifdef HAVE_X86
+/* Buckets are < 4096, so signed 16-bit compares are exact. */
+__attribute__((target("avx2"))) static int gather_avx2(const uint16_t *bucket, const uint64_t *w,
+                                                       int n, int b_end, int32_t *out) {
+    const __m256i lim = _mm256_set1_epi16((int16_t)(b_end > 32767 ? 32767 : b_end));
+    int k = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(bucket + i));
+        unsigned bits = (unsigned)_mm256_movemask_epi8(_mm256_cmpgt_epi16(lim, b));
+        while (bits) { /* two mask bits per 16-bit lane */
+            int j = __builtin_ctz(bits) >> 1;
+            bits &= bits - 1;
+            bits &= bits - 1;
+            if (w[i + j]) out[k++] = i + j;
+        }
+    }
+    for (; i < n; i++)
+        if (bucket[i] < b_end && w[i]) out[k++] = i;
+    return k;
+}
+#endif
+
+int dfl_sample_gather(const uint16_t *bucket, const uint64_t *w, int n, int b_end, int32_t *out) {
+#ifdef HAVE_X86
+    if (dfl_cpu_has_avx2()) return gather_avx2(bucket, w, n, b_end, out);
+#endif
+    return dfl_sample_gather_ref(bucket, w, n, b_end, out);
 }
