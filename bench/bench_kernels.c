@@ -1,6 +1,6 @@
 /* bench_kernels.c - kernel speed against this machine's own limits, measured
- * in the same run: read bandwidth (a STREAM-like sum) and FMA peak (a
- * register-only FMA loop), both on the pool's threads. Prints GB/s for
+ * in the same run: read bandwidth and FMA peak (src/kernels/machine.c), both
+ * on the pool's threads. Prints GB/s for
  * one-row matmuls and GFLOP/s for 1..32 rows on Qwen3-0.6B shapes, each with
  * its ratio to the limit that bounds it.
  *
@@ -11,76 +11,12 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/machine.h"
 #include "kernels/vec.h"
 
 static dfl_pool *pool;
 static int nthreads;
 static double min_time = 0.25;
-
-/* ---- machine limits --------------------------------------------------------- */
-
-typedef struct {
-    const float *buf;
-    size_t n;          /* floats */
-    float sink[256];
-} bw_job;
-
-DFL_AVX2 static void bw_task(void *ctx, int i, int n) {
-    bw_job *j = ctx;
-    size_t per = j->n / n, lo = per * i;
-    const float *p = j->buf + lo;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t k = 0; k + 32 <= per; k += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + k));
-        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + k + 8));
-        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + k + 16));
-        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + k + 24));
-    }
-    j->sink[i] = dfl_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
-static double read_bandwidth(void) {
-    size_t bytes = (size_t)512 << 20;
-    bw_job j = {dfl_aligned_alloc(bytes), bytes / 4, {0}};
-    memset((void *)j.buf, 1, bytes);
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t = dfl_now();
-        dfl_pool_run(pool, bw_task, &j, nthreads);
-        t = dfl_now() - t;
-        if (bytes / t > best) best = bytes / t;
-    }
-    free((void *)j.buf);
-    return best / 1e9;
-}
-
-enum { FMA_CHAINS = 10 };
-typedef struct { long iters; float sink[256]; } fma_job;
-
-DFL_AVX2 static void fma_task(void *ctx, int i, int n) {
-    fma_job *j = ctx;
-    __m256 a[FMA_CHAINS], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_set1_ps((float)k);
-    for (long it = 0; it < j->iters; it++)
-#pragma GCC unroll 10
-        for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_fmadd_ps(a[k], m, c);
-    __m256 s = a[0];
-    for (int k = 1; k < FMA_CHAINS; k++) s = _mm256_add_ps(s, a[k]);
-    j->sink[i] = dfl_hsum8(s);
-}
-
-static double fma_peak(void) {
-    fma_job j = {20000000, {0}};
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t = dfl_now();
-        dfl_pool_run(pool, fma_task, &j, nthreads);
-        t = dfl_now() - t;
-        double f = (double)j.iters * FMA_CHAINS * 8 * 2 * nthreads / t;
-        if (f > best) best = f;
-    }
-    return best / 1e9;
-}
 
 /* ---- matmul ------------------------------------------------------------------ */
 
@@ -168,7 +104,7 @@ int main(int argc, char **argv) {
     if (argc > 2) min_time = atof(argv[2]);
     pool = dfl_pool_new(nthreads);
     printf("threads %d, avx2 %d\n", nthreads, dfl_cpu_has_avx2());
-    double bw = read_bandwidth(), peak = fma_peak();
+    double bw = dfl_machine_read_bw(pool, 0, 5), peak = dfl_machine_fma_peak(pool, 0);
     printf("read bandwidth %.1f GB/s, FMA peak %.1f GFLOP/s\n\n", bw, peak);
 
     static const int shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}};

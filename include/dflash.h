@@ -222,6 +222,22 @@ int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap,
 int dfl_debug_draft(dfl_session *s, const int32_t *ids, int n, int B, float *logits,
                     dfl_error *err);
 
+/* ---- drafter training: dflash capture (src/spec/capture.c) ------------- */
+/* See docs/training.md. */
+
+/* Runs ids[0..n) from position 0 (the session's cache is cleared) and writes
+ * feat (n, n_layers*dim): the output of decoder layer layers[j] (0-based,
+ * before the final norm) at columns j*dim, bit-identical to what
+ * verification captures for the same rows. n <= the engine's ctx_size. */
+int dfl_capture_rows(dfl_session *s, const int32_t *ids, int n, const int *layers, int n_layers,
+                     float *feat, dfl_error *err);
+/* The target's token embedding and lm_head (vocab, dim) each as float32
+ * (dequantized); either pointer may be NULL. Tied models give equal tables. */
+int dfl_export_embeddings(const dfl_engine *e, float *embed, float *lm_head, dfl_error *err);
+/* z-lab's default target layers for a drafter of n_draft layers (what a
+ * drafter config without target_layer_ids gets); returns how many. */
+int dfl_capture_default_layers(const dfl_engine *e, int n_draft, int *ids);
+
 /* ---- server: one engine, several sessions ------------------------------ */
 /* Asked for by src/server (dflash serve); see docs/server.md.
  *
@@ -236,6 +252,61 @@ int dfl_debug_draft(dfl_session *s, const int32_t *ids, int n, int B, float *log
  * dfl_generate calls and tokenizer calls themselves (the server then runs
  * one request at a time, first come first served). */
 int dfl_engine_concurrent(const dfl_engine *e);
+
+/* ---- benchmarks (src/spec/bench.c; dflash bench, docs/benchmarks.md) ---- */
+
+/* This machine's limits on the engine's threads (src/kernels/machine.c):
+ * read bandwidth in GB/s (a sum over a buffer far larger than the caches)
+ * and f32 FMA peak in GFLOP/s (register-only FMA chains). */
+double dfl_bench_read_bw(const dfl_engine *e);
+double dfl_bench_fma_peak(const dfl_engine *e);
+/* FLOPs (2 per multiply-add) of the weight products one row costs through
+ * the target, lm_head included, attention excluded. */
+double dfl_bench_row_flops(const dfl_engine *e);
+
+enum { DFL_BENCH_LOGITS = 1, DFL_BENCH_CAPTURE = 2 };
+
+/* Seconds of one target forward of B rows continuing a cache of ctx rows,
+ * the best of reps after one untimed call. flags: DFL_BENCH_LOGITS gives
+ * every row logits (a verify block; without it: a prefill chunk), and
+ * DFL_BENCH_CAPTURE captures the drafter's layers too (needs a drafter).
+ * The session's cache is first filled to ctx rows with placeholder K/V
+ * (attention costs the same whatever the values) that no prompt matches,
+ * and is left holding them; the next dfl_generate starts afresh. */
+int dfl_bench_forward(dfl_session *s, int ctx, int B, int flags, int reps, double *seconds,
+                      dfl_error *err);
+
+/* The speculative A/B at a known acceptance: generates max_tokens after
+ * prompt (greedy, from an empty cache) with a replay drafter -- the real
+ * drafter runs every round, so its cost is real, but the tokens it proposes
+ * are ref[] (what classic decode generated after prompt, at least
+ * max_tokens + the drafter block of them) with accept lengths forced from a
+ * profile: P(draft i right | all before right) = p[i], or a flat p giving
+ * tau committed tokens per round at the drafter's block size. */
+typedef struct dfl_bench_replay_opts {
+    int block;            /* 1: classic decode (no drafter); N >= 2: pinned; 0: adaptive */
+    double tau;           /* flat profile (1: nothing accepted) ... */
+    const double *p;      /* ... or per-position probabilities, used when n_p > 0 */
+    int n_p;
+    uint64_t seed;        /* keys the drawn accept lengths by position */
+    int max_tokens;
+    int fresh_costs;      /* adaptive: forget learned round costs and calibrate again */
+} dfl_bench_replay_opts;
+
+typedef struct dfl_bench_replay_result {
+    dfl_stats st;         /* the loop's statistics (t_decode, rounds, accepted, ...) */
+    uint64_t draft_calls; /* drafter calls */
+    uint64_t forced;      /* sum over calls of min(k(pos), B-1): what the profile forced */
+    double p_flat;        /* the flat p used (when tau was given) */
+    double t_calibrate;   /* seconds spent measuring start-up costs (adaptive) */
+    int n_out;            /* tokens generated */
+    int matches_ref;      /* 1 when they equal ref[0..n_out) (exactness) */
+    double t_round[65];   /* the engine's round-cost table after the run ([B], seconds) */
+} dfl_bench_replay_result;
+
+int dfl_bench_replay(dfl_session *s, const int32_t *prompt, int n_prompt, const int32_t *ref,
+                     int n_ref, const dfl_bench_replay_opts *o, dfl_bench_replay_result *r,
+                     dfl_error *err);
 
 #ifdef __cplusplus
 }

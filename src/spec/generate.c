@@ -135,6 +135,11 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
         q.pr = &dp.base;
     }
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
+    /* adaptive: round costs measured once per engine before the first round */
+    if (block == 0 && q.pr && (rc = dfl_spec_calibrate(e, 0, err)) < 0) {
+        dfl_sampler_free(smp);
+        return rc;
+    }
     stopper sp = {e, p};
     dfl_loop_opts o = {.block = block, .is_stop = is_stop, .stop_ud = &sp,
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,

@@ -123,4 +123,46 @@ int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int 
  * short prompt) unless already known; *exact = 1 when all are exact, else -1. */
 int dfl_probe_ensure(dfl_engine *e, int bmax, int *exact, dfl_error *err);
 
+/* ==== benchmarks and start-up costs (src/spec/replay.c, calibrate.c; owned
+ * by the bench work, kept apart from the loop's contracts above) ========= */
+
+/* The replay proposer (replay.c): runs the real proposer `inner` on every
+ * call, so a round costs what a real one does, but proposes the reference
+ * path ref[] (tokens by absolute position: the prompt, then the classic
+ * decode of the same request) with forced accept lengths: a round anchored
+ * at pos gets k(pos) drafts equal to the reference, then a wrong one, so it
+ * accepts min(k(pos), B-1). k(pos) counts leading successes of independent
+ * draws with P(draft i accepted | all before) = p[i], i < n_p, keyed by
+ * (seed, pos): every mode and block size replays the same acceptance. Drafts
+ * past n_ref keep the inner proposer's tokens. */
+typedef struct dfl_replay_proposer {
+    dfl_proposer base;
+    dfl_proposer *inner;
+    const int32_t *ref;          /* (n_ref) reference tokens by position */
+    int n_ref, vocab;
+    double p[DFL_POLICY_MAX];    /* per-position acceptance, (n_p) */
+    int n_p;
+    uint64_t seed;
+    uint64_t calls, forced;      /* draft calls; sum of min(k, B-1) over them */
+} dfl_replay_proposer;
+
+void dfl_replay_proposer_init(dfl_replay_proposer *r, dfl_proposer *inner, const int32_t *ref,
+                              int n_ref, int vocab, const double *p, int n_p, uint64_t seed);
+/* k(pos): drafts the round anchored at pos gets right (0..n_p). */
+int dfl_replay_accept_len(const dfl_replay_proposer *r, int pos);
+/* A flat profile (p at every one of n_drafts positions): tau = 1 + p + p^2
+ * + ... + p^n_drafts committed tokens per round, and its inverse. */
+double dfl_replay_tau(double p, int n_drafts);
+double dfl_replay_p_for_tau(double tau, int n_drafts);
+
+/* Start-up costs (calibrate.c): on an engine with a drafter, times one
+ * zero-acceptance round -- draft, verify forward with capture, greedy
+ * acceptance, rollback, one row into the side store -- for block sizes 1,
+ * 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 up to bmax (capped by the engine's
+ * max block and forward sizes) whose cost is not known yet, on a private
+ * short cache, and seeds e->costs with the best of two. Cheap when nothing
+ * is missing; the loop keeps the table current afterwards. Returns the
+ * number of sizes measured, or < 0 on error. */
+int dfl_spec_calibrate(dfl_engine *e, int bmax, dfl_error *err);
+
 #endif
