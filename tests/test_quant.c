@@ -115,7 +115,10 @@ static void test_known_blocks(void) {
 
 static double rel_rmse(const float *x, const float *y, int n) {
     double e = 0, s = 0;
-    for (int i = 0; i < n; i++) e += (double)(x[i] - y[i]) * (x[i] - y[i]), s += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) {
+        e += (double)(x[i] - y[i]) * (x[i] - y[i]);
+        s += (double)x[i] * x[i];
+    }
     return s > 0 ? sqrt(e / s) : sqrt(e);
 }
 
@@ -139,7 +142,8 @@ static void test_roundtrip(void) {
             if (t == DFL_Q8_0 || t == DFL_Q4_0) { /* per element: half a step (Q4_0: one at +8) */
                 int bs = t == DFL_Q8_0 ? 34 : 18, bad = 0;
                 for (int i = 0; i < COLS; i++) {
-                    float d = fabsf(dfl_f16_to_f32((uint16_t)(q[i / 32 * bs] | q[i / 32 * bs + 1] << 8)));
+                    const uint8_t *blk = q + i / 32 * bs;
+                    float d = fabsf(dfl_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
                     float lim = (t == DFL_Q8_0 ? 0.5f : 1.0f) * d + 128 * d * 0x1p-11f;
                     bad += fabsf(x[i] - y[i]) > lim;
                 }
@@ -235,7 +239,8 @@ static int rows_equal(const float *a, const float *b, int rows) {
  * sum |w| d / 2, plus float accumulation. */
 static int check_naive(const qmat *m, int n, const float *X, int ldx, const float *Y, int ldy,
                        const char *what) {
-    int rows = m->W.rows, cols = m->W.cols, blk = (m->W.type == DFL_Q4_K || m->W.type == DFL_Q6_K) ? 256 : 32;
+    int rows = m->W.rows, cols = m->W.cols;
+    int blk = (m->W.type == DFL_Q4_K || m->W.type == DFL_Q6_K) ? 256 : 32;
     int bad = 0;
     for (int r = 0; r < n; r++) {
         const float *x = X + (size_t)r * ldx;

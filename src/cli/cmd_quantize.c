@@ -99,8 +99,8 @@ static void conv_task(void *ctx, int i, int n) {
 static uint8_t *convert(dfl_pool *pool, const dfl_tensor *t, dfl_type to, uint64_t *nbytes,
                         dfl_error *err) {
     int cols = (int)t->shape[t->n_dims - 1];
-    conv_job j = {t, to, 0, cols, 0, dfl_type_row_bytes(t->type, cols), dfl_type_row_bytes(to, cols),
-                  NULL, NULL};
+    conv_job j = {t, to, 0, cols, 0, dfl_type_row_bytes(t->type, cols),
+                  dfl_type_row_bytes(to, cols), NULL, NULL};
     j.rows = t->n_dims == 2 ? t->shape[0] : 1;
     *nbytes = (uint64_t)j.rows * j.out_rb;
     j.out = xmalloc(*nbytes);
@@ -229,7 +229,7 @@ static int quantize(const char *in, const char *out, dfl_type to, int embeddings
     }
     if (!rc) rc = dfl_gguf_write(out, k.kv, k.n, t, n, err);
     if (!rc)
-        fprintf(stderr, "dflash quantize: %s: %d of %d tensors converted to %s, %.1f MB -> %.1f MB\n",
+        fprintf(stderr, "dflash quantize: %s: %d of %d tensors converted to %s, %.1f -> %.1f MB\n",
                 out, n_conv, n, dfl_type_name(to), bytes_in / 1e6, bytes_out / 1e6);
     for (int i = 0; i < n; i++) free(bufs[i]);
     free(bufs);
@@ -270,8 +270,8 @@ int cmd_quantize(int argc, char **argv) {
     }
     int to = dfl_type_from_name(type);
     if (to < 0 || to == DFL_F32) {
-        fprintf(stderr, "dflash quantize: --type %s: expected q8_0, q4_0, q4_k, q6_k, f16 or bf16\n",
-                type);
+        fprintf(stderr,
+                "dflash quantize: --type %s: expected q8_0, q4_0, q4_k, q6_k, f16 or bf16\n", type);
         return 2;
     }
     struct stat si, so;

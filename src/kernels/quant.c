@@ -300,9 +300,10 @@ static int quant_q6_K(const float *x, uint8_t *p, int nb) {
         for (int j = 0; j < 16; j++) {
             sc[j] = (int8_t)(d > 0 ? clampi((int)lrintf(s[j] / d), -127, 127) : 0);
             float dj = d * sc[j];
-            for (int l = 0; l < 16; l++)
-                L[16 * j + l] =
-                    (uint8_t)(32 + (dj != 0 ? clampi((int)lrintf(x[16 * j + l] / dj), -32, 31) : 0));
+            for (int l = 0; l < 16; l++) {
+                int q = dj != 0 ? clampi((int)lrintf(x[16 * j + l] / dj), -32, 31) : 0;
+                L[16 * j + l] = (uint8_t)(32 + q);
+            }
         }
         wr16(p + 208, f2h(d));
         uint8_t *ql = p, *qh = p + 128;
@@ -311,7 +312,8 @@ static int quant_q6_K(const float *x, uint8_t *p, int nb) {
                 const uint8_t *q = L + 128 * h + l;
                 ql[l] = (uint8_t)((q[0] & 0xf) | (q[64] & 0xf) << 4);
                 ql[l + 32] = (uint8_t)((q[32] & 0xf) | (q[96] & 0xf) << 4);
-                qh[l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
+                qh[l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 |
+                                  (q[96] >> 4) << 6);
             }
     }
     return 0;

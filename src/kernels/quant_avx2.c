@@ -76,13 +76,15 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
     for (int r = 0; r < n; r++) {
         const float *x = X + (size_t)r * ldx;
         int8_t *q = a->q + (size_t)r * a->cols;
-        for (int b = 0; b < nb; b++) a->d[dfl_qact_di(nb, r, b)] = act_block(x + b * blk, blk, q + b * blk);
+        for (int b = 0; b < nb; b++)
+            a->d[dfl_qact_di(nb, r, b)] = act_block(x + b * blk, blk, q + b * blk);
         if (!a->bsum) continue;
         /* sums of 16: psadbw on the biased bytes gives sums of 8 */
         int16_t *bs = a->bsum + (size_t)r * (a->cols / 16);
         const __m256i bias = _mm256_set1_epi8((char)0x80);
         for (int i = 0; i < a->cols; i += 32) {
-            __m256i s = _mm256_sad_epu8(_mm256_xor_si256(loadu(q + i), bias), _mm256_setzero_si256());
+            __m256i s =
+                _mm256_sad_epu8(_mm256_xor_si256(loadu(q + i), bias), _mm256_setzero_si256());
             int64_t e[4];
             memcpy(e, &s, sizeof e);
             bs[i / 16] = (int16_t)(e[0] + e[1] - 16 * 128);
@@ -120,7 +122,12 @@ INLINE __m256i q4_0_weights(const uint8_t *p) {
 }
 
 /* Per block and row: acc += (w . x per lane of 4) * (dw * dx), with
- * w . x = |w| . (x * sign(w)) so that maddubs has its unsigned operand. */
+ * w . x = |w| . (x * sign(w)) so that maddubs has its unsigned operand.
+ * The products dw * dx of a chunk of blocks are formed first, 8 rows per
+ * vmulps, and stored: broadcasting them from memory costs no ALU pipe, and
+ * doing it ahead of use keeps store-to-load forwarding off the hot loop. */
+enum { SCHUNK = 64 };
+
 INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
                    float *y, int ldy) {
     __m256 acc[TILE];
@@ -130,16 +137,35 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const df
     const int8_t *x = a->q + (size_t)r0 * xs;
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
     const __m256i ones = _mm256_set1_epi16(1);
-    float s[8] __attribute__((aligned(32)));
-    for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8) {
-        __m256i wq = q4 ? q4_0_weights(w) : loadu(w + 2);
-        __m256i wabs = _mm256_sign_epi8(wq, wq);
-        _mm256_store_ps(s, _mm256_mul_ps(_mm256_set1_ps(f16_load(w)), _mm256_load_ps(dx)));
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m256i xsg = _mm256_sign_epi8(load(x + i * xs), wq);
+    if (R == 1) { /* one row: its scale product is one scalar multiply */
+        for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8) {
+            __m256i wq = q4 ? q4_0_weights(w) : loadu(w + 2);
+            __m256i xsg = _mm256_sign_epi8(load(x), wq);
+            __m256i wabs = _mm256_sign_epi8(wq, wq);
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsg), ones);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
+            __m256 sc = _mm256_set1_ps(f16_load(w) * dx[0]);
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[0]);
+        }
+        y[0] = hsum8(acc[0]);
+        return;
+    }
+    float S[SCHUNK][8] __attribute__((aligned(32)));
+    for (int b0 = 0; b0 < nb; b0 += SCHUNK) {
+        int b1 = b0 + SCHUNK < nb ? b0 + SCHUNK : nb;
+        for (int b = b0; b < b1; b++)
+            _mm256_store_ps(S[b - b0], _mm256_mul_ps(_mm256_set1_ps(f16_load(w + b * bb)),
+                                                     _mm256_load_ps(dx + 8 * b)));
+        for (int b = b0; b < b1; b++) {
+            const uint8_t *wb = w + b * bb;
+            __m256i wq = q4 ? q4_0_weights(wb) : loadu(wb + 2);
+            __m256i wabs = _mm256_sign_epi8(wq, wq);
+            const float *s = S[b - b0];
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                __m256i xsg = _mm256_sign_epi8(load(x + i * xs + 32 * b), wq);
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsg), ones);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
+            }
         }
     }
 #pragma GCC unroll 8
@@ -205,7 +231,8 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
         if (q6) {
             sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
             corr = _mm256_cvtepi8_epi16(sc8);
-            _mm256_store_ps(sd, _mm256_mul_ps(_mm256_set1_ps(f16_load(w + 208)), _mm256_load_ps(dx)));
+            __m256 d = _mm256_set1_ps(f16_load(w + 208));
+            _mm256_store_ps(sd, _mm256_mul_ps(d, _mm256_load_ps(dx)));
         } else {
             sc2 = _mm256_broadcastsi128_si256(q4_K_scales(w, &corr));
             _mm256_store_ps(sd, _mm256_mul_ps(_mm256_set1_ps(f16_load(w)), _mm256_load_ps(dx)));
@@ -220,8 +247,8 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
             __m256i sc = q6 ? q6_K_scale(sc8, v) : q4_K_scale(sc2, v);
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) {
-                is[i] = _mm256_add_epi32(
-                    is[i], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load(x + i * xs + 32 * v)), sc));
+                __m256i p = _mm256_maddubs_epi16(q, load(x + i * xs + 32 * v));
+                is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(p, sc));
                 /* keep the sum running: reassociated, all 8R products would be live at once */
                 __asm__("" : "+x"(is[i]));
             }
@@ -229,12 +256,12 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256i c = _mm256_madd_epi16(corr, loadu(bsum + i * ss));
-            if (q6) {
-                is[i] = _mm256_sub_epi32(is[i], _mm256_slli_epi32(c, 5));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_broadcast_ss(sd + i), acc[i]);
-            } else {
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_broadcast_ss(sd + i), acc[i]);
-                acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(c), _mm256_broadcast_ss(sm + i), acc[i]);
+            if (q6) is[i] = _mm256_sub_epi32(is[i], _mm256_slli_epi32(c, 5));
+            __m256 f = _mm256_cvtepi32_ps(is[i]);
+            acc[i] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(sd + i), acc[i]);
+            if (!q6) { /* minus the mins, after the scaled sum */
+                __m256 m = _mm256_cvtepi32_ps(c);
+                acc[i] = _mm256_fnmadd_ps(m, _mm256_broadcast_ss(sm + i), acc[i]);
             }
         }
     }
