@@ -14,6 +14,13 @@ shared="${DFLASH_SHARED:-$root/../shared}"
 cc="${FUZZ_CC:-clang}"
 targets=("$@")
 ((${#targets[@]})) || targets=(gguf safetensors config)
+# ---- tokenizer target (tokenizer helper): built and run by its own block at the end
+tok_target=0
+(($#)) || tok_target=1
+keep=()
+for t in "${targets[@]}"; do if [ "$t" = tokenizer ]; then tok_target=1; else keep+=("$t"); fi; done
+targets=("${keep[@]}")
+# ---- end tokenizer
 
 command -v "$cc" >/dev/null || { echo "fuzz: $cc not found (apt-get install clang)"; exit 2; }
 mkdir -p "$out"
@@ -118,4 +125,84 @@ for t in "${targets[@]}"; do
     grep -E "stat::number_of_executed_units|cov:" "$out/fuzz_$t.log" | tail -2 || true
   fi
 done
+# ---- tokenizer target (tokenizer helper) ------------------------------------------
+# fuzz_tokenizer: tokenizer.json / tokenizer_config.json parsing and GGUF
+# vocabularies, then encode, streaming decode and chat rendering of what loads.
+if ((tok_target)); then
+  echo "fuzz: building fuzz_tokenizer"
+  "$cc" "${flags[@]}" fuzz/fuzz_tokenizer.c src/base/base.c src/io/types.c src/io/gguf.c \
+    src/io/json.c src/tokenizer/*.c -o "$out/fuzz_tokenizer" -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+  mkdir -p "$seeds/tokenizer"
+  /usr/bin/python3 - "$seeds/tokenizer" <<'EOF'
+import json, struct, sys
+d = sys.argv[1]
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+split = {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+(?!\S)|\s+"},
+         "behavior": "Isolated", "invert": False}
+vocab = {c: i for i, c in enumerate("abcdeĠHlowrd,!")}
+vocab.update({"ab": 14, "Ġa": 15, "He": 16, "ll": 17, "Hell": 18, "Hello": 19})
+merges = ["a b", "Ġ a", "H e", "l l", "He ll", ["Hell", "o"]]
+added = [{"id": 20, "content": "<|im_start|>", "special": True, "normalized": False, "lstrip": False,
+          "rstrip": False, "single_word": False},
+         {"id": 21, "content": "<think>", "special": False, "normalized": True, "lstrip": True,
+          "rstrip": True, "single_word": False}]
+bpe = {"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, bl]},
+       "decoder": bl, "post_processor": bl, "added_tokens": added,
+       "model": {"type": "BPE", "vocab": vocab, "merges": merges, "ignore_merges": True}}
+cfg = {"bos_token": "<|im_start|>", "add_bos_token": True, "eos_token": {"content": "<think>"},
+       "chat_template": "{{ '<|im_start|>' }}{% if enable_thinking %}<think>{% endif %}"}
+open(f"{d}/bytelevel.json", "w").write(json.dumps(bpe) + "\0" + json.dumps(cfg) + "\0Hello, world! ab <think> x")
+sp = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3, "a": 4, "b": 5, "▁a": 6, "ab": 7, "<0x41>": 8,
+      "<0xC3>": 9, "<0xA9>": 10}
+ms = {"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                     {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+      "pre_tokenizer": None,
+      "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                  {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+      "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                         {"Sequence": {"id": "A", "type_id": 0}}],
+                         "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+      "added_tokens": [{"id": 1, "content": "<s>", "special": True, "normalized": False}],
+      "model": {"type": "BPE", "vocab": sp, "merges": ["▁ a", "a b"], "byte_fallback": True,
+                "fuse_unk": True, "unk_token": "<unk>"}}
+open(f"{d}/metaspace.json", "w").write(json.dumps(ms) + "\0\0a ab é A")
+meta = dict(ms, normalizer=None,
+            pre_tokenizer={"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True})
+open(f"{d}/metaspace_pre.json", "w").write(json.dumps(meta))
+def s(x):
+    b = x.encode()
+    return struct.pack("<Q", len(b)) + b
+def arr_str(items):
+    return struct.pack("<IQ", 8, len(items)) + b"".join(s(i) for i in items)
+def gguf(kvs):
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(
+        s(k) + struct.pack("<I", t) + v for k, t, v in kvs)
+toks = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + ["▁", "a", "▁a", "b", "ab"]
+n = len(toks)
+open(f"{d}/spm.gguf", "wb").write(gguf([
+    ("tokenizer.ggml.model", 8, s("llama")), ("tokenizer.ggml.tokens", 9, arr_str(toks)),
+    ("tokenizer.ggml.scores", 9, struct.pack(f"<IQ{n}f", 6, n, *[-float(i) for i in range(n)])),
+    ("tokenizer.ggml.token_type", 9, struct.pack(f"<IQ{n}i", 5, n, 2, 3, 3, *([6] * 256), 1, 1, 1, 1, 1)),
+    ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)), ("tokenizer.chat_template", 8, s("<|im_start|>"))]))
+bt = ["a", "b", "ab", "Ġ", "Ġa", "<|endoftext|>"]
+open(f"{d}/gpt2.gguf", "wb").write(gguf([
+    ("tokenizer.ggml.model", 8, s("gpt2")), ("tokenizer.ggml.pre", 8, s("qwen2")),
+    ("tokenizer.ggml.tokens", 9, arr_str(bt)),
+    ("tokenizer.ggml.token_type", 9, struct.pack("<IQ6i", 5, 6, 1, 1, 1, 1, 1, 3)),
+    ("tokenizer.ggml.merges", 9, arr_str(["a b", "Ġ a"]))]))
+EOF
+  corpus="$out/corpus_tokenizer"
+  mkdir -p "$corpus"
+  echo "fuzz: running fuzz_tokenizer for ${secs}s"
+  if ! "$out/fuzz_tokenizer" -max_total_time="$secs" -max_len=32768 -timeout=10 -rss_limit_mb=2048 \
+       -print_final_stats=1 -artifact_prefix="$out/crash-tokenizer-" "$corpus" "$seeds/tokenizer" \
+       >"$out/fuzz_tokenizer.log" 2>&1; then
+    echo "fuzz: fuzz_tokenizer FAILED (log: $out/fuzz_tokenizer.log)"
+    grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$out/fuzz_tokenizer.log" | head -20 || true
+    fail=1
+  else
+    grep -E "stat::number_of_executed_units|cov:" "$out/fuzz_tokenizer.log" | tail -2 || true
+  fi
+fi
+# ---- end tokenizer
 exit $fail
