@@ -3,7 +3,8 @@
 # client, on a small random Qwen3 target + DFlash drafter: chat and
 # completions, streaming and not, stop strings, usage, logprobs; greedy output
 # equals `dflash generate` with and without the drafter; every documented 4xx
-# error; the API key; /metrics through promtool; a clean SIGTERM exit.
+# error; the API key; /metrics through promtool; a clean SIGTERM exit; 503
+# when the queue is full; SIGTERM with requests queued and running.
 set -uo pipefail
 . "$(dirname "$0")/server/lib.sh"
 
@@ -32,4 +33,12 @@ for mode in draft none; do
   grep -q "dflash serve: stopped" "$WORK/server-$mode.log" || die "no clean stop in the log"
   ! grep -q "Sanitizer" "$WORK/server-$mode.log" || { cat "$WORK/server-$mode.log"; die "sanitizer report"; }
 done
+
+say "=== a full server: 503 when the queue is full; SIGTERM refuses the queued, cancels the running"
+start_server "$WORK/server-busy.log" -m "$WORK/target" -c 2048 --parallel 1 --queue 1 --shutdown-grace 1
+SERVER_URL=$SERVER_URL SERVER_PID=$SERVER_PID timeout 300 node "$NODE_DIR/busy.mjs" ||
+  { tail -30 "$WORK/server-busy.log"; die "busy.mjs"; }
+stop_server TERM
+[ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server-busy.log"; die "exit status $SERVER_RC after SIGTERM with work in flight"; }
+grep -q "dflash serve: stopped" "$WORK/server-busy.log" || die "no clean stop in the log"
 echo "test_server: all passed"

@@ -13,6 +13,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,13 +428,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
-        /* A declared body over the limit is refused before it is read. */
+        /* A declared body over the limit is refused before it is read when the
+         * client waits for "100 Continue" (or the body is absurd). Otherwise
+         * it is read and dropped first: answering while the client still
+         * sends makes it see a broken pipe instead of the 413. */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > srv->o.max_body) {
+        const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+        if (declared > srv->o.max_body &&
+            ((ex && !strcasecmp(ex, "100-continue")) || declared / 16 > srv->o.max_body)) {
             srv_err e;
             srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
             return reply_err(srv, c, &e);
         }
+        cc->too_large = declared > srv->o.max_body;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -513,6 +521,14 @@ static void *load_engine(void *arg) {
     return NULL;
 }
 
+/* libmicrohttpd's messages, less the one every client hang-up mid-stream causes. */
+static void http_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    if (!strncmp(fmt, "Closing connection (application error", 37)) return;
+    fprintf(stderr, "dflash serve: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
 static struct MHD_Daemon *start_http(srv_server *srv) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
@@ -530,7 +546,8 @@ static struct MHD_Daemon *start_http(srv_server *srv) {
         flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
         ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)srv->o.conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_END);
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_EXTERNAL_LOGGER, http_log,
+        NULL, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) fprintf(stderr, "dflash serve: cannot listen on %s:%d: %s\n", srv->o.host, srv->o.port,
                     strerror(errno));

@@ -196,6 +196,19 @@ static int on_token(void *ud, const dfl_token_info *tok) {
     return 0;
 }
 
+/* One line per request: enough to follow a server's life from its log. */
+static void log_job(const srv_slot *s, const srv_job *j) {
+    static const char *fin[] = {"-", "stop", "length", "cancelled", "error"};
+    const dfl_stats *st = &j->st;
+    fprintf(stderr,
+            "dflash serve: %s slot %d: %d prompt (%d cached) + %d tokens, %.1f tok/s, "
+            "%llu rounds tau %.2f, queued %.0f ms, total %.0f ms: %s\n",
+            j->id, s->idx, j->n_prompt, j->n_cached, j->n_gen,
+            st->t_decode > 0 ? j->n_gen / st->t_decode : 0.0, (unsigned long long)st->rounds,
+            st->rounds ? (double)st->committed / (double)st->rounds : 0.0,
+            (j->t_start - j->t_submit) * 1e3, (j->t_end - j->t_submit) * 1e3, fin[j->finish]);
+}
+
 static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
     run_ctx c = {j, s};
     dfl_error err = {0};
@@ -248,6 +261,7 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
     j->t_end = srv_now();
     srv_emit_end(j, why == SRV_CANCEL_SHUTDOWN ? DFL_ECANCEL : rc, &err);
     srv_metrics_job(&srv->m, j);
+    log_job(s, j);
 }
 
 static void *worker(void *arg) {
