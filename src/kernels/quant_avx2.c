@@ -193,11 +193,13 @@ INLINE __m256i q6_K_quants(const uint8_t *p, int v) {
 /* The 8 scales of a Q4_K block as int16 (low 128 bits) and its 8 mins, each
  * twice, as int16 (the layout of q4k_scales in quant.c). */
 INLINE __m128i q4_K_scales(const uint8_t *p, __m256i *mins) {
-    uint32_t s[3];
-    memcpy(s, p + 4, 12);
-    uint32_t sc_lo = s[0] & 0x3f3f3f3f, mn_lo = s[1] & 0x3f3f3f3f;
-    uint32_t sc_hi = (s[2] & 0x0f0f0f0f) | (s[0] >> 6 & 0x03030303) << 4;
-    uint32_t mn_hi = (s[2] >> 4 & 0x0f0f0f0f) | (s[1] >> 6 & 0x03030303) << 4;
+    uint32_t s0, s1, s2; /* three loads, not a copy through the stack */
+    memcpy(&s0, p + 4, 4);
+    memcpy(&s1, p + 8, 4);
+    memcpy(&s2, p + 12, 4);
+    uint32_t sc_lo = s0 & 0x3f3f3f3f, mn_lo = s1 & 0x3f3f3f3f;
+    uint32_t sc_hi = (s2 & 0x0f0f0f0f) | (s0 >> 6 & 0x03030303) << 4;
+    uint32_t mn_hi = (s2 >> 4 & 0x0f0f0f0f) | (s1 >> 6 & 0x03030303) << 4;
     __m128i mn8 = _mm_setr_epi32((int)mn_lo, (int)mn_hi, 0, 0);
     *mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     return _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0));
