@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""test_drafter_gguf.py - tools/drafter_to_gguf.py against llama.cpp's `dflash`
+GGUF conventions (spec/dflash.md section 1.4, read from llama.cpp's
+conversion/qwen.py DFlashModel, src/models/dflash.cpp and
+common/speculative.cpp), and the engine reading both forms alike:
+
+1. without the engine: architecture, the per-arch keys, target_layers = HF
+   ids + 1 as I32, block size, target hidden size, the mask id under both
+   keys, the target's tokenizer; exactly the tensor names llama.cpp creates
+   (fc, enc.output_norm, output_norm, blk.N.*; no token_embd / output), their
+   shapes, F32 norms, values equal to the safetensors (bf16 kept, or f32);
+   both z-lab layouts (plain and `model.`-prefixed names); refusals;
+2. with the engine: `dflash dump` drafter logits from the folder and from
+   the GGUF are bit-identical (bf16 and f32).
+
+Without $DFLASH_BIN part 2 is skipped, unless CI=true.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SRC = os.environ.get("DFLASH_SRC") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SRC, "tools"))
+import drafter_to_gguf as d2g  # noqa: E402
+import gguf_writer as gw  # noqa: E402
+import make_checkpoint as mc  # noqa: E402
+import st  # noqa: E402
+
+CI = os.environ.get("CI") == "true"
+n_pass = n_fail = 0
+
+
+def check(cond, what):
+    global n_pass, n_fail
+    if cond:
+        n_pass += 1
+    else:
+        n_fail += 1
+        print(f"FAIL: {what}", flush=True)
+    return cond
+
+
+LAYER = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+
+
+def check_file(tdir, ddir, out, outtype, what):
+    with open(os.path.join(tdir, "config.json")) as f:
+        tc = json.load(f)
+    with open(os.path.join(ddir, "config.json")) as f:
+        dc = json.load(f)
+    meta, tens = gw.read(out)
+    ids = dc["dflash_config"]["target_layer_ids"]
+    L, D = dc["num_hidden_layers"], dc["hidden_size"]
+    exp = {
+        "general.architecture": "dflash",
+        "dflash.block_count": L,
+        "dflash.embedding_length": D,
+        "dflash.feed_forward_length": dc["intermediate_size"],
+        "dflash.attention.head_count": dc["num_attention_heads"],
+        "dflash.attention.head_count_kv": dc["num_key_value_heads"],
+        "dflash.attention.key_length": dc["head_dim"],
+        "dflash.attention.value_length": dc["head_dim"],
+        "dflash.rope.dimension_count": dc["head_dim"],
+        "dflash.block_size": dc["block_size"],
+        "dflash.target_layers": [i + 1 for i in ids],
+        "dflash.target_hidden_size": tc["hidden_size"],
+        "dflash.mask_token_id": dc["dflash_config"]["mask_token_id"],
+        "tokenizer.ggml.mask_token_id": dc["dflash_config"]["mask_token_id"],
+        "dflash.vocab_size": tc["vocab_size"],
+    }
+    for k, v in exp.items():
+        check(meta.get(k) == v, f"{what}: {k} = {meta.get(k)!r}, expected {v!r}")
+    check(abs(meta["dflash.rope.freq_base"] - dc["rope_theta"]) < 1e-3 * dc["rope_theta"],
+          f"{what}: rope.freq_base")
+    check(len(meta.get("tokenizer.ggml.tokens", [])) == tc["vocab_size"] and
+          meta.get("tokenizer.ggml.model") == "gpt2", f"{what}: the target's tokenizer")
+    names = ["fc.weight", "enc.output_norm.weight", "output_norm.weight"] + \
+        [f"blk.{i}.{n}.weight" for i in range(L) for n in LAYER]
+    check(sorted(tens) == sorted(names), f"{what}: tensor names {sorted(set(tens) ^ set(names))}")
+    # the target-layers key must be I32 in the file (llama.cpp and our loader read I32)
+    raw = open(out, "rb").read()
+    key = b"dflash.target_layers"
+    at = raw.index(key) + len(key)
+    vt, et = np.frombuffer(raw[at:at + 8], "<u4")
+    check(vt == gw.ARRAY and et == gw.I32, f"{what}: target_layers type {vt}/{et}")
+    src = st.read_dir(ddir)
+    strip = {(k[6:] if k.startswith("model.") else k): v for k, v in src.items()}
+    hf_of = {"fc.weight": "fc.weight", "enc.output_norm.weight": "hidden_norm.weight",
+             "output_norm.weight": "norm.weight"}
+    inv = {v: k for k, v in d2g.LAYER_NAMES.items()}
+    for i in range(L):
+        for n in LAYER:
+            hf_of[f"blk.{i}.{n}.weight"] = f"layers.{i}.{inv[n]}.weight"
+    for g, a in tens.items():
+        s = strip[hf_of[g]]
+        if outtype == "f32" or a.ndim == 1:
+            check(np.array_equal(a, s.astype(np.float32)), f"{what}: {g} values")
+        else:
+            check(np.array_equal(a, st.bf16_to_f32(st.f32_to_bf16(s))), f"{what}: {g} bf16 values")
+    check(tens["fc.weight"].shape == (D, len(ids) * tc["hidden_size"]), f"{what}: fc shape")
+
+
+def dump(bin_, tdir, draft, out, outd):
+    r = subprocess.run([bin_, "dump", "-m", tdir, "--ids", "5,9,2,77,31,6,8,100,3", "--out", out,
+                        "--draft", draft, "--draft-block", "8", "--out-draft", outd],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"dflash dump --draft {draft}: {r.stderr[-400:]}")
+    return open(outd, "rb").read() if r.returncode == 0 else b""
+
+
+def main():
+    bin_ = os.environ.get("DFLASH_BIN")
+    if not bin_ or not os.path.exists(bin_):
+        check(not CI, "DFLASH_BIN missing (CI=true)")
+        bin_ = None
+    with tempfile.TemporaryDirectory() as tmp:
+        t = os.path.join(tmp, "t")
+        mc.make_target(t, arch="qwen3", dim=64, layers=6, heads=4, kv_heads=2, head_dim=16,
+                       ffn=96, vocab=384, max_ctx=256, rope_theta=10000.0, dtype="bf16", quiet=True)
+        cases = [("bf16", dict(dtype="bf16"), "auto"),
+                 ("f32 prefixed", dict(dtype="f32", prefix_model=True, layers=3), "auto"),
+                 ("bf16 -> f32", dict(dtype="bf16", layers=1), "f32")]
+        for name, kw, outtype in cases:
+            d = os.path.join(tmp, name.replace(" ", "_").replace(">", ""))
+            mc.make_drafter(d, t, block_size=8, quiet=True, **kw)
+            out = d + ".gguf"
+            d2g.convert(d, t, out, outtype, quiet=True)
+            check_file(t, d, out, "f32" if outtype == "f32" or kw["dtype"] == "f32" else "bf16",
+                       name)
+            if bin_:
+                a = dump(bin_, t, d, os.path.join(tmp, "a"), os.path.join(tmp, "ad"))
+                b = dump(bin_, t, out, os.path.join(tmp, "b"), os.path.join(tmp, "bd"))
+                check(len(a) > 0 and a == b, f"{name}: drafter logits folder vs GGUF differ")
+        # refusals: a target folder is not a drafter; a drafter with rope scaling
+        bad = subprocess.run([sys.executable, os.path.join(SRC, "tools", "drafter_to_gguf.py"), t,
+                              t, os.path.join(tmp, "x.gguf")], capture_output=True, text=True)
+        check(bad.returncode != 0 and "DFlashDraftModel" in bad.stderr, "a target is refused")
+    print(f"{n_pass} passed, {n_fail} failed")
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
