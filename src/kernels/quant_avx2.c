@@ -97,21 +97,8 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
 
 /* ---- register tiles -------------------------------------------------------
  * A tile is R activation rows r0.. (r0 a multiple of 8, R a constant after
- * inlining) against one weight row; FOR_TILES cuts n rows into tiles of 8
- * and one remainder. Which rows share a tile never changes a row's
- * arithmetic. */
-
-#define CASE_R(R, CALL) \
-    case R: CALL(R); break;
-#define FOR_TILES(n, CALL)                                                                    \
-    for (int r = 0; r < (n);) {                                                                \
-        int rt = (n) - r < TILE ? (n) - r : TILE;                                              \
-        switch (rt) {                                                                          \
-            CASE_R(8, CALL) CASE_R(7, CALL) CASE_R(6, CALL) CASE_R(5, CALL) CASE_R(4, CALL)    \
-            CASE_R(3, CALL) CASE_R(2, CALL) CASE_R(1, CALL)                                    \
-        }                                                                                      \
-        r += rt;                                                                               \
-    }
+ * inlining) against one weight row; n rows are cut into tiles of 8 and one
+ * remainder. Which rows share a tile never changes a row's arithmetic. */
 
 /* ---- Q8_0 and Q4_0: blocks of 32 against activation blocks of 32 -------- */
 
@@ -271,26 +258,45 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
     for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]);
 }
 
-/* ---- rows of W --------------------------------------------------------------- */
+/* ---- rows of W ---------------------------------------------------------------
+ * Weight rows go in groups of about GROUP_BYTES, and each tile of activation
+ * rows runs over the whole group: the group comes from memory once (first
+ * tile) and stays in L2 for the other tiles, while a tile's activations
+ * (8 rows) stay in L1. */
 
-#define ROWS(name, blk, CALL)                                                                  \
+enum { GROUP_BYTES = 96 << 10 };
+
+#define ROWS(name, blk, TILE_FN, Q)                                                            \
     AVX2 static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, \
                           int ldy) {                                                           \
-        int nb = W->cols / (blk);                                                              \
-        for (int o = o0; o < o1; o++) {                                                        \
-            const uint8_t *w = W->data + (size_t)o * W->row_bytes;                            \
-            float *y = Y + o;                                                                  \
-            FOR_TILES(n, CALL)                                                                 \
+        int nb = W->cols / (blk), g = (int)(GROUP_BYTES / W->row_bytes);                       \
+        if (g < 1) g = 1;                                                                      \
+        for (int g0 = o0; g0 < o1; g0 += g) {                                                  \
+            int g1 = g0 + g < o1 ? g0 + g : o1;                                                \
+            for (int r = 0; r < n;) {                                                          \
+                int rt = n - r < TILE ? n - r : TILE;                                          \
+                for (int o = g0; o < g1; o++) {                                                \
+                    const uint8_t *w = W->data + (size_t)o * W->row_bytes;                    \
+                    float *y = Y + (size_t)r * ldy + o;                                        \
+                    switch (rt) {                                                              \
+                    case 8: TILE_FN(Q, 8, w, nb, a, r, y, ldy); break;                         \
+                    case 7: TILE_FN(Q, 7, w, nb, a, r, y, ldy); break;                         \
+                    case 6: TILE_FN(Q, 6, w, nb, a, r, y, ldy); break;                         \
+                    case 5: TILE_FN(Q, 5, w, nb, a, r, y, ldy); break;                         \
+                    case 4: TILE_FN(Q, 4, w, nb, a, r, y, ldy); break;                         \
+                    case 3: TILE_FN(Q, 3, w, nb, a, r, y, ldy); break;                         \
+                    case 2: TILE_FN(Q, 2, w, nb, a, r, y, ldy); break;                         \
+                    case 1: TILE_FN(Q, 1, w, nb, a, r, y, ldy); break;                         \
+                    }                                                                          \
+                }                                                                              \
+                r += rt;                                                                       \
+            }                                                                                  \
         }                                                                                      \
     }
-#define CALL_Q8_0(R) tile32(0, R, w, nb, a, r, y + (size_t)r * ldy, ldy)
-#define CALL_Q4_0(R) tile32(1, R, w, nb, a, r, y + (size_t)r * ldy, ldy)
-#define CALL_Q4_K(R) tile_k(0, R, w, nb, a, r, y + (size_t)r * ldy, ldy)
-#define CALL_Q6_K(R) tile_k(1, R, w, nb, a, r, y + (size_t)r * ldy, ldy)
-ROWS(rows_q8_0, 32, CALL_Q8_0)
-ROWS(rows_q4_0, 32, CALL_Q4_0)
-ROWS(rows_q4_K, QK_K, CALL_Q4_K)
-ROWS(rows_q6_K, QK_K, CALL_Q6_K)
+ROWS(rows_q8_0, 32, tile32, 0)
+ROWS(rows_q4_0, 32, tile32, 1)
+ROWS(rows_q4_K, QK_K, tile_k, 0)
+ROWS(rows_q6_K, QK_K, tile_k, 1)
 
 AVX2 void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                          int ldy) {
