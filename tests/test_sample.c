@@ -726,6 +726,29 @@ static void test_typical(void) {
            acc_e, rounds, lossy);
 }
 
+/* Proposers are code, but a draft id outside the vocabulary must be refused,
+ * never read out of bounds, by every rule. */
+static void test_bad_drafts(void) {
+    enum { V = 16 };
+    float tl[3 * V], dl[2 * V];
+    for (int i = 0; i < 3 * V; i++) tl[i] = (float)(i % 5);
+    for (int i = 0; i < 2 * V; i++) dl[i] = (float)(i % 3);
+    int32_t prefix[2] = {1, 2}, draft[2] = {V + 5, -3};
+    int bad = 0;
+    for (int rule = 0; rule <= 2; rule++) {
+        dfl_gen_params p = base_params();
+        p.temperature = 1.0f;
+        p.spec_accept = rule;
+        p.typical_d = 0.5f;
+        dfl_sampler *s = new_sampler(&p, V);
+        dfl_accept_result r;
+        dfl_accept(s, tl, 3, draft, dl, prefix, 2, &r);
+        bad += r.n_accepted != 0 || r.next < 0 || r.next >= V;
+        dfl_sampler_free(s);
+    }
+    CHECK(bad == 0, "out-of-vocabulary drafts: %d rules kept one or chose a bad token", bad);
+}
+
 /* ---- tests: rejection keeps the target distribution ---------------------- */
 
 enum { TV = 8, TB = 4, NTRIAL = 100000 };
@@ -867,6 +890,7 @@ int main(void) {
     timed("against reference", test_against_reference);
     timed("exact == classic", test_exact_equals_classic);
     timed("typical", test_typical);
+    timed("bad drafts", test_bad_drafts);
     timed("rejection", test_rejection);
     timed("150K vocabulary", test_big_vocab);
     return test_summary();

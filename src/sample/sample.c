@@ -421,6 +421,11 @@ void dfl_sample_drafts(dfl_sampler *s, const float *dlogits, int n, const int32_
 
 /* ---- step 3: acceptance ------------------------------------------------- */
 
+/* Probability of a proposed token; a proposer's id outside the vocabulary has none. */
+static double draft_prob(const dfl_sampler *s, const dfl_dist *d, int32_t id) {
+    return id >= 0 && id < s->vocab ? dfl_dist_prob(d, id) : 0.0;
+}
+
 /* The target's own sample at position pos: what classic decode draws there. */
 static int32_t target_sample(dfl_sampler *s, uint64_t pos) {
     return dfl_dist_pick(&s->p, s->vocab, dfl_rng_u64(s->seed, DFL_RNG_TARGET, pos, 0));
@@ -455,7 +460,7 @@ static void accept_typical(dfl_sampler *s, const float *tl, int B, const int32_t
             return;
         }
         if (draft[k] == t) continue;
-        double px = dfl_dist_prob(&s->p, draft[k]);
+        double px = draft_prob(s, &s->p, draft[k]);
         double tau = fmin(1.0, (double)s->typical_d * exp(-dfl_dist_entropy(&s->p, s->vocab)));
         if (s->typical_d > 0 && px > 0 && px >= tau) {
             r->n_lossy++;
@@ -503,7 +508,7 @@ static void accept_rejection(dfl_sampler *s, const float *tl, int B, const int32
             return;
         }
         dfl_sampler_dist(s, dl + (size_t)k * v, prefix, n_prefix, draft, k, &s->q);
-        double px = dfl_dist_prob(&s->p, draft[k]), qx = dfl_dist_prob(&s->q, draft[k]);
+        double px = draft_prob(s, &s->p, draft[k]), qx = draft_prob(s, &s->q, draft[k]);
         double u = dfl_rng_uniform(s->seed, DFL_RNG_COIN, pos, 0);
         if (qx > 0 && u * qx < px) continue;
         int32_t t = residual(s, dfl_rng_uniform(s->seed, DFL_RNG_RESIDUAL, pos, 0));
@@ -517,6 +522,7 @@ static void accept_rejection(dfl_sampler *s, const float *tl, int B, const int32
 void dfl_accept(dfl_sampler *s, const float *tlogits, int B, const int32_t *draft,
                 const float *dlogits, const int32_t *prefix, int n_prefix, dfl_accept_result *r) {
     memset(r, 0, sizeof *r);
+    if (B < 1) B = 1; /* no drafts: one classic step */
     int rule = s->accept;
     if (s->temperature == 0.0f) rule = DFL_ACCEPT_EXACT; /* all three agree: greedy */
     if (rule == DFL_ACCEPT_REJECTION && dlogits)
