@@ -11,6 +11,7 @@
  * spell out exactly that, so tests can memcmp them against the SIMD code. */
 #include "kernels/quant.h"
 
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -512,8 +513,17 @@ static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1
     }
 }
 
+/* The loaders guarantee whole blocks (dfl_type_row_bytes); anything else is
+ * a caller's bug. */
+static void check_mat(const dfl_mat *W) {
+    int blk = dfl_type_block(W->type);
+    assert(blk > 1 && W->cols % blk == 0 && W->row_bytes >= dfl_type_row_bytes(W->type, W->cols));
+    (void)blk;
+}
+
 void dfl_qmatmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, int ldy) {
     if (n <= 0) return;
+    check_mat(W);
     dfl_qact a;
     void *scratch = dfl_aligned_alloc(qact_layout(W->type, n, W->cols, NULL, NULL));
     qact_layout(W->type, n, W->cols, scratch, &a);
@@ -544,6 +554,7 @@ static void qjob_run(void *ctx, int i, int ntask) {
 void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
                  int ldy, void *scratch) {
     if (n <= 0 || W->rows <= 0) return;
+    check_mat(W);
     dfl_qact a;
     qact_layout(W->type, n, W->cols, scratch, &a);
     int simd = dfl_cpu_has_avx2();
