@@ -12,7 +12,7 @@
 #include "engine.h"
 #include "testutil.h"
 
-enum { CTX = 200, MAXG = 256 };
+enum { CTX = 128, MAXG = 256 };
 
 typedef struct sink {
     int32_t ids[MAXG];

@@ -14,7 +14,7 @@
 #include "spec/spec.h"
 #include "testutil.h"
 
-enum { CTX = 160, MAXB = 16 };
+enum { CTX = 112, MAXB = 16 };
 
 static dfl_target *T;
 static int32_t ref[CTX + 1 + MAXB];   /* prompt + classic output (+ slack) */
