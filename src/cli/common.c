@@ -47,7 +47,7 @@ static const char *default_path(const char *file) {
     return NULL;
 }
 
-const char *cli_default_model(void) { return default_path("target.gguf"); }
+const char *cli_default_model(void) { return default_path("target"); }
 const char *cli_default_draft(void) { return default_path("draft"); }
 
 int cli_int(const char *flag, const char *v, long lo, long hi) {

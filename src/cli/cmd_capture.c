@@ -1,0 +1,475 @@
+/* cmd_capture.c - `dflash capture`: what drafter training reads (tools/
+ * train_dflash.py, docs/training.md). Runs the target over a text corpus, or
+ * over its own continuations of prompts cut from the corpus
+ * (self-distillation), and writes token ids, the hidden features of chosen
+ * target layers (the same forward verification runs, so the drafter trains
+ * on what it will see) and the target's embedding and lm_head. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static void help(void) {
+    printf(
+        "usage: dflash capture --model PATH --corpus FILE --out DIR [options]\n"
+        "\n"
+        "Splits the corpus into documents and writes, for drafter training\n"
+        "(tools/train_dflash.py; the format is in docs/training.md):\n"
+        "  capture.json   what was run and the layout of the files below\n"
+        "  tokens.i32     every row's token id (int32)\n"
+        "  seqs.i32       per sequence: first row, rows, prompt rows (int32 triples)\n"
+        "  features.f32   (rows, layers x dim): output of each captured layer\n"
+        "  embed.f32      the target's token embedding (vocab, dim)\n"
+        "  lm_head.f32    its lm_head (vocab, dim); absent when tied to the embedding\n"
+        "\n"
+        "  -m, --model PATH        target: Hugging Face folder or .gguf\n"
+        "  --corpus FILE           UTF-8 text (repeat for several files)\n"
+        "  --out DIR               output folder (created)\n"
+        "  --layers auto|all|i,j   target layers to capture, 0-based (default auto: z-lab's\n"
+        "                          rule for --draft-layers drafter layers)\n"
+        "  --draft-layers L        drafter depth the auto rule assumes (default 2)\n"
+        "  --sep STR               document separator (default <|endoftext|>; \\n and \\t\n"
+        "                          are understood, e.g. '\\n%%\\n' for fortune files)\n"
+        "  --first-doc N           skip the first N documents (hold them out)\n"
+        "  --max-docs N            use at most N documents (default all)\n"
+        "  --seq-len N             text mode: rows per sequence; a longer document is cut\n"
+        "                          into pieces, each run from position 0 (default: the\n"
+        "                          context size)\n"
+        "  --generate N            self-distillation: prompt the target with each\n"
+        "                          document's first --prompt-tokens ids and capture the\n"
+        "                          prompt plus up to N tokens the target generates\n"
+        "  --prompt-tokens A[:B]   prompt rows (BOS included), uniform in A..B (default 4:24)\n"
+        "  --temp T  --seed S      sampling for --generate (default 0: greedy)\n"
+        "  --max-rows N            stop after N rows in all\n"
+        "  -c, --ctx-size N        KV cache rows (default: min(model context, 4096))\n"
+        "  -t, --threads N         threads (default: all cores)\n"
+        "  -q, --quiet             no progress lines\n");
+}
+
+typedef struct opts {
+    dfl_engine_opts eo;
+    const char *corpus[64];
+    int n_corpus;
+    const char *out, *layers, *sep;
+    int draft_layers, first_doc, max_docs, seq_len, generate, p_lo, p_hi, quiet;
+    long max_rows;
+    float temp;
+    uint64_t seed;
+} opts;
+
+static const char *need(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "dflash capture: %s needs a value (see --help)\n", argv[*i]);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+static void parse_prompt_tokens(opts *o, const char *v) {
+    const char *colon = strchr(v, ':');
+    if (!colon) {
+        o->p_lo = o->p_hi = cli_int("--prompt-tokens", v, 1, 1 << 20);
+        return;
+    }
+    char lo[32];
+    snprintf(lo, sizeof lo, "%.*s", (int)(colon - v) < 31 ? (int)(colon - v) : 31, v);
+    o->p_lo = cli_int("--prompt-tokens", lo, 1, 1 << 20);
+    o->p_hi = cli_int("--prompt-tokens", colon + 1, o->p_lo, 1 << 20);
+}
+
+static void parse(opts *o, int argc, char **argv) {
+    dfl_engine_opts_default(&o->eo);
+    o->layers = "auto";
+    o->sep = "<|endoftext|>";
+    o->draft_layers = 2;
+    o->max_docs = -1;
+    o->p_lo = 4, o->p_hi = 24;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
+        else if (!strcmp(a, "--corpus")) {
+            if (o->n_corpus == 64) {
+                fprintf(stderr, "dflash capture: at most 64 --corpus files\n");
+                exit(2);
+            }
+            o->corpus[o->n_corpus++] = need(argc, argv, &i);
+        } else if (!strcmp(a, "--out")) o->out = need(argc, argv, &i);
+        else if (!strcmp(a, "--layers")) o->layers = need(argc, argv, &i);
+        else if (!strcmp(a, "--draft-layers")) o->draft_layers = cli_int(a, need(argc, argv, &i), 1, 64);
+        else if (!strcmp(a, "--sep")) o->sep = need(argc, argv, &i);
+        else if (!strcmp(a, "--first-doc")) o->first_doc = cli_int(a, need(argc, argv, &i), 0, 1 << 30);
+        else if (!strcmp(a, "--max-docs")) o->max_docs = cli_int(a, need(argc, argv, &i), 0, 1 << 30);
+        else if (!strcmp(a, "--seq-len")) o->seq_len = cli_int(a, need(argc, argv, &i), 2, 1 << 24);
+        else if (!strcmp(a, "--generate")) o->generate = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "--prompt-tokens")) parse_prompt_tokens(o, need(argc, argv, &i));
+        else if (!strcmp(a, "--temp")) o->temp = (float)cli_num(a, need(argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--seed")) o->seed = strtoull(need(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--max-rows")) o->max_rows = cli_int(a, need(argc, argv, &i), 1, 2000000000);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
+            o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 2, 1 << 24);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
+        else {
+            fprintf(stderr, "dflash capture: unknown option '%s' (see --help)\n", a);
+            exit(2);
+        }
+    }
+    if (!o->eo.model_path || !o->n_corpus || !o->out) {
+        fprintf(stderr, "dflash capture: --model, --corpus and --out are required (see --help)\n");
+        exit(2);
+    }
+}
+
+/* ---- the corpus ---------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "dflash capture: cannot open --corpus %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    if (!buf) {
+        fprintf(stderr, "dflash capture: out of memory reading %s\n", path);
+        exit(1);
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* "\n" and "\t" in a separator given on the command line. */
+static char *unescape(const char *s) {
+    char *out = malloc(strlen(s) + 1), *w = out;
+    for (; *s; s++) {
+        if (s[0] == '\\' && (s[1] == 'n' || s[1] == 't' || s[1] == '\\'))
+            *w++ = s[1] == 'n' ? '\n' : s[1] == 't' ? '\t' : '\\', s++;
+        else
+            *w++ = *s;
+    }
+    *w = 0;
+    return out;
+}
+
+typedef struct doc {
+    const char *p;
+    size_t n;
+} doc;
+
+/* Splits text at sep into documents with surrounding whitespace trimmed;
+ * empty ones are dropped. Appends to *docs. */
+static void split_docs(const char *text, size_t len, const char *sep, doc **docs, int *n, int *cap) {
+    size_t ls = strlen(sep);
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *q = ls ? strstr(p, sep) : NULL;
+        if (!q) q = end;
+        const char *a = p, *b = q;
+        while (a < b && (*a == ' ' || *a == '\n' || *a == '\r' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\n' || b[-1] == '\r' || b[-1] == '\t')) b--;
+        if (b > a) {
+            if (*n == *cap) *docs = realloc(*docs, sizeof(doc) * (*cap = *cap ? 2 * *cap : 1024));
+            (*docs)[(*n)++] = (doc){a, (size_t)(b - a)};
+        }
+        p = q + (q < end ? ls : 0);
+    }
+}
+
+/* ---- output files ---------------------------------------------------------- */
+
+typedef struct writer {
+    const char *dir;
+    FILE *tokens, *seqs, *feat;
+    long rows, seqs_n;
+} writer;
+
+static FILE *open_out(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "dflash capture: cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    return f;
+}
+
+static void put(FILE *f, const void *p, size_t size, size_t n, const char *what) {
+    if (fwrite(p, size, n, f) != n) {
+        fprintf(stderr, "dflash capture: writing %s failed (disk full?)\n", what);
+        exit(1);
+    }
+}
+
+static void write_seq(writer *w, const int32_t *ids, int n, int n_prompt, const float *feat,
+                      size_t row_floats) {
+    int32_t triple[3] = {(int32_t)w->rows, n, n_prompt};
+    put(w->tokens, ids, sizeof(int32_t), (size_t)n, "tokens.i32");
+    put(w->seqs, triple, sizeof(int32_t), 3, "seqs.i32");
+    put(w->feat, feat, sizeof(float), (size_t)n * row_floats, "features.f32");
+    w->rows += n;
+    w->seqs_n++;
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void write_meta(const opts *o, const writer *w, const dfl_model_info *mi, const int *layers,
+                       int n_layers, int bos, int tied, int n_docs, const char *sep) {
+    FILE *f = open_out(o->out, "capture.json");
+    fprintf(f, "{\n  \"format\": \"dflash-capture\",\n  \"version\": 1,\n  \"model\": ");
+    json_str(f, o->eo.model_path);
+    fprintf(f, ",\n  \"arch\": \"%s\", \"n_layers\": %d, \"dim\": %d, \"vocab\": %d, "
+               "\"max_ctx\": %d, \"bos_id\": %d,\n", mi->arch, mi->n_layers, mi->dim, mi->vocab,
+            mi->max_ctx, bos);
+    fprintf(f, "  \"layers\": [");
+    for (int j = 0; j < n_layers; j++) fprintf(f, "%s%d", j ? ", " : "", layers[j]);
+    fprintf(f, "],\n  \"corpus\": [");
+    for (int i = 0; i < o->n_corpus; i++) {
+        fputs(i ? ", " : "", f);
+        json_str(f, o->corpus[i]);
+    }
+    fprintf(f, "],\n  \"sep\": ");
+    json_str(f, sep);
+    fprintf(f, ",\n  \"first_doc\": %d, \"n_docs\": %d,\n", o->first_doc, n_docs);
+    if (o->generate)
+        fprintf(f, "  \"mode\": \"generate\", \"generate\": %d, \"prompt_tokens\": [%d, %d], "
+                   "\"temperature\": %g, \"seed\": %llu,\n", o->generate, o->p_lo, o->p_hi,
+                o->temp, (unsigned long long)o->seed);
+    else
+        fprintf(f, "  \"mode\": \"text\", \"seq_len\": %d,\n", o->seq_len);
+    fprintf(f, "  \"n_seqs\": %ld, \"n_rows\": %ld,\n", w->seqs_n, w->rows);
+    fprintf(f, "  \"files\": {\"tokens\": \"tokens.i32\", \"seqs\": \"seqs.i32\", "
+               "\"features\": \"features.f32\", \"embed\": \"embed.f32\", \"lm_head\": %s},\n",
+            tied ? "null" : "\"lm_head.f32\"");
+    fprintf(f, "  \"layout\": {\"tokens\": \"int32 (n_rows)\", \"seqs\": \"int32 (n_seqs, 3): "
+               "first row, rows, prompt rows\", \"features\": \"float32 (n_rows, layers, dim): "
+               "output of decoder layer layers[j], before the final norm\", \"embed\": "
+               "\"float32 (vocab, dim)\", \"lm_head\": \"float32 (vocab, dim)\", "
+               "\"byte_order\": \"little\"}\n}\n");
+    fclose(f);
+}
+
+/* Writes embed.f32 and, unless equal to it, lm_head.f32; returns 1 when tied. */
+static int write_tables(dfl_engine *e, const dfl_model_info *mi, const char *dir) {
+    size_t n = (size_t)mi->vocab * mi->dim;
+    float *E = malloc(n * sizeof(float)), *H = malloc(n * sizeof(float));
+    dfl_error err = {0};
+    if (!E || !H || dfl_export_embeddings(e, E, H, &err)) {
+        fprintf(stderr, "dflash capture: %s\n", E && H ? err.msg : "out of memory");
+        exit(1);
+    }
+    int tied = !memcmp(E, H, n * sizeof(float));
+    FILE *f = open_out(dir, "embed.f32");
+    put(f, E, sizeof(float), n, "embed.f32");
+    fclose(f);
+    if (!tied) {
+        f = open_out(dir, "lm_head.f32");
+        put(f, H, sizeof(float), n, "lm_head.f32");
+        fclose(f);
+    }
+    free(E);
+    free(H);
+    return tied;
+}
+
+/* ---- running the target -------------------------------------------------- */
+
+typedef struct collect {
+    int32_t *ids;
+    int n, cap;
+} collect;
+
+static int on_token(void *ud, const dfl_token_info *t) {
+    collect *c = ud;
+    if (c->n < c->cap) c->ids[c->n++] = t->id;
+    return c->n >= c->cap;
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int parse_layers(const opts *o, dfl_engine *e, const dfl_model_info *mi, int *layers) {
+    int n;
+    if (!strcmp(o->layers, "auto")) {
+        n = dfl_capture_default_layers(e, o->draft_layers, layers);
+    } else if (!strcmp(o->layers, "all")) {
+        n = mi->n_layers < 64 ? mi->n_layers : 64;
+        for (int j = 0; j < n; j++) layers[j] = j;
+    } else {
+        static int32_t ids[64];
+        n = cli_ids("--layers", o->layers, ids, 64);
+        for (int j = 0; j < n; j++) layers[j] = ids[j];
+    }
+    for (int j = 0; j < n; j++)
+        if (layers[j] < 0 || layers[j] >= mi->n_layers) {
+            fprintf(stderr, "dflash capture: --layers: layer %d outside 0..%d\n", layers[j],
+                    mi->n_layers - 1);
+            exit(2);
+        }
+    if (n < 1) {
+        fprintf(stderr, "dflash capture: --layers gave no layers\n");
+        exit(2);
+    }
+    return n;
+}
+
+typedef struct job {
+    const opts *o;
+    dfl_engine *e;
+    dfl_session *s;
+    writer *w;
+    const int *layers;
+    int n_layers, ctx;
+    size_t row_floats;
+    float *feat;          /* (ctx, row_floats) */
+    int32_t *seq;         /* (ctx) */
+    uint64_t rng;
+} job;
+
+static void capture(job *j, const int32_t *ids, int n, int n_prompt) {
+    dfl_error err = {0};
+    if (dfl_capture_rows(j->s, ids, n, j->layers, j->n_layers, j->feat, &err)) {
+        fprintf(stderr, "dflash capture: %s\n", err.msg);
+        exit(1);
+    }
+    write_seq(j->w, ids, n, n_prompt, j->feat, j->row_floats);
+}
+
+/* Text mode: the document in pieces of at most seq_len rows, each from
+ * position 0 and starting with BOS when the tokenizer adds one. */
+static void run_text(job *j, const int32_t *ids, int n, int bos) {
+    int lead = bos >= 0 && n > 0 && ids[0] == bos, body = j->o->seq_len - lead;
+    for (int a = lead; a < n; a += body) {
+        int m = n - a < body ? n - a : body, k = 0;
+        if (lead) j->seq[k++] = bos;
+        memcpy(j->seq + k, ids + a, sizeof(int32_t) * (size_t)m);
+        if (k + m >= 2) capture(j, j->seq, k + m, 1);
+    }
+}
+
+/* Generate mode: a prompt of the document's first P ids, then the target's
+ * own continuation (greedy, or sampled with --temp). */
+static void run_generate(job *j, const int32_t *ids, int n, int doc_index) {
+    const opts *o = j->o;
+    int P = o->p_lo + (int)(splitmix(&j->rng) % (uint64_t)(o->p_hi - o->p_lo + 1));
+    if (P > n) P = n;
+    if (P > j->ctx - 1) P = j->ctx - 1;
+    dfl_gen_params gp;
+    dfl_gen_params_default(&gp);
+    gp.temperature = o->temp;
+    gp.seed = o->seed + (uint64_t)doc_index;
+    gp.block_size = 1;
+    gp.max_tokens = o->generate < j->ctx - P ? o->generate : j->ctx - P;
+    memcpy(j->seq, ids, sizeof(int32_t) * (size_t)P);
+    collect c = {j->seq + P, 0, gp.max_tokens};
+    dfl_error err = {0};
+    if (dfl_generate(j->s, ids, P, &gp, on_token, &c, NULL, &err)) {
+        fprintf(stderr, "dflash capture: document %d: %s\n", doc_index, err.msg);
+        exit(1);
+    }
+    if (P + c.n >= 2) capture(j, j->seq, P + c.n, P);
+}
+
+int cmd_capture(int argc, char **argv) {
+    opts o = {0};
+    parse(&o, argc, argv);
+    char *sep = unescape(o.sep);
+    doc *docs = NULL;
+    int n_docs = 0, cap_docs = 0;
+    char *texts[64];
+    for (int i = 0; i < o.n_corpus; i++) {
+        size_t len;
+        texts[i] = read_file(o.corpus[i], &len);
+        split_docs(texts[i], len, sep, &docs, &n_docs, &cap_docs);
+    }
+    int d0 = o.first_doc < n_docs ? o.first_doc : n_docs;
+    int d1 = o.max_docs >= 0 && d0 + o.max_docs < n_docs ? d0 + o.max_docs : n_docs;
+    if (d1 <= d0) {
+        fprintf(stderr, "dflash capture: no documents left (the corpus has %d; --first-doc %d)\n",
+                n_docs, o.first_doc);
+        return 1;
+    }
+    dfl_error err = {0};
+    dfl_engine *e;
+    if (dfl_engine_load(&o.eo, &e, &err)) {
+        fprintf(stderr, "dflash capture: %s\n", err.msg);
+        return 1;
+    }
+    dfl_model_info mi;
+    dfl_engine_info(e, &mi);
+    int layers[64];
+    int n_layers = parse_layers(&o, e, &mi, layers);
+    if (!o.seq_len || o.seq_len > mi.ctx_size) o.seq_len = mi.ctx_size;
+    if (mkdir(o.out, 0755) && errno != EEXIST) {
+        fprintf(stderr, "dflash capture: cannot create %s: %s\n", o.out, strerror(errno));
+        return 1;
+    }
+    writer w = {o.out, open_out(o.out, "tokens.i32"), open_out(o.out, "seqs.i32"),
+                open_out(o.out, "features.f32"), 0, 0};
+    int tied = write_tables(e, &mi, o.out);
+    job j = {&o, e, NULL, &w, layers, n_layers, mi.ctx_size, (size_t)n_layers * mi.dim,
+             NULL, NULL, o.seed ^ 0x6361707475726500ull};
+    j.feat = malloc(sizeof(float) * (size_t)j.ctx * j.row_floats);
+    j.seq = malloc(sizeof(int32_t) * (size_t)j.ctx);
+    int32_t *ids = NULL;
+    if (!j.feat || !j.seq || dfl_session_new(e, &j.s, &err)) {
+        fprintf(stderr, "dflash capture: %s\n", j.feat && j.seq ? err.msg : "out of memory");
+        return 1;
+    }
+    int bos = dfl_token_bos(e), done = 0;
+    for (int d = d0; d < d1 && (!o.max_rows || w.rows < o.max_rows); d++, done++) {
+        int n = dfl_tokenize(e, docs[d].p, docs[d].n, 1, 0, NULL, 0, &err);
+        if (n < 0) {
+            fprintf(stderr, "dflash capture: document %d: %s\n", d, err.msg);
+            return 1;
+        }
+        ids = realloc(ids, sizeof(int32_t) * (size_t)(n + 1));
+        dfl_tokenize(e, docs[d].p, docs[d].n, 1, 0, ids, n, &err);
+        if (o.generate) run_generate(&j, ids, n, d);
+        else run_text(&j, ids, n, bos);
+        if (!o.quiet && (done + 1) % 100 == 0)
+            fprintf(stderr, "capture: %d/%d documents, %ld rows\n", done + 1, d1 - d0, w.rows);
+    }
+    fclose(w.tokens);
+    fclose(w.seqs);
+    fclose(w.feat);
+    write_meta(&o, &w, &mi, layers, n_layers, bos, tied, done, sep);
+    if (!o.quiet)
+        fprintf(stderr, "capture: %d documents, %ld sequences, %ld rows, layers %s -> %s\n", done,
+                w.seqs_n, w.rows, o.layers, o.out);
+    free(ids);
+    free(j.feat);
+    free(j.seq);
+    free(docs);
+    for (int i = 0; i < o.n_corpus; i++) free(texts[i]);
+    free(sep);
+    dfl_session_free(j.s);
+    dfl_engine_free(e);
+    return 0;
+}

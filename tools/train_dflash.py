@@ -1,0 +1,522 @@
+#!/usr/bin/python3
+"""train_dflash.py - trains a DFlash drafter from `dflash capture` output.
+
+    dflash capture -m TARGET --corpus text.txt --generate 256 --layers 1,3 --out /tmp/cap
+    tools/train_dflash.py --capture /tmp/cap --out DRAFTER --block-size 8 --layers 2 \\
+        --mask-id 0 --steps 3000
+
+The recipe is SpecForge's (spec/dflash.md section 10; docs/training.md):
+  - the target is frozen: its token embedding and lm_head (from the capture)
+    are used as they are and never trained; its hidden features of the
+    captured layers are the drafter's context;
+  - per sequence, random anchor positions a; each anchor gets a block
+    [token at a, mask x (B-1)] at positions a .. a+B-1;
+  - a block row sees the context rows at positions < a (strictly) and all B
+    rows of its own block (bidirectional); blocks never see each other;
+  - block row k (1..B-1) predicts the token at a+k with cross-entropy,
+    optionally weighted exp(-(k-1)/gamma); row 0 (the anchor) has no loss.
+AdamW, linear warm-up then cosine decay, fixed seeds; progress lines with
+loss, per-position accuracy and the greedy acceptance the batch implies;
+resumable checkpoints (--resume). The result is a z-lab drafter folder
+(config.json with dflash_config + model.safetensors) that `dflash generate
+--draft` loads like any published one.
+
+The drafter forward is spec section 3 (context through fc and hidden_norm,
+no input_layernorm on it; per-head q/k RMSNorm before rotate-half RoPE; no
+attention mask beyond the one above; final norm; the target's lm_head).
+Python API (tests): Drafter, load_capture, make_batch, block_mask,
+loss_and_stats, export, load_drafter_dir.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__":
+    import fast_blas
+    fast_blas.reexec()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import make_checkpoint  # noqa: E402
+import st  # noqa: E402
+
+
+# ---- the capture ----------------------------------------------------------------
+
+class Capture:
+    """dflash capture output, memory-mapped (layout in capture.json)."""
+
+    def __init__(self, d):
+        with open(os.path.join(d, "capture.json")) as f:
+            self.meta = m = json.load(f)
+        if m.get("format") != "dflash-capture" or m.get("version") != 1:
+            raise SystemExit(f"train_dflash: {d}/capture.json is not a dflash-capture v1 file")
+        self.dir = d
+        self.layers = list(m["layers"])
+        self.dim, self.vocab = m["dim"], m["vocab"]
+        self.tokens = np.fromfile(os.path.join(d, m["files"]["tokens"]), dtype="<i4")
+        self.seqs = np.fromfile(os.path.join(d, m["files"]["seqs"]), dtype="<i4").reshape(-1, 3)
+        n = len(self.tokens)
+        if n != m["n_rows"] or len(self.seqs) != m["n_seqs"]:
+            raise SystemExit(f"train_dflash: {d}: tokens/seqs do not match capture.json "
+                             "(was the capture interrupted?)")
+        self.features = np.memmap(os.path.join(d, m["files"]["features"]), dtype="<f4", mode="r",
+                                  shape=(n, len(self.layers), self.dim))
+        self.embed = np.fromfile(os.path.join(d, m["files"]["embed"]), dtype="<f4").reshape(
+            self.vocab, self.dim)
+        lm = m["files"].get("lm_head")
+        self.lm_head = self.embed if not lm else np.fromfile(
+            os.path.join(d, lm), dtype="<f4").reshape(self.vocab, self.dim)
+        self.tied = not lm
+
+
+def load_capture(d):
+    return Capture(d)
+
+
+# ---- the drafter ------------------------------------------------------------------
+
+def rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, pos, inv_freq):
+    """Rotate-half RoPE. x (..., n, heads, hd), pos (..., n) integer positions."""
+    ang = pos.to(torch.float32)[..., None] * inv_freq            # (..., n, hd/2)
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]  # (..., n, 1, hd/2)
+    h = x.shape[-1] // 2
+    a, b = x[..., :h], x[..., h:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, D, H, KV, hd, F):
+        super().__init__()
+        L = torch.nn.Linear
+        self.input_layernorm = torch.nn.Parameter(torch.ones(D))            # (D)
+        self.post_attention_layernorm = torch.nn.Parameter(torch.ones(D))   # (D)
+        self.q_proj = L(D, H * hd, bias=False)      # (H*hd, D)
+        self.k_proj = L(D, KV * hd, bias=False)     # (KV*hd, D)
+        self.v_proj = L(D, KV * hd, bias=False)     # (KV*hd, D)
+        self.o_proj = L(H * hd, D, bias=False)      # (D, H*hd)
+        self.q_norm = torch.nn.Parameter(torch.ones(hd))  # (hd)
+        self.k_norm = torch.nn.Parameter(torch.ones(hd))  # (hd)
+        self.gate_proj = L(D, F, bias=False)        # (F, D)
+        self.up_proj = L(D, F, bias=False)          # (F, D)
+        self.down_proj = L(F, D, bias=False)        # (D, F)
+
+
+class Drafter(torch.nn.Module):
+    """DFlashDraftModel (spec section 3); embed / lm_head are the target's,
+    passed in frozen."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        D, K = cfg["dim"], len(cfg["target_layer_ids"])
+        self.H, self.KV, self.hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+        self.eps = cfg["eps"]
+        self.fc = torch.nn.Linear(K * D, D, bias=False)          # (D, K*D)
+        self.hidden_norm = torch.nn.Parameter(torch.ones(D))     # (D)
+        self.layers = torch.nn.ModuleList(
+            Layer(D, self.H, self.KV, self.hd, cfg["ffn"]) for _ in range(cfg["layers"]))
+        self.norm = torch.nn.Parameter(torch.ones(D))            # (D)
+        inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, self.hd, 2, dtype=torch.float64)
+                                           / self.hd))
+        self.register_buffer("inv_freq", inv.to(torch.float32), persistent=False)
+        for m in self.modules():
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.normal_(m.weight, std=0.02)
+
+    def context(self, feat):
+        """feat (S, T, K*D) -> c (S, T, D) = hidden_norm(fc(feat))."""
+        return rmsnorm(self.fc(feat), self.hidden_norm, self.eps)
+
+    def attend(self, q, kb, vb, kc, vc, see):
+        """One softmax over [context rows the block may see ; its own B rows],
+        computed as two parts so no block ever meets another block's keys.
+        q (S,A,B,H,hd), kb/vb (S,A,B,KV,hd), kc/vc (S,T,KV,hd), see (S,1,A*B,T)."""
+        S, A, B, H, hd = q.shape
+        T, rep = kc.shape[1], self.H // self.KV
+        if rep > 1:
+            kb, vb = kb.repeat_interleave(rep, 3), vb.repeat_interleave(rep, 3)
+            kc, vc = kc.repeat_interleave(rep, 2), vc.repeat_interleave(rep, 2)
+        scale = hd ** -0.5
+        qc = q.reshape(S, A * B, H, hd).transpose(1, 2)                      # (S, H, N, hd)
+        s_ctx = (qc @ kc.permute(0, 2, 3, 1)) * scale                        # (S, H, N, T)
+        s_ctx = s_ctx.masked_fill(~see, float("-inf"))
+        qb = q.permute(0, 1, 3, 2, 4)                                        # (S, A, H, B, hd)
+        s_blk = (qb @ kb.permute(0, 1, 3, 4, 2)) * scale                     # (S, A, H, B, B)
+        lse_c = torch.logsumexp(s_ctx, -1).view(S, H, A, B).permute(0, 2, 1, 3)  # (S,A,H,B)
+        lse = torch.logaddexp(lse_c, torch.logsumexp(s_blk, -1))             # (S, A, H, B)
+        lse_n = lse.permute(0, 2, 1, 3).reshape(S, H, A * B, 1)
+        o_ctx = torch.exp(s_ctx - lse_n) @ vc.transpose(1, 2)                # (S, H, N, hd)
+        o_blk = torch.exp(s_blk - lse[..., None]) @ vb.permute(0, 1, 3, 2, 4)  # (S,A,H,B,hd)
+        return o_ctx.view(S, H, A, B, hd).permute(0, 2, 3, 1, 4) + o_blk.permute(0, 1, 3, 2, 4)
+
+    def forward(self, feat, ids, anchors, embed, lm_head, mask_id, B):
+        """feat (S, T, K*D) captured features; ids (S, T) tokens; anchors (S, A)
+        positions (>= 1); embed / lm_head (V, D) frozen target tables.
+        -> logits (S, A, B-1, V) of block rows 1..B-1."""
+        S, T = ids.shape
+        A = anchors.shape[1]
+        c = self.context(feat)                                            # (S, T, D)
+        tok = torch.full((S, A, B), mask_id, dtype=torch.long)
+        tok[:, :, 0] = torch.gather(ids, 1, anchors)
+        x = embed[tok]                                                    # (S, A, B, D)
+        bpos = anchors[..., None] + torch.arange(B)                       # (S, A, B)
+        cpos = torch.arange(T).expand(S, T)                               # (S, T)
+        see = block_mask(anchors, T, B).reshape(S, 1, A * B, T)          # (S, 1, A*B, T)
+        for ly in self.layers:
+            u = rmsnorm(x, ly.input_layernorm, self.eps)
+            q = rope(rmsnorm(ly.q_proj(u).view(S, A, B, self.H, self.hd), ly.q_norm, self.eps),
+                     bpos, self.inv_freq)
+            kb = rope(rmsnorm(ly.k_proj(u).view(S, A, B, self.KV, self.hd), ly.k_norm, self.eps),
+                      bpos, self.inv_freq)
+            vb = ly.v_proj(u).view(S, A, B, self.KV, self.hd)
+            # the context skips input_layernorm (Qwen3 DFlash)
+            kc = rope(rmsnorm(ly.k_proj(c).view(S, T, self.KV, self.hd), ly.k_norm, self.eps),
+                      cpos, self.inv_freq)
+            vc = ly.v_proj(c).view(S, T, self.KV, self.hd)
+            o = self.attend(q, kb, vb, kc, vc, see)                       # (S, A, B, H, hd)
+            x = x + ly.o_proj(o.reshape(S, A, B, self.H * self.hd))
+            h = rmsnorm(x, ly.post_attention_layernorm, self.eps)
+            x = x + ly.down_proj(torch.nn.functional.silu(ly.gate_proj(h)) * ly.up_proj(h))
+        y = rmsnorm(x[:, :, 1:], self.norm, self.eps)
+        return y @ lm_head.T
+
+
+def block_mask(anchors, T, B):
+    """(S, A, B, T) bool: block row b of anchor a sees context row t iff t < a.
+    Together with full visibility inside the block (and no key of any other
+    block in the key set) this is SpecForge's mask."""
+    t = torch.arange(T)
+    return (t[None, None, :] < anchors[..., None]).unsqueeze(2).expand(-1, -1, B, -1)
+
+
+# ---- batches ----------------------------------------------------------------------
+
+def valid_anchors(start, n, n_prompt):
+    """Anchor positions of one sequence: the target's own tokens (>= n_prompt,
+    and >= 1 so the context is never empty) with at least one label after."""
+    lo = max(1, n_prompt)
+    return np.arange(lo, n - 1)
+
+
+def make_batch(cap, seq_idx, A, B, rng, max_len, layer_cols, anchors_fixed=None):
+    """-> dict of tensors: feat (S, T, K*D), ids (S, T), anchors (S, A),
+    labels (S, A, B-1) (-1 where none), full (S, A) anchors whose B-1 labels
+    all exist. Sequences longer than max_len are cut to their first max_len rows."""
+    rows = [(int(cap.seqs[i, 0]), min(int(cap.seqs[i, 1]), max_len), int(cap.seqs[i, 2]))
+            for i in seq_idx]
+    S, T = len(rows), max(r[1] for r in rows)
+    K, D = len(layer_cols), cap.dim
+    feat = np.zeros((S, T, K, D), dtype=np.float32)
+    ids = np.zeros((S, T), dtype=np.int64)
+    anchors = np.ones((S, A), dtype=np.int64)
+    labels = np.full((S, A, B - 1), -1, dtype=np.int64)
+    for s, (a0, n, npr) in enumerate(rows):
+        feat[s, :n] = cap.features[a0:a0 + n][:, layer_cols]
+        ids[s, :n] = cap.tokens[a0:a0 + n]
+        if anchors_fixed is not None:
+            an = anchors_fixed[s]
+        else:
+            va = valid_anchors(a0, n, npr)
+            if len(va) == 0:
+                continue
+            an = np.sort(rng.choice(va, size=min(A, len(va)), replace=False))
+        anchors[s, :len(an)] = an
+        for j, a in enumerate(an):
+            k = np.arange(1, B)
+            ok = a + k < n
+            labels[s, j, ok] = ids[s, a + k[ok]]
+    return {"feat": torch.from_numpy(feat.reshape(S, T, K * D)), "ids": torch.from_numpy(ids),
+            "anchors": torch.from_numpy(anchors), "labels": torch.from_numpy(labels)}
+
+
+def loss_and_stats(logits, labels, gamma):
+    """Weighted cross-entropy over block rows 1..B-1 (weight exp(-(k-1)/gamma),
+    1 when gamma <= 0) and what greedy verification would accept.
+    -> loss, per-position accuracy (B-1), mean accepted prefix over anchors
+    whose labels all exist (nan when none)."""
+    Bm1 = labels.shape[-1]
+    valid = labels >= 0
+    k = torch.arange(Bm1, dtype=torch.float32)
+    w = torch.exp(-k / gamma) if gamma > 0 else torch.ones(Bm1)
+    w = w.expand_as(labels) * valid
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           labels.clamp(min=0).reshape(-1), reduction="none")
+    loss = (ce * w.reshape(-1)).sum() / w.sum().clamp(min=1e-9)
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels) & valid
+        acc = hit.sum((0, 1)).float() / valid.sum((0, 1)).clamp(min=1).float()
+        full = valid.all(-1)
+        prefix = hit.long().cumprod(-1).sum(-1).float()
+        accepted = prefix[full].mean().item() if full.any() else float("nan")
+    return loss, acc, accepted
+
+
+# ---- training ---------------------------------------------------------------------
+
+def lr_at(step, a):
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    t = (step - a.warmup) / max(1, a.steps - a.warmup)
+    return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def drafter_cfg(a, cap, layers):
+    D = cap.dim
+    hd = a.head_dim or D // a.heads
+    return {"dim": D, "layers": a.layers, "heads": a.heads, "kv_heads": a.kv_heads or a.heads,
+            "head_dim": hd, "ffn": a.ffn or 4 * D, "target_layer_ids": layers,
+            "eps": a.eps, "rope_theta": a.rope_theta, "block_size": a.block_size,
+            "mask_id": a.mask_id}
+
+
+def export(model, cap, out, dtype="f32"):
+    """Writes the z-lab folder: config.json (via make_checkpoint's drafter
+    config) and model.safetensors."""
+    cfg = model.cfg
+    m = cap.meta
+    tc = {"hidden_size": m["dim"], "num_hidden_layers": m["n_layers"],
+          "max_position_embeddings": m["max_ctx"], "rms_norm_eps": cfg["eps"],
+          "rope_theta": cfg["rope_theta"], "vocab_size": m["vocab"],
+          "tie_word_embeddings": cap.tied, "bos_token_id": m.get("bos_id"), "eos_token_id": None}
+    d = {"layers": cfg["layers"], "heads": cfg["heads"], "kv_heads": cfg["kv_heads"],
+         "head_dim": cfg["head_dim"], "ffn": cfg["ffn"], "block_size": cfg["block_size"],
+         "target_layer_ids": cfg["target_layer_ids"], "mask_id": cfg["mask_id"], "dtype": dtype,
+         "rope": "none"}
+    os.makedirs(out, exist_ok=True)
+    zcfg = make_checkpoint.drafter_config(tc, d)
+    make_checkpoint._write_json(os.path.join(out, "config.json"), zcfg)
+    t = {}
+    sd = model.state_dict()
+    t["fc.weight"] = sd["fc.weight"]
+    t["hidden_norm.weight"] = sd["hidden_norm"]
+    for i in range(cfg["layers"]):
+        p = f"layers.{i}."
+        t[p + "input_layernorm.weight"] = sd[p + "input_layernorm"]
+        t[p + "post_attention_layernorm.weight"] = sd[p + "post_attention_layernorm"]
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            t[p + f"self_attn.{n}.weight"] = sd[p + n + ".weight"]
+        t[p + "self_attn.q_norm.weight"] = sd[p + "q_norm"]
+        t[p + "self_attn.k_norm.weight"] = sd[p + "k_norm"]
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            t[p + f"mlp.{n}.weight"] = sd[p + n + ".weight"]
+    t["norm.weight"] = sd["norm"]
+    st.save(os.path.join(out, "model.safetensors"),
+            {k: v.detach().float().numpy() for k, v in t.items()}, dtype=dtype)
+    return zcfg
+
+
+def load_drafter_dir(d):
+    """A z-lab folder written by export -> Drafter (for tests and --init)."""
+    with open(os.path.join(d, "config.json")) as f:
+        z = json.load(f)
+    cfg = {"dim": z["hidden_size"], "layers": z["num_hidden_layers"],
+           "heads": z["num_attention_heads"], "kv_heads": z["num_key_value_heads"],
+           "head_dim": z["head_dim"], "ffn": z["intermediate_size"],
+           "target_layer_ids": z["dflash_config"]["target_layer_ids"], "eps": z["rms_norm_eps"],
+           "rope_theta": z["rope_theta"], "block_size": z["block_size"],
+           "mask_id": z["dflash_config"]["mask_token_id"]}
+    m = Drafter(cfg)
+    w = st.read_dir(d)
+    sd = {"fc.weight": w["fc.weight"], "hidden_norm": w["hidden_norm.weight"],
+          "norm": w["norm.weight"]}
+    for i in range(cfg["layers"]):
+        p = f"layers.{i}."
+        sd[p + "input_layernorm"] = w[p + "input_layernorm.weight"]
+        sd[p + "post_attention_layernorm"] = w[p + "post_attention_layernorm.weight"]
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            sd[p + n + ".weight"] = w[p + f"self_attn.{n}.weight"]
+        sd[p + "q_norm"] = w[p + "self_attn.q_norm.weight"]
+        sd[p + "k_norm"] = w[p + "self_attn.k_norm.weight"]
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            sd[p + n + ".weight"] = w[p + f"mlp.{n}.weight"]
+    m.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in sd.items()})
+    return m
+
+
+class Log:
+    def __init__(self, path, append):
+        self.f = open(path, "a" if append else "w")
+
+    def __call__(self, msg):
+        print(msg, flush=True)
+        self.f.write(msg + "\n")
+        self.f.flush()
+
+
+def split(cap, val_frac, seed):
+    """Sequences with at least one anchor, shuffled once by seed: (train, val)."""
+    ok = [i for i in range(len(cap.seqs)) if cap.seqs[i, 1] - max(1, cap.seqs[i, 2]) >= 2]
+    rng = np.random.default_rng(seed + 1)
+    ok = rng.permutation(ok)
+    nv = int(len(ok) * val_frac)
+    return ok[nv:], ok[:nv]
+
+
+def evaluate(model, cap, val, a, E, Hd, cols):
+    """Fixed anchors (every 4th valid position, up to --anchors per sequence)."""
+    model.eval()
+    tot, accs, accepts, n = 0.0, [], [], 0
+    with torch.no_grad():
+        for i in range(0, len(val), a.batch):
+            idx = val[i:i + a.batch]
+            fixed = []
+            for s in idx:
+                n_s = min(int(cap.seqs[s, 1]), a.max_len)
+                va = valid_anchors(0, n_s, int(cap.seqs[s, 2]))[::4][:a.anchors]
+                fixed.append(va if len(va) else np.array([1]))
+            A = max(len(f) for f in fixed)
+            b = make_batch(cap, idx, A, a.block_size, None, a.max_len, cols, fixed)
+            # anchors padded with 1 beyond a sequence's own list carry no labels
+            for s, f in enumerate(fixed):
+                b["labels"][s, len(f):] = -1
+            lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size)
+            loss, acc, acc_len = loss_and_stats(lg, b["labels"], a.gamma)
+            tot += loss.item()
+            accs.append(acc)
+            if not math.isnan(acc_len):
+                accepts.append(acc_len)
+            n += 1
+    model.train()
+    return tot / max(n, 1), torch.stack(accs).mean(0), float(np.mean(accepts)) if accepts else 0.0
+
+
+def save_checkpoint(path, model, opt, step, rng, a):
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                "args": vars(a)}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def fmt_acc(acc):
+    return " ".join(f"{x:.2f}" for x in acc.tolist())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--capture", required=True, help="dflash capture output folder")
+    ap.add_argument("--out", required=True, help="drafter folder to write")
+    ap.add_argument("--target-layers", help="captured layers to use, e.g. 1,3 (default: all)")
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--mask-id", type=int, required=True,
+                    help="a token id the target's text never uses (docs/training.md)")
+    ap.add_argument("--layers", type=int, default=2, help="drafter layers")
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--head-dim", type=int)
+    ap.add_argument("--ffn", type=int)
+    ap.add_argument("--eps", type=float, default=1e-6)
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step")
+    ap.add_argument("--anchors", type=int, default=32, help="anchors per sequence")
+    ap.add_argument("--max-len", type=int, default=512, help="rows of a sequence used")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--gamma", type=float, default=0.0,
+                    help="loss weight exp(-(k-1)/gamma) on block row k; 0: uniform")
+    ap.add_argument("--val-frac", type=float, default=0.02)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--ckpt-every", type=int, default=500)
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    ap.add_argument("--stop-at", type=int, help="save a checkpoint and stop after this step "
+                    "(continue later with --resume)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: best on a shared machine, see fast_blas.py)")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="exported weights")
+    a = ap.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    cap = load_capture(a.capture)
+    layers = [int(x) for x in a.target_layers.split(",")] if a.target_layers else cap.layers
+    missing = [x for x in layers if x not in cap.layers]
+    if missing:
+        raise SystemExit(f"train_dflash: layers {missing} were not captured (have {cap.layers})")
+    cols = [cap.layers.index(x) for x in layers]
+    if not 0 <= a.mask_id < cap.vocab:
+        raise SystemExit(f"train_dflash: --mask-id {a.mask_id} outside 0..{cap.vocab - 1}")
+    used = int((cap.tokens == a.mask_id).sum())
+    if used:
+        print(f"train_dflash: warning: mask id {a.mask_id} occurs {used} times in the capture",
+              file=sys.stderr)
+    cfg = drafter_cfg(a, cap, layers)
+    model = Drafter(cfg)
+    E = torch.from_numpy(np.ascontiguousarray(cap.embed))
+    Hd = E if cap.tied else torch.from_numpy(np.ascontiguousarray(cap.lm_head))
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": other, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    train, val = split(cap, a.val_frac, a.seed)
+    rng = np.random.default_rng(a.seed)
+    os.makedirs(a.out, exist_ok=True)
+    ckpt = os.path.join(a.out, "checkpoint.pt")
+    step = 0
+    if a.resume and os.path.exists(ckpt):
+        s = torch.load(ckpt)
+        model.load_state_dict(s["model"])
+        opt.load_state_dict(s["opt"])
+        step = s["step"]
+        rng.bit_generator.state = s["np_rng"]
+        torch.set_rng_state(s["torch_rng"])
+    log = Log(os.path.join(a.out, "train_log.txt"), append=a.resume and step > 0)
+    if step == 0:
+        nparam = sum(p.numel() for p in model.parameters())
+        log(f"# train_dflash.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+        log(f"# capture {a.capture}: {cap.meta['mode']} mode, {len(cap.seqs)} sequences, "
+            f"{len(cap.tokens)} rows, target {os.path.basename(cap.meta['model'])} "
+            f"({cap.meta['n_layers']} layers, dim {cap.dim}, vocab {cap.vocab})")
+        log(f"# drafter {json.dumps(cfg)}: {nparam} parameters; train {len(train)} / "
+            f"val {len(val)} sequences; torch {torch.__version__}, {a.threads} threads")
+    else:
+        log(f"# resumed at step {step}")
+    t0, seen = time.time(), 0
+    while step < a.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a)
+        idx = rng.choice(train, size=min(a.batch, len(train)), replace=False)
+        b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, cols)
+        lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size)
+        loss, acc, acc_len = loss_and_stats(lg, b["labels"], a.gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seen += int((b["labels"] >= 0).sum())
+        if step % a.log_every == 0 or step == a.steps:
+            el = time.time() - t0
+            log(f"step {step:6d} loss {loss.item():.4f} lr {lr_at(step - 1, a):.2e} gnorm "
+                f"{gn.item():.2f} | acc/pos {fmt_acc(acc)} | tau~ {1 + acc_len:.2f} | "
+                f"{seen / max(el, 1e-9):.0f} labels/s {el:.0f}s")
+        if (step % a.eval_every == 0 or step == a.steps) and len(val):
+            vl, vacc, vlen = evaluate(model, cap, val, a, E, Hd, cols)
+            log(f"eval {step:6d} loss {vl:.4f} | acc/pos {fmt_acc(vacc)} | tau~ {1 + vlen:.2f}")
+        stop = a.stop_at and a.stop_at <= step < a.steps
+        if step % a.ckpt_every == 0 or step == a.steps or stop:
+            save_checkpoint(ckpt, model, opt, step, rng, a)
+        if stop:
+            log(f"# stopped at step {step} (--stop-at); --resume continues")
+            return
+    export(model, cap, a.out, a.dtype)
+    log(f"# wrote {a.out} (config.json, model.safetensors)")
+
+
+if __name__ == "__main__":
+    main()
