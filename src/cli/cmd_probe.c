@@ -110,6 +110,18 @@ static int32_t *prompt_ids(const opts *o, dfl_engine *e, int *n) {
     return ids;
 }
 
+/* A string as JSON (file names may hold quotes or control bytes). */
+static void print_json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 int cmd_probe(int argc, char **argv) {
     opts o = {0};
     parse(&o, argc, argv);
@@ -133,8 +145,10 @@ int cmd_probe(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "dflash probe: %s\n", err.msg);
     } else {
-        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"threads\": %d,\n \"probe\": %s", mi.name,
-               mi.dtype, mi.n_threads, json);
+        printf("{\"model\": ");
+        print_json_str(mi.name);
+        printf(", \"dtype\": \"%s\", \"threads\": %d,\n \"probe\": %s", mi.dtype, mi.n_threads,
+               json);
         if (mi.has_draft) printf(",\n \"drafter\": %s", djson);
         printf("}\n");
         fprintf(stderr, "probe: block %d, %llu of %llu logit bytes differ, max |diff| %g, %d "
