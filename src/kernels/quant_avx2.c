@@ -180,16 +180,16 @@ INLINE __m256i q6_K_quants(const uint8_t *p, int v) {
 /* The 8 scales of a Q4_K block as int16 (low 128 bits) and its 8 mins, each
  * twice, as int16 (the layout of q4k_scales in quant.c). */
 INLINE __m128i q4_K_scales(const uint8_t *p, __m256i *mins) {
-    uint32_t s0, s1, s2; /* three loads, not a copy through the stack */
-    memcpy(&s0, p + 4, 4);
-    memcpy(&s1, p + 8, 4);
-    memcpy(&s2, p + 12, 4);
-    uint32_t sc_lo = s0 & 0x3f3f3f3f, mn_lo = s1 & 0x3f3f3f3f;
-    uint32_t sc_hi = (s2 & 0x0f0f0f0f) | (s0 >> 6 & 0x03030303) << 4;
-    uint32_t mn_hi = (s2 >> 4 & 0x0f0f0f0f) | (s1 >> 6 & 0x03030303) << 4;
-    __m128i mn8 = _mm_setr_epi32((int)mn_lo, (int)mn_hi, 0, 0);
-    *mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-    return _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0));
+    /* words s0 s1 s2 of the 12 bytes (the 4 after them are quants, unused) */
+    __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+    __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));                   /* sc_lo, mn_lo */
+    __m128i s2 = _mm_shuffle_epi32(v, 0xaa);
+    s2 = _mm_blend_epi32(s2, _mm_srli_epi32(s2, 4), 2); /* s2, s2 >> 4 */
+    __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi8(3)), 4);
+    __m128i hi = _mm_or_si128(_mm_and_si128(s2, _mm_set1_epi8(0xf)), top); /* sc_hi, mn_hi */
+    __m128i all = _mm_unpacklo_epi32(lo, hi); /* 8 scales, then 8 mins, as bytes */
+    *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(all, all));
+    return _mm_cvtepu8_epi16(all);
 }
 
 /* The multipliers of quant vector v's madd lanes: Q4_K, scale v everywhere;
