@@ -543,11 +543,11 @@ static struct MHD_Daemon *start_http(srv_server *srv) {
                      MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
-        ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)srv->o.conn_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_EXTERNAL_LOGGER, http_log,
-        NULL, MHD_OPTION_END);
+        flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
+        http_log, NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->o.conn_timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)(1u << 20), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) fprintf(stderr, "dflash serve: cannot listen on %s:%d: %s\n", srv->o.host, srv->o.port,
                     strerror(errno));

@@ -10,7 +10,7 @@ import sys
 
 CHAT = "Tell me a short story about a lighthouse."
 COMPLETION = "Once upon a time, in a small village by the sea,"
-MAX_TOKENS = 40
+MAX_TOKENS = 24
 CTX = 512
 
 
