@@ -297,8 +297,12 @@ static void sec_verify(bench *b, cJSON *arr) {
         cJSON_AddNumberToObject(r, "gflops", gf);
         cJSON_AddItemToArray(rows, r);
     }
-    printf("\n");
+    /* a prefill-style chunk (logits of no row), as llama-bench's pp16 runs */
+    double chunk = fwd(b, 128, 16, 0);
+    printf("16 rows without logits (a prefill chunk): %.2f ms, %.1f rows/s\n\n", chunk * 1e3,
+           16 / chunk);
     fflush(stdout);
+    cJSON_AddNumberToObject(v, "rows16_nologits_ms", chunk * 1e3);
     cJSON_AddItemToArray(arr, v);
 }
 
