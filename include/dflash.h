@@ -151,6 +151,9 @@ typedef struct dfl_stats {
     int exact_checked;               /* probe run: 1 exact, -1 inexact, 0 not run */
     char note[256];                  /* e.g. why speculation was turned off */
     int stop;                        /* DFL_STOP_*: why generation ended */
+    int accept_rule;                 /* DFL_ACCEPT_* the rounds used (exact when greedy) */
+    uint64_t accepted_lossy;         /* typical: drafts kept by the threshold alone */
+    uint64_t resampled;              /* rejection: rounds ended by a residual draw */
 } dfl_stats;
 
 /* Why dfl_generate returned 0. The stop token itself (EOS/EOT or one of

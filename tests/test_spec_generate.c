@@ -3,7 +3,7 @@
  * z-lab DFlash drafter made by tools/make_checkpoint.py:
  * speculative output identical to classic decode for blocks 2, 4, 8, 16 and
  * the adaptive policy (to the end of the context, and to EOS), stop reasons,
- * cancellation, follow-up turns on one session, the sampling fallback, the
+ * cancellation, follow-up turns on one session, sampled speculation, the
  * probe (0 differing bytes) and the drafter diagnostic. */
 #include <stdlib.h>
 #include <string.h>
@@ -125,9 +125,10 @@ static void test_turns(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_session_free(f);
 }
 
-/* Sampling requests decode classically (the note says so) and match the
- * same request with block 1. */
-static void test_sampling_fallback(dfl_engine *e, const int32_t *prompt, int n) {
+/* Sampling speculates too: the exact rule gives the same tokens as the same
+ * request with block 1 (classic sampled decode); rejection and typical run
+ * rounds and say which rule they used. */
+static void test_sampling(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_session *s;
     dfl_error err = {0};
     dfl_session_new(e, &s, &err);
@@ -136,15 +137,28 @@ static void test_sampling_fallback(dfl_engine *e, const int32_t *prompt, int n) 
     p.ignore_eos = 1;
     p.max_tokens = 50;
     p.temperature = 0.8f;
+    p.top_k = 40;
     p.seed = 7;
     sink a, b;
     dfl_stats st;
-    int rc = run(s, prompt, n, &p, &a, &st);
-    CHECK(rc == 0 && st.rounds == 0 && st.classic_steps == 50 && st.note[0],
-          "temperature 0.8: rounds %llu, note '%s'", (unsigned long long)st.rounds, st.note);
-    p.block_size = 1;
-    run(s, prompt, n, &p, &b, &st);
-    CHECK(same(&a, &b), "sampled output depends on the block setting");
+    for (int block = 0; block <= 8; block += 4) {
+        p.block_size = block;
+        int rc = run(s, prompt, n, &p, &a, &st);
+        CHECK(rc == 0 && st.rounds > 0 && st.accept_rule == DFL_ACCEPT_EXACT,
+              "temperature 0.8, block %d: rounds %llu, note '%s'", block,
+              (unsigned long long)st.rounds, st.note);
+        p.block_size = 1;
+        run(s, prompt, n, &p, &b, &st);
+        CHECK(same(&a, &b) && b.n == 50, "sampled block %d differs from classic", block);
+    }
+    for (int rule = DFL_ACCEPT_REJECTION; rule <= DFL_ACCEPT_TYPICAL; rule++) {
+        p.spec_accept = rule;
+        p.block_size = 8;
+        int rc = run(s, prompt, n, &p, &a, &st);
+        CHECK(rc == 0 && a.n == 50 && st.rounds > 0 && st.accept_rule == rule,
+              "rule %d: rc %d, %d tokens, rounds %llu", rule, rc, a.n,
+              (unsigned long long)st.rounds);
+    }
     dfl_session_free(s);
 }
 
@@ -234,7 +248,7 @@ int main(void) {
     int32_t prompt[9] = {355, 12, 200, 31, 7, 400, 90, 91, 92};
     test_invariance(e, prompt, 9);
     test_turns(e, prompt, 9);
-    test_sampling_fallback(e, prompt, 9);
+    test_sampling(e, prompt, 9);
     test_probe(e, prompt, 9);
     test_fail_closed(e, prompt, 9);
     dfl_engine_free(e);

@@ -21,25 +21,33 @@ static int is_stop(void *ud, int32_t id) {
     return id == s->e->t->c.eos_id;
 }
 
-/* The sampler's rules behind the acceptance seam. */
+/* The sampler's rules behind the acceptance seam, counting what a rule
+ * reports beyond the accept length. */
+typedef struct sampled {
+    dfl_sampler *s;
+    uint64_t lossy, resampled;
+} sampled;
+
 static int accept_sampled(void *ud, const float *logits, int vocab, const int32_t *block, int B,
                           int pos, const int32_t *hist, const float *dlogits, int32_t *tgt) {
     (void)vocab;
-    dfl_sampler *s = ud;
+    sampled *sm = ud;
     if (B == 1) {
-        tgt[0] = dfl_sample(s, logits, hist, pos + 1);
+        tgt[0] = dfl_sample(sm->s, logits, hist, pos + 1);
         return 0;
     }
     dfl_accept_result r;
-    dfl_accept(s, logits, B, block + 1, dlogits, hist, pos + 1, &r);
+    dfl_accept(sm->s, logits, B, block + 1, dlogits, hist, pos + 1, &r);
     for (int i = 0; i < r.n_accepted; i++) tgt[i] = block[i + 1];
     tgt[r.n_accepted] = r.next;
+    sm->lossy += (uint64_t)r.n_lossy;
+    sm->resampled += (uint64_t)r.resampled;
     return r.n_accepted;
 }
 
 static void redraft_sampled(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
                             int32_t *draft) {
-    dfl_sample_drafts(ud, dlogits, n, hist, pos + 1, draft);
+    dfl_sample_drafts(((sampled *)ud)->s, dlogits, n, hist, pos + 1, draft);
 }
 
 /* Plain argmax decoding: no temperature, penalties or biases. */
@@ -73,12 +81,7 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
         return 1;
     }
     if (p->block_size == 1) return 1;
-    if (!is_greedy(p)) {
-        note(st, "sampling or penalties requested: classic decode (the speculative loop is "
-                 "greedy-only for now)");
-        return 1;
-    }
-    if (p->spec_accept != DFL_ACCEPT_EXACT)
+    if (p->spec_accept != DFL_ACCEPT_EXACT && !(p->temperature > 0))
         note(st, "greedy decoding: the exact acceptance rule is used");
     int bmax = p->block_size ? p->block_size : e->max_block;
     if (bmax > e->max_block) {
@@ -145,12 +148,17 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
                        .costs = &e->costs,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL};
+    sampled sm = {smp, 0, 0};
     if (smp) {
         o.accept = accept_sampled;
-        o.accept_ud = smp;
-        if (p->spec_accept == DFL_ACCEPT_REJECTION) o.need_dlogits = 1, o.redraft = redraft_sampled;
+        o.accept_ud = &sm;
+        if (smp->temperature > 0 && p->spec_accept == DFL_ACCEPT_REJECTION)
+            o.need_dlogits = 1, o.redraft = redraft_sampled;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
+    st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;
+    st->accepted_lossy += sm.lossy;
+    st->resampled += sm.resampled;
     dfl_sampler_free(smp);
     return rc;
 }
