@@ -76,67 +76,121 @@ static DFL_AVX2_INLINE __m256 load8(dfl_type t, const uint8_t *p, int k) {
 /* acc[r*C + c] += lane sums of W_c[k] * X_r[k] for k in [0, k8), R rows by C
  * outputs; w[c] points at W_c's first column, x at X_0's. acc is in memory
  * between calls (it carries across column blocks); the loop keeps it in
- * registers. */
-static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const *w,
-                                 const float *x, size_t ldx, int k8, __m256 *acc) {
+ * registers. Meanwhile rows pf[0..np) are prefetched over the same columns:
+ * weights a later call reads from memory, so their latency overlaps this
+ * call's arithmetic (callers spread them, a few rows per call, to keep few
+ * misses in flight). With STORE (fixed per instance, so the loop has no
+ * branch for it) the weights converted to f32 (exact) are also stored to
+ * store[c * KB + k], for the next row tiles to read without converting. */
+enum { FETCH = 0, STORE = 1 };
+
+typedef struct {
+    const uint8_t *pf[4];   /* rows to prefetch */
+    int np;
+    size_t pes;             /* their bytes per element */
+    float *store;           /* [3][KB] (STORE) */
+} tile_aux;
+
+/* One step of 8 columns at k. */
+static DFL_AVX2_INLINE void tile_step(int R, int C, dfl_type t, int mode, const uint8_t *const *w,
+                                      const float *x, size_t ldx, int k, __m256 a[4][4],
+                                      const tile_aux *aux) {
+    __m256 wv[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        wv[c] = load8(t, w[c], k);
+        if (mode == STORE) _mm256_store_ps(aux->store + c * KB + k, wv[c]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(wv[c], xv, a[r][c]);
+    }
+}
+
+static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, int mode, const uint8_t *const *w,
+                                 const float *x, size_t ldx, int k8, __m256 *acc,
+                                 const tile_aux *aux) {
     __m256 a[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) a[r][c] = acc[r * C + c];
-    for (int k = 0; k < k8; k += 8) {
-        __m256 wv[4];
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) wv[c] = load8(t, w[c], k);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(wv[c], xv, a[r][c]);
+    int k = 0;
+    /* 32 columns per iteration: one prefetch per 64-byte line of 16-bit rows. */
+    for (; k + 32 <= k8; k += 32) {
+        for (int i = 0; i < aux->np; i++) {
+            const char *p = (const char *)aux->pf[i] + k * aux->pes;
+            _mm_prefetch(p, _MM_HINT_T0);
+            if (aux->pes == 4) _mm_prefetch(p + 64, _MM_HINT_T0);
         }
+#pragma GCC unroll 4
+        for (int j = 0; j < 32; j += 8) tile_step(R, C, t, mode, w, x, ldx, k + j, a, aux);
     }
+    for (; k < k8; k += 8) tile_step(R, C, t, mode, w, x, ldx, k, a, aux);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) acc[r * C + c] = a[r][c];
 }
 
-/* One function per tile shape, so each gets its own register allocation. */
-#define TILE_FN(name, R, C, T)                                                              \
-    DFL_AVX2 static void name(const uint8_t *const *w, const float *x, size_t ldx, int k8, \
-                              __m256 *acc) {                                              \
-        tile(R, C, T, w, x, ldx, k8, acc);                                                 \
+typedef void (*tile_fn)(const uint8_t *const *, const float *, size_t, int, __m256 *,
+                        const tile_aux *);
+
+/* One function per shape, type and mode, each with its own register
+ * allocation: tiles[type][mode][R][C == 3]. */
+#define TILE_FN(R, C, T, M)                                                                  \
+    DFL_AVX2 static void tile_##R##x##C##_##T##_##M(const uint8_t *const *w, const float *x, \
+                                                    size_t ldx, int k8, __m256 *acc,         \
+                                                    const tile_aux *aux) {                   \
+        tile(R, C, DFL_##T, M, w, x, ldx, k8, acc, aux);                                      \
     }
-TILE_FN(gemv_f32_4, 1, 4, DFL_F32)
-TILE_FN(gemv_f16_4, 1, 4, DFL_F16)
-TILE_FN(gemv_bf16_4, 1, 4, DFL_BF16)
-TILE_FN(gemv_f32_1, 1, 1, DFL_F32)
-TILE_FN(gemv_f16_1, 1, 1, DFL_F16)
-TILE_FN(gemv_bf16_1, 1, 1, DFL_BF16)
-TILE_FN(tile_4x3, 4, 3, DFL_F32)
-TILE_FN(tile_3x3, 3, 3, DFL_F32)
-TILE_FN(tile_2x3, 2, 3, DFL_F32)
-TILE_FN(tile_1x3, 1, 3, DFL_F32)
-TILE_FN(tile_4x1, 4, 1, DFL_F32)
-TILE_FN(tile_3x1, 3, 1, DFL_F32)
-TILE_FN(tile_2x1, 2, 1, DFL_F32)
-TILE_FN(tile_1x1, 1, 1, DFL_F32)
+#define TILE_FNS(T, M)                                                                       \
+    TILE_FN(1, 1, T, M) TILE_FN(2, 1, T, M) TILE_FN(3, 1, T, M) TILE_FN(4, 1, T, M)          \
+    TILE_FN(1, 3, T, M) TILE_FN(2, 3, T, M) TILE_FN(3, 3, T, M) TILE_FN(4, 3, T, M)
+#define TILE_ROW(T, M)                                                                       \
+    {{0, 0}, {tile_1x1_##T##_##M, tile_1x3_##T##_##M}, {tile_2x1_##T##_##M, tile_2x3_##T##_##M}, \
+     {tile_3x1_##T##_##M, tile_3x3_##T##_##M}, {tile_4x1_##T##_##M, tile_4x3_##T##_##M}}
+#define NO_ROW {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}}
+TILE_FNS(F32, FETCH)
+TILE_FNS(F16, FETCH)
+TILE_FNS(F16, STORE)
+TILE_FNS(BF16, FETCH)
+TILE_FNS(BF16, STORE)
+TILE_FN(1, 4, F32, FETCH)
+TILE_FN(1, 4, F16, FETCH)
+TILE_FN(1, 4, BF16, FETCH)
+static const tile_fn tiles[3][2][5][2] = {{TILE_ROW(F32, FETCH), NO_ROW},
+                                          {TILE_ROW(F16, FETCH), TILE_ROW(F16, STORE)},
+                                          {TILE_ROW(BF16, FETCH), TILE_ROW(BF16, STORE)}};
+static const tile_fn gemv4[3] = {tile_1x4_F32_FETCH, tile_1x4_F16_FETCH, tile_1x4_BF16_FETCH};
 
-typedef void (*tile_fn)(const uint8_t *const *, const float *, size_t, int, __m256 *);
-
-/* Y[r, o] from lane sums acc and the k tail, in vec.h's order. */
-DFL_AVX2 static float finish(__m256 acc, dfl_type t, const uint8_t *w, const float *x, int k8,
-                             int cols) {
-    float s = dfl_hsum8(acc);
-    for (int k = k8; k < cols; k++) s = fmaf(w_at(t, w, k), x[k], s);
-    return s;
+/* Y values from lane sums acc[0..m) and the k tail, in vec.h's order; w[i %
+ * c] is the weight row and x + (i / c) * ldx the input row of acc[i]. */
+DFL_AVX2 static void finish(const __m256 *acc, int m, int c, dfl_type t, const uint8_t *const *w,
+                            const float *x, size_t ldx, int k8, int cols, float *y, size_t ldy) {
+    size_t r = 0;
+    int o = 0;
+    for (int i = 0; i < m; i += 4) {
+        __m256 z = _mm256_setzero_ps();
+        float s[4];
+        _mm_storeu_ps(s, dfl_hsum8x4(acc[i], i + 1 < m ? acc[i + 1] : z, i + 2 < m ? acc[i + 2] : z,
+                                     i + 3 < m ? acc[i + 3] : z));
+        for (int j = i; j < i + 4 && j < m; j++) {
+            float v = s[j - i];
+            for (int k = k8; k < cols; k++) v = fmaf(w_at(t, w[o], k), x[r * ldx + k], v);
+            y[r * ldy + o] = v;
+            if (++o == c) o = 0, r++;
+        }
+    }
 }
 
-/* n == 1: weights streamed once, converted in registers. */
+/* n == 1: weights streamed once, converted in registers, 4 outputs at a
+ * time while the next 4 rows (within the task's chunk) are prefetched. */
 DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x, float *y) {
-    static const tile_fn f4[3] = {gemv_f32_4, gemv_f16_4, gemv_bf16_4};
-    static const tile_fn f1[3] = {gemv_f32_1, gemv_f16_1, gemv_bf16_1};
     int cols = W->cols, k8 = cols & ~7;
+    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2, NULL};
     for (int o = o0; o < o1;) {
         int c = o1 - o >= 4 ? 4 : 1;
         const uint8_t *w[4];
@@ -145,48 +199,57 @@ DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x,
             w[i] = W->data + (size_t)(o + i) * W->row_bytes;
             acc[i] = _mm256_setzero_ps();
         }
-        (c == 4 ? f4 : f1)[W->type](w, x, 0, k8, acc);
-        for (int i = 0; i < c; i++) y[o + i] = finish(acc[i], W->type, w[i], x, k8, cols);
+        for (aux.np = 0; aux.np < 4 && o + c + aux.np < o1; aux.np++)
+            aux.pf[aux.np] = w[0] + (size_t)(c + aux.np) * W->row_bytes;
+        (c == 4 ? gemv4[W->type] : tiles[W->type][FETCH][1][0])(w, x, 0, k8, acc, &aux);
+        finish(acc, c, c, W->type, w, x, 0, k8, cols, y + o, 0);
         o += c;
     }
 }
 
-/* Rows [r0, r0+nr), nr <= RB, against outputs [o, o+c), c <= 3. */
-DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int r0, int nr, const float *X,
-                                int ldx, float *Y, int ldy) {
-    static const tile_fn f3[5] = {0, tile_1x3, tile_2x3, tile_3x3, tile_4x3};
-    static const tile_fn f1[5] = {0, tile_1x1, tile_2x1, tile_3x1, tile_4x1};
-    _Alignas(32) float wf[3][KB];
+/* Rows [r0, r0+nr), nr <= RB, against outputs [o, o+c), c <= 3, of a task
+ * whose chunk ends at o1. Per column block: a 16-bit block is converted by
+ * the first row tile, which stores the f32 copy (exact: the same values)
+ * for the others; the tiles share out the prefetch of the next block (this
+ * group's next columns, or the next group's first). */
+DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, int nr,
+                                const float *X, int ldx, float *Y, int ldy) {
+    _Alignas(32) float wf[3 * KB];
     __m256 acc[RB * 3];
-    int cols = W->cols, k8 = cols & ~7;
-    const uint8_t *wrow[3];
-    for (int i = 0; i < c; i++) wrow[i] = W->data + (size_t)(o + i) * W->row_bytes;
+    int cols = W->cols, k8 = cols & ~7, wide = c == 3, t = W->type;
+    int convert = t != DFL_F32 && nr > 4, ntile = (nr + 3) / 4;
+    size_t es = t == DFL_F32 ? 4 : 2;
+    const uint8_t *wrow[3], *wfrow[3];
+    for (int i = 0; i < c; i++) {
+        wrow[i] = W->data + (size_t)(o + i) * W->row_bytes;
+        wfrow[i] = (const uint8_t *)(wf + i * KB);
+    }
     for (int i = 0; i < nr * c; i++) acc[i] = _mm256_setzero_ps();
     for (int kb = 0; kb < k8; kb += KB) {
         int nk = k8 - kb < KB ? k8 - kb : KB;
-        const uint8_t *w[3];
-        for (int i = 0; i < c; i++) {
-            if (W->type == DFL_F32) {
-                w[i] = wrow[i] + (size_t)kb * 4;
-                continue;
-            }
-            /* Exact conversion: the f32 copy holds the same values. */
-            for (int k = 0; k < nk; k += 8)
-                _mm256_store_ps(wf[i] + k, load8(W->type, wrow[i], kb + k));
-            w[i] = (const uint8_t *)wf[i];
-        }
-        for (int r = 0; r < nr;) {
+        const uint8_t *w[3], *next[3];
+        int nnext = 0;
+        for (int i = 0; i < c; i++) w[i] = wrow[i] + kb * es;
+        if (kb + KB < k8)
+            for (; nnext < c; nnext++) next[nnext] = w[nnext] + KB * es;
+        else
+            for (; nnext < 3 && o + c + nnext < o1; nnext++)
+                next[nnext] = wrow[0] + (size_t)(c + nnext) * W->row_bytes;
+        for (int r = 0, ti = 0; r < nr; ti++) {
             int tr = nr - r >= 4 ? 4 : nr - r;
             const float *x = X + (size_t)(r0 + r) * ldx + kb;
-            (c == 3 ? f3 : f1)[tr](w, x, (size_t)ldx, nk, acc + r * c);
+            tile_aux aux = {{0}, 0, es, wf};
+            for (int i = ti; i < nnext; i += ntile) aux.pf[aux.np++] = next[i];
+            if (r == 0 && convert)
+                tiles[t][STORE][tr][wide](w, x, (size_t)ldx, nk, acc, &aux);
+            else
+                tiles[convert ? DFL_F32 : t][FETCH][tr][wide](convert ? wfrow : w, x,
+                                                              (size_t)ldx, nk, acc + r * c, &aux);
             r += tr;
         }
     }
-    for (int r = 0; r < nr; r++) {
-        const float *x = X + (size_t)(r0 + r) * ldx;
-        for (int i = 0; i < c; i++)
-            Y[(size_t)(r0 + r) * ldy + o + i] = finish(acc[r * c + i], W->type, wrow[i], x, k8, cols);
-    }
+    finish(acc, nr * c, c, W->type, wrow, X + (size_t)r0 * ldx, (size_t)ldx, k8, cols,
+           Y + (size_t)r0 * ldy + o, (size_t)ldy);
 }
 
 DFL_AVX2 static void gemm_rows(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
@@ -195,7 +258,7 @@ DFL_AVX2 static void gemm_rows(const dfl_mat *W, int o0, int o1, int n, const fl
         int nr = n - r0 < RB ? n - r0 : RB;
         for (int o = o0; o < o1;) {
             int c = o1 - o >= 3 ? 3 : 1;
-            gemm_group(W, o, c, r0, nr, X, ldx, Y, ldy);
+            gemm_group(W, o, c, o1, r0, nr, X, ldx, Y, ldy);
             o += c;
         }
     }

@@ -34,6 +34,18 @@ static DFL_AVX2_INLINE float dfl_hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+/* dfl_hsum8 of four vectors at once, the same tree (additions commute
+ * exactly): halves added pairwise, then lanes (0,2) and (1,3), then the two. */
+static DFL_AVX2_INLINE __m128 dfl_hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+    ab = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0x4e));   /* a0+a2, a1+a3 | b.. */
+    cd = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0x4e));
+    __m256 h = _mm256_hadd_ps(ab, cd);                     /* a, a, c, c | b, b, d, d */
+    __m128 lo = _mm256_castps256_ps128(h), hi = _mm256_extractf128_ps(h, 1);
+    return _mm_shuffle_ps(_mm_unpacklo_ps(lo, hi), _mm_unpackhi_ps(lo, hi), 0x44);  /* a b c d */
+}
+
 static inline float dfl_dot_ref(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int n8 = n & ~7;
