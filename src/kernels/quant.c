@@ -346,6 +346,7 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
     size_t nq = align64((size_t)n * cols);
     size_t nd = align64((size_t)(n + 7) / 8 * 8 * (cols / blk) * sizeof(float));
     size_t ns = is_kquant(t) ? align64((size_t)n * (cols / 16) * sizeof(int16_t)) : 0;
+    size_t n4 = t == DFL_Q4_0 ? align64((size_t)n * (cols / 4) * sizeof(int32_t)) : 0;
     if (a) {
         uint8_t *p = scratch;
         a->blk = blk;
@@ -353,8 +354,9 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         a->q = (int8_t *)p;
         a->d = (float *)(p + nq);
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
+        a->sum4 = n4 ? (int32_t *)(p + nq + nd + ns) : NULL;
     }
-    return nq + nd + ns;
+    return nq + nd + ns + n4;
 }
 
 size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols) {
@@ -392,6 +394,10 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
                 for (int i = 0; i < 16; i++) s += q[16 * g + i];
                 a->bsum[(size_t)r * (a->cols / 16) + g] = (int16_t)s;
             }
+        if (a->sum4)
+            for (int g = 0; g < a->cols / 4; g++)
+                a->sum4[(size_t)r * (a->cols / 4) + g] =
+                    8 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
     }
     for (int r = n; r % 8; r++) /* the unused lanes of the last group of 8 */
         for (int b = 0; b < nb; b++) a->d[dfl_qact_di(nb, r, b)] = 0;

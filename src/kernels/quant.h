@@ -63,6 +63,9 @@ typedef struct dfl_qact {
                                2^-100), 8 rows side by side so that a tile of 8 rows
                                scales its 8 scales in one vector op; see dfl_qact_di */
     int16_t *bsum;          /* [n, cols / 16]: sums of 16 quants (K-quants only, else NULL) */
+    int32_t *sum4;          /* [n, cols / 4]: 8 x the sum of quants 4k..4k+3 (Q4_0 only, else
+                               NULL): lane k of a block's offset, so Q4_0 nibbles enter
+                               maddubs unsigned and (q - 8) . x = q . x - sum4 */
 } dfl_qact;
 
 /* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */

@@ -78,6 +78,12 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
         int8_t *q = a->q + (size_t)r * a->cols;
         for (int b = 0; b < nb; b++)
             a->d[dfl_qact_di(nb, r, b)] = act_block(x + b * blk, blk, q + b * blk);
+        if (a->sum4) /* 8 x sums of 4: maddubs by ones, madd by eights */
+            for (int i = 0; i < a->cols; i += 32) {
+                __m256i s = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(q + i));
+                _mm256_storeu_si256((__m256i *)(a->sum4 + (size_t)r * (a->cols / 4) + i / 4),
+                                    _mm256_madd_epi16(s, _mm256_set1_epi16(8)));
+            }
         if (!a->bsum) continue;
         /* sums of 16: psadbw on the biased bytes gives sums of 8 */
         int16_t *bs = a->bsum + (size_t)r * (a->cols / 16);
@@ -102,17 +108,27 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
 
 /* ---- Q8_0 and Q4_0: blocks of 32 against activation blocks of 32 -------- */
 
-INLINE __m256i q4_0_weights(const uint8_t *p) {
+/* The 32 nibbles of a Q4_0 block as unsigned bytes, in element order. */
+INLINE __m256i q4_0_nibbles(const uint8_t *p) {
     __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
-    __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xf));
-    return _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xf));
 }
 
-/* Per block and row: acc += (w . x per lane of 4) * (dw * dx), with
- * w . x = |w| . (x * sign(w)) so that maddubs has its unsigned operand.
- * The products dw * dx of a chunk of blocks are formed first, 8 rows per
- * vmulps, and stored: broadcasting them from memory costs no ALU pipe, and
- * doing it ahead of use keeps store-to-load forwarding off the hot loop. */
+/* The integer lanes of one row against one block: Q8_0 as |w| . (x * sign(w)),
+ * so that maddubs has its unsigned operand; Q4_0 as q . x - 8 x (sum of x
+ * per lane), with the unsigned nibbles q straight into maddubs. wu is |w| or
+ * q, ws is w (Q8_0 only). */
+INLINE __m256i lanes32(const int q4, __m256i wu, __m256i ws, const int8_t *x, const int32_t *s4) {
+    __m256i xv = load(x);
+    if (!q4) xv = _mm256_sign_epi8(xv, ws);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), _mm256_set1_epi16(1));
+    return q4 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
+}
+
+/* Per block and row: acc += (w . x per lane of 4) * (dw * dx). The products
+ * dw * dx of a chunk of blocks are formed first, 8 rows per vmulps, and
+ * stored: broadcasting them from memory costs no ALU pipe, and doing it
+ * ahead of use keeps store-to-load forwarding off the hot loop. */
 enum { SCHUNK = 64 };
 
 INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
@@ -123,13 +139,12 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const df
     const size_t xs = (size_t)a->cols, bb = q4 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0);
     const int8_t *x = a->q + (size_t)r0 * xs;
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
-    const __m256i ones = _mm256_set1_epi16(1);
+    const int32_t *s4 = q4 ? a->sum4 + (size_t)r0 * (xs / 4) : NULL;
     if (R == 1) { /* one row: its scale product is one scalar multiply */
         for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8) {
-            __m256i wq = q4 ? q4_0_weights(w) : loadu(w + 2);
-            __m256i xsg = _mm256_sign_epi8(load(x), wq);
-            __m256i wabs = _mm256_sign_epi8(wq, wq);
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsg), ones);
+            __m256i ws = q4 ? _mm256_setzero_si256() : loadu(w + 2);
+            __m256i wu = q4 ? q4_0_nibbles(w) : _mm256_sign_epi8(ws, ws);
+            __m256i p = lanes32(q4, wu, ws, x, q4 ? s4 + 8 * b : NULL);
             __m256 sc = _mm256_set1_ps(f16_load(w) * dx[0]);
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[0]);
         }
@@ -144,13 +159,13 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const df
                                                      _mm256_load_ps(dx + 8 * b)));
         for (int b = b0; b < b1; b++) {
             const uint8_t *wb = w + b * bb;
-            __m256i wq = q4 ? q4_0_weights(wb) : loadu(wb + 2);
-            __m256i wabs = _mm256_sign_epi8(wq, wq);
+            __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
+            __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
             const float *s = S[b - b0];
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) {
-                __m256i xsg = _mm256_sign_epi8(load(x + i * xs + 32 * b), wq);
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xsg), ones);
+                __m256i p = lanes32(q4, wu, ws, x + i * xs + 32 * b,
+                                    q4 ? s4 + i * (xs / 4) + 8 * b : NULL);
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
             }
         }
