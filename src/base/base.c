@@ -95,20 +95,54 @@ char *dfl_read_file(const char *path, size_t max_bytes, size_t *len, dfl_error *
 
 /* ---- thread pool ------------------------------------------------------- */
 
+/* A job is handed over by bumping gen; the last worker to finish drops
+ * pending to 0. Both sides spin for a while before sleeping on a condition
+ * variable: a decode step runs a few hundred short jobs back to back, and a
+ * futex wake-up costs tens of microseconds each time. Sleeping is announced
+ * in sleepers / main_waiting (sequentially consistent, so a waker either sees
+ * the sleeper or the sleeper sees the new state) and waking happens under mu,
+ * so no wake-up is lost. */
+enum { SPIN_US = 100 };   /* how long an idle thread spins before sleeping */
+
 struct dfl_pool {
     int n;                  /* threads including the caller */
     pthread_t *th;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t gen;           /* bumped per job */
-    int pending;            /* workers still running the job */
-    int quit;
+    _Atomic uint64_t gen;   /* bumped per job */
+    _Atomic int pending;    /* workers still running the job */
+    _Atomic int sleepers;   /* workers asleep on go */
+    _Atomic int main_waiting; /* caller asleep on done */
+    _Atomic int quit;
     dfl_task_fn fn;
     void *ctx;
     int ntask;
 };
 
 typedef struct { dfl_pool *p; int id; } worker_arg;
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spins until done(p, arg) or SPIN_US passed; returns done's last value. */
+static int spin_until(int (*done)(dfl_pool *, uint64_t), dfl_pool *p, uint64_t arg) {
+    double t0 = 0;
+    for (int i = 0;; i++) {
+        if (done(p, arg)) return 1;
+        if ((i & 255) == 255) {
+            double t = dfl_now();
+            if (t0 == 0) t0 = t;
+            else if (t - t0 > SPIN_US * 1e-6) return 0;
+        }
+        cpu_relax();
+    }
+}
+
+static int new_job(dfl_pool *p, uint64_t seen) { return p->gen != seen || p->quit; }
+static int job_done(dfl_pool *p, uint64_t unused) { return p->pending == 0; }
 
 static void run_share(dfl_pool *p, int id) {
     for (int i = id; i < p->ntask; i += p->n) p->fn(p->ctx, i, p->ntask);
@@ -121,18 +155,21 @@ static void *worker(void *arg) {
     free(w);
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->gen == seen && !p->quit) pthread_cond_wait(&p->go, &p->mu);
-        if (p->quit) {
+        if (!spin_until(new_job, p, seen)) {
+            pthread_mutex_lock(&p->mu);
+            p->sleepers++;
+            while (!new_job(p, seen)) pthread_cond_wait(&p->go, &p->mu);
+            p->sleepers--;
             pthread_mutex_unlock(&p->mu);
-            return NULL;
         }
+        if (p->quit) return NULL;
         seen = p->gen;
-        pthread_mutex_unlock(&p->mu);
         run_share(p, id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
+        if (--p->pending == 0 && p->main_waiting) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -178,16 +215,22 @@ void dfl_pool_run(dfl_pool *p, dfl_task_fn fn, void *ctx, int n) {
         for (int i = 0; i < n; i++) fn(ctx, i, n);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
     p->ntask = n;
     p->pending = p->n - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
+    p->gen++;   /* publishes the fields above (seq_cst) */
+    if (p->sleepers) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->go);
+        pthread_mutex_unlock(&p->mu);
+    }
     run_share(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (!spin_until(job_done, p, 0)) {
+        pthread_mutex_lock(&p->mu);
+        p->main_waiting = 1;
+        while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
+        p->main_waiting = 0;
+        pthread_mutex_unlock(&p->mu);
+    }
 }
