@@ -135,15 +135,14 @@ int main(int argc, char **argv) {
             if (dt < best_dec) best_dec = dt;
         }
         size_t nfc_len;
-        char *nfc = tok_nfc(text, len, &nfc_len); /* what decoding gives back under NFC */
-        const char *want = nfc ? nfc : text;
-        size_t want_len = nfc ? nfc_len : len;
-        int same = dlen == want_len && !memcmp(out, want, want_len);
+        char *nfc = tok_nfc(text, len, &nfc_len); /* tokenizers with NFC give this back */
+        int same = dlen == len && !memcmp(out, text, len);
+        int same_nfc = nfc && dlen == nfc_len && !memcmp(out, nfc, nfc_len);
         free(nfc);
         printf("%s: %zu bytes (%.0f%% ASCII) -> %d ids; encode %.2f MB/s (%.1f ms), decode %.1f "
                "MB/s, decode(encode(x)) %s\n", files[f], len, 100.0 * ascii / (len ? len : 1), n,
                len / best / 1e6, best * 1e3, len / best_dec / 1e6,
-               same ? (nfc ? "= NFC(x)" : "= x") : "DIFFERS");
+               same ? "= x" : same_nfc ? "= NFC(x)" : "DIFFERS");
         if (ids_f) {
             fprintf(ids_f, "%s\"%s\":[", f ? "," : "", files[f]);
             for (int i = 0; i < n; i++) fprintf(ids_f, "%s%d", i ? "," : "", ids[i]);

@@ -4,7 +4,10 @@
 // both produce the same ids.
 //
 //   npm install tokenizers@0.23.2     (in any folder; run node from there)
-//   RAYON_NUM_THREADS=1 node bench/bench_tokenizer_hf.js TOKENIZER_DIR [--ids F] FILE...
+//   RAYON_NUM_THREADS=1 node bench/bench_tokenizer_hf.js TOKENIZER_DIR [--ids F] [--lines] FILE...
+//
+// --lines also times encodeBatch over the file's lines (one rayon thread), in
+// case one long string is a slow path for Hugging Face.
 //
 // Times are best of 5, as thread CPU time is not available from node:
 // process.cpuUsage() (user + system of the process) and wall time are both
@@ -23,11 +26,12 @@ function readText(file) {
 async function main() {
   const args = process.argv.slice(2);
   const dir = args.shift();
-  let idsFile = null;
+  let idsFile = null, lines = false;
   const files = [];
   while (args.length) {
     const a = args.shift();
     if (a === '--ids') idsFile = args.shift();
+    else if (a === '--lines') lines = true;
     else files.push(a);
   }
   let best = Infinity, tok;
@@ -62,6 +66,21 @@ async function main() {
     }
     console.log(`${f}: ${bytes} bytes -> ${ids.length} ids; encode ${(bytes / bestCpu / 1e6).toFixed(2)} ` +
       `MB/s CPU, ${(bytes / bestWall / 1e6).toFixed(2)} MB/s wall${same}`);
+    if (lines) {
+      const parts = text.split(/(?<=\n)/);
+      let lc = Infinity, lw = Infinity, n = 0;
+      for (let r = 0; r < 3; r++) {
+        const c0 = process.cpuUsage(), t0 = process.hrtime.bigint();
+        const encs = await tok.encodeBatch(parts, { addSpecialTokens: false });
+        const wall = Number(process.hrtime.bigint() - t0) / 1e9;
+        const c = process.cpuUsage(c0);
+        lc = Math.min(lc, (c.user + c.system) / 1e6);
+        lw = Math.min(lw, wall);
+        n = encs.reduce((a, e) => a + e.getIds().length, 0);
+      }
+      console.log(`  as ${parts.length} lines (encodeBatch): ${n} ids; ${(bytes / lc / 1e6).toFixed(2)} MB/s CPU, ` +
+        `${(bytes / lw / 1e6).toFixed(2)} MB/s wall`);
+    }
   }
 }
 

@@ -398,12 +398,35 @@ static char *llama_json_from_gguf(const dfl_tokenizer *g) {
     return s;
 }
 
+/* Cutting long words before each "▁" (tok_set_rep_split) must not change a
+ * single id: encode a long text both ways. */
+static void check_rep_split(dfl_tokenizer *t, const char *what) {
+    CHECK(t->rep_split, "%s: the vocabulary should allow cutting at word starts", what);
+    const char *p = test_asset("corpus/tinyshakespeare.txt");
+    if (!p || !t->rep_split) return;
+    size_t n;
+    dfl_error e = {0};
+    char *text = dfl_read_file(p, 1 << 24, &n, &e);
+    n = 60000;
+    memcpy(text + 1000, "  \t\n 🦙 naïve 你好  x", strlen("  \t\n 🦙 naïve 你好  x"));
+    int32_t *a, *b;
+    int na = encode(t, text, n, 0, 0, &a);
+    t->rep_split = 0;
+    int nb = encode(t, text, n, 0, 0, &b);
+    t->rep_split = 1;
+    CHECK(same_ids(what, a, na, b, nb), "%s: cut and uncut encodings differ", what);
+    free(a);
+    free(b);
+    free(text);
+}
+
 static void test_spm(void) {
     const char *p = test_asset("vectors/llama.cpp/ggml-vocab-llama-spm.gguf");
     if (!p) return;
     dfl_tokenizer *g = load_gguf(p);
     if (!g) return;
     run_cases(g, "ggml-vocab-llama-spm.gguf", "llama.cpp's GGUF");
+    check_rep_split(g, "llama-spm GGUF");
     char *json = llama_json_from_gguf(g);
     dfl_tokenizer *t = NULL;
     dfl_error e = {0};
@@ -411,6 +434,7 @@ static void test_spm(void) {
     CHECK(rc == 0, "Llama-2 style tokenizer.json: %s", e.msg);
     if (!rc) {
         run_cases(t, "ggml-vocab-llama-spm.gguf", "a Metaspace tokenizer.json");
+        check_rep_split(t, "Metaspace tokenizer.json");
         int32_t *ids;
         int n = encode(t, "Hello", 5, 1, 0, &ids);
         int32_t want[] = {1, 15043};

@@ -246,7 +246,10 @@ static int initial_symbols(const dfl_tokenizer *t, const char *w, size_t n, int3
     return m;
 }
 
-void tok_bpe_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c, tok_ids *out) {
+static void spm_word(const dfl_tokenizer *t, const char *s, size_t n, tok_ids *out);
+
+/* One word through the cache and the model. */
+static void word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c, tok_ids *out) {
     cache_slot *slot = NULL;
     uint32_t h = 0;
     if (c && n <= CACHE_KEY) {
@@ -256,6 +259,12 @@ void tok_bpe_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c,
             cache_get(c, slot, out);
             return;
         }
+    }
+    if (t->model == TOK_SPM) {
+        int start = out->n;
+        spm_word(t, w, n, out);
+        if (slot) cache_put(c, slot, w, n, h, out->v + start, out->n - start);
+        return;
     }
     if (t->ignore_merges) {
         int32_t id = tok_strmap_get(t, w, n);
@@ -343,9 +352,10 @@ static void try_bigram(const dfl_tokenizer *t, const char *s, const spm_sym *sym
     big_push(h, (spm_big){t->score[id], l, r, n});
 }
 
-void tok_spm(const dfl_tokenizer *t, const char *s, size_t n, tok_ids *out) {
+static void spm_word(const dfl_tokenizer *t, const char *s, size_t n, tok_ids *out) {
     if (!n) return;
-    spm_sym *sym = xmalloc(n * sizeof *sym);
+    spm_sym small[WORD_STACK];
+    spm_sym *sym = n <= WORD_STACK ? small : xmalloc(n * sizeof *sym);
     int m = 0;
     for (size_t off = 0; off < n;) {
         int l = tok_utf8_len((unsigned char)s[off]);
@@ -380,5 +390,47 @@ void tok_spm(const dfl_tokenizer *t, const char *s, size_t n, tok_ids *out) {
         }
     }
     free(h.v);
-    free(sym);
+    if (sym != small) free(sym);
+}
+
+/* ---- splitting at word starts ------------------------------------------------ */
+
+/* With text whose spaces became rep ("▁") and no pre-tokenizer, the model
+ * would see a whole line as one word (slow, and nothing to cache). When no
+ * vocabulary piece has rep after another character, no merge can join a
+ * piece ending in a non-rep character with one starting with rep, so cutting
+ * the text before each rep that follows a non-rep character changes nothing.
+ * tok_set_rep_split checks that once at load. */
+void tok_set_rep_split(dfl_tokenizer *t, const char *rep) {
+    size_t rl = strlen(rep);
+    t->rep_split = 0;
+    if (!rl || rl >= sizeof t->rep || t->ignore_merges || tok_strmap_get(t, rep, rl) < 0) return;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *k = tok_key(t, id);
+        size_t n = t->key_len[id], i = 0;
+        while (i + rl <= n && !memcmp(k + i, rep, rl)) i += rl; /* a leading run is fine */
+        for (; i < n; i++)
+            if (i + rl <= n && !memcmp(k + i, rep, rl)) return;
+    }
+    memcpy(t->rep, rep, rl + 1);
+    t->rep_split = 1;
+}
+
+void tok_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c, tok_ids *out) {
+    if (!t->rep_split) {
+        word(t, w, n, c, out);
+        return;
+    }
+    size_t rl = strlen(t->rep), start = 0, i = 0;
+    int prev_rep = 0;
+    while (i < n) {
+        int at_rep = i + rl <= n && !memcmp(w + i, t->rep, rl);
+        if (at_rep && !prev_rep && i > start) {
+            word(t, w + start, i - start, c, out);
+            start = i;
+        }
+        prev_rep = at_rep;
+        i += at_rep ? rl : 1;
+    }
+    word(t, w + start, n - start, c, out);
 }

@@ -195,7 +195,7 @@ static void pretok(enc *c, int k, const char *s, size_t n, int first) {
     const dfl_tokenizer *t = c->t;
     if (c->rc || !n) return;
     if (k == t->n_pre) {
-        tok_bpe_word(t, s, n, c->cache, &c->out);
+        tok_word(t, s, n, c->cache, &c->out);
         return;
     }
     switch (t->pre[k].kind) {
@@ -255,7 +255,7 @@ static void encode_spm_text(enc *c, const char *s, size_t n, int prefix) {
             b[o++] = s[i];
         }
     }
-    tok_spm(c->t, b, o, &c->out);
+    tok_word(c->t, b, o, c->cache, &c->out);
     free(b);
 }
 
@@ -271,7 +271,7 @@ int dfl_tok_encode(const dfl_tokenizer *t, const char *text, size_t len, int add
         return dfl_fail(err, DFL_EARG, "tokenize: text is not valid UTF-8 (byte %zu: 0x%02x)", bad,
                         (unsigned char)text[bad]);
     enc c = {.t = t, .parse_special = parse_special, .err = err};
-    if (t->model == TOK_BPE && len > 4096) c.cache = tok_cache_new(len);
+    if (len > 4096) c.cache = tok_cache_new(len);
     if (t->n_pre) c.md = pcre2_match_data_create(1, NULL);
     if (add_special && t->add_bos && t->bos_id >= 0) tok_ids_push(&c.out, t->bos_id);
     size_t i = 0, a, b;

@@ -183,7 +183,10 @@ static int load(gl *l) {
     for (int32_t i = 0; i < n; i++)
         if (t->key_len[i]) tok_strmap_put(t, i);
     if (bpe && (rc = load_merges(l))) return rc;
-    if (spm) tok_pairmap_init(&t->merges, 0);
+    if (spm) {
+        tok_pairmap_init(&t->merges, 0);
+        tok_set_rep_split(t, "\xe2\x96\x81");
+    }
     for (int b = 0; b < 256; b++) {
         char c = (char)b, name[8];
         if (bpe) {

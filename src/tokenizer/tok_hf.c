@@ -50,6 +50,7 @@ typedef struct ld {
     dfl_error *err;
     int bl_decode;     /* decoder maps GPT-2 byte-level chars back to bytes */
     char rep[8];       /* metaspace replacement the decoder turns into ' ' */
+    char space_rep[8]; /* what the normalizer or pre-tokenizer turns ' ' into */
 } ld;
 
 static const cJSON *item(const cJSON *o, const char *key) {
@@ -125,6 +126,7 @@ static int parse_normalizer(ld *l, const cJSON *n) {
                             "not supported (only String)", l->src);
         const char *a = utf8_str(l, item(pat, "String"), "normalizer Replace.pattern.String");
         const char *b = a ? utf8_str(l, item(n, "content"), "normalizer Replace.content") : NULL;
+        if (b && !strcmp(a, " ") && strlen(b) < sizeof l->space_rep) strcpy(l->space_rep, b);
         return b ? add_norm(l, NORM_REPLACE, a, b) : DFL_EFORMAT;
     }
     return dfl_fail(l->err, DFL_EUNSUP, "%s: normalizer type \"%s\" is not supported (NFC, NFKC, "
@@ -193,6 +195,7 @@ static int parse_metaspace(ld *l, const cJSON *p) {
     tok_pre *m = add_pre(l, PRE_METASPACE);
     if (!m) return DFL_EUNSUP;
     strcpy(m->rep, rep);
+    strcpy(l->space_rep, rep);
     m->prepend = prepend;
     return split ? add_split(l, rep, strlen(rep), 1, SPLIT_MERGED_NEXT, 0) : 0;
 }
@@ -666,6 +669,7 @@ static int load(const char *json, size_t len, const char *cfg_json, size_t cfg_l
     if (!rc) rc = parse_pre(&l, item(j, "pre_tokenizer"));
     if (!rc) rc = parse_decoder(&l, item(j, "decoder"));
     if (!rc) rc = parse_model(&l, item(j, "model"), added);
+    if (!rc && l.space_rep[0]) tok_set_rep_split(l.t, l.space_rep);
     if (!rc) rc = parse_added(&l, added);
     if (!rc) rc = tok_build_pieces(l.t, l.bl_decode, l.rep[0] ? l.rep : NULL, err);
     if (!rc && (tmpl = parse_post(&l, item(j, "post_processor"))) < 0) rc = tmpl;

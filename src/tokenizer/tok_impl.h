@@ -94,6 +94,8 @@ struct dfl_tokenizer {
     int ignore_merges;       /* a word found whole in the vocab skips the merges */
     int fuse_unk;            /* consecutive unknowns become one <unk> */
     int add_space_prefix;    /* SPM: a space before the text and after added tokens */
+    int rep_split;           /* words may be cut before each rep (see tok_set_rep_split) */
+    char rep[8];             /* the character that stands for a space ("▁") */
     int n_vocab;             /* ids are 0 .. n_vocab-1 */
 
     uint32_t *key_off, *key_len; /* (n_vocab) lookup key in pool: what the model sees */
@@ -195,10 +197,12 @@ void tok_ids_push(tok_ids *a, int32_t id);
 typedef struct tok_cache tok_cache;
 tok_cache *tok_cache_new(size_t text_len);
 void tok_cache_free(tok_cache *c);
-/* BPE of one pre-tokenized word, appending ids; cache may be NULL. */
-void tok_bpe_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c, tok_ids *out);
-/* Sentencepiece BPE by score over s (spaces already escaped). */
-void tok_spm(const dfl_tokenizer *t, const char *s, size_t n, tok_ids *out);
+/* The model on one pre-tokenized word (BPE by rank, or sentencepiece by
+ * score with spaces already escaped), appending ids; cache may be NULL. */
+void tok_word(const dfl_tokenizer *t, const char *w, size_t n, tok_cache *c, tok_ids *out);
+/* Lets tok_word cut long words before each rep that follows another
+ * character, when the vocabulary shows this cannot change the result. */
+void tok_set_rep_split(dfl_tokenizer *t, const char *rep);
 
 /* ---- pieces of loading shared by tok_hf.c and tok_gguf.c ---- */
 /* Compiles a pre-tokenizer regex (UTF, UCP, JIT when available). */
