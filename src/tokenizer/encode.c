@@ -32,8 +32,9 @@ static int next_added(const enc *c, const char *s, size_t n, size_t from, int no
     const dfl_tokenizer *t = c->t;
     uint8_t want = normalized ? 2 : 1;
     for (size_t i = from; i < n; i++) {
-        if (!(t->added_first[(unsigned char)s[i]] & want)) continue;
-        for (int k = 0; k < t->n_added; k++) {
+        unsigned char c0 = (unsigned char)s[i];
+        if (!(t->added_first[c0] & want)) continue;
+        for (int k = t->added_at[c0]; k < t->added_at[c0 + 1]; k++) {
             const tok_added *x = &t->added[k];
             if (x->normalized != normalized || x->len > n - i || (x->special && !c->parse_special))
                 continue;

@@ -1,7 +1,7 @@
-#define _GNU_SOURCE
 /* normalize.c - tokenizer.json normalizers: NFC / NFKC (utf8proc), Prepend,
  * Replace, applied in file order to each stretch of text between added
  * tokens. */
+#define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>

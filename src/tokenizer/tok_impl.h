@@ -118,9 +118,10 @@ struct dfl_tokenizer {
     tok_pre pre[TOK_MAX_PRE];
     int n_pre;
 
-    tok_added *added;        /* (n_added) longest first */
+    tok_added *added;        /* (n_added) by first byte, then longest first */
     int n_added;
     uint8_t added_first[256];/* bit 1: some raw-text token starts with this byte, 2: normalized */
+    int32_t added_at[257];   /* tokens starting with byte b: added[added_at[b] .. added_at[b+1]) */
 
     int32_t eog[TOK_MAX_EOG];
     int n_eog;
@@ -157,7 +158,7 @@ static inline const tok_merge *tok_pairmap_get(const tok_pairmap *m, int32_t a, 
         i = (i + 1) & m->mask;
     }
 }
-/* Sorts added tokens longest first and builds the first-byte table. */
+/* Sorts added tokens by first byte, longest first, and indexes them. */
 void tok_finish_added(dfl_tokenizer *t);
 /* Adds an end-of-generation id (ignores -1 and repeats). */
 void tok_add_eog(dfl_tokenizer *t, int32_t id);

@@ -1,5 +1,6 @@
 /* tokenizer.c - the tokenizer's tables: pool, hash maps, added tokens,
  * decoded pieces, and the small getters of tokenizer.h. */
+#define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,19 +244,25 @@ int tok_bl_decode(const char *s, size_t n, char *out) {
 
 /* ---- added tokens and special ids ---------------------------------------- */
 
-static int added_cmp(const void *a, const void *b) {
+static int added_cmp(const void *a, const void *b, void *ctx) {
     const tok_added *x = a, *y = b;
+    const char *pool = ctx;
+    unsigned char fx = (unsigned char)pool[x->off], fy = (unsigned char)pool[y->off];
+    if (fx != fy) return fx < fy ? -1 : 1;
     if (x->len != y->len) return x->len > y->len ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
 void tok_finish_added(dfl_tokenizer *t) {
-    qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
+    qsort_r(t->added, (size_t)t->n_added, sizeof *t->added, added_cmp, t->pool);
     memset(t->added_first, 0, sizeof t->added_first);
-    for (int i = 0; i < t->n_added; i++) {
-        const tok_added *a = &t->added[i];
-        if (a->len) t->added_first[(unsigned char)t->pool[a->off]] |= a->normalized ? 2 : 1;
+    int k = 0;
+    for (int b = 0; b < 256; b++) {
+        t->added_at[b] = k;
+        for (; k < t->n_added && (unsigned char)t->pool[t->added[k].off] == b; k++)
+            t->added_first[b] |= t->added[k].normalized ? 2 : 1;
     }
+    t->added_at[256] = k;
 }
 
 void tok_add_eog(dfl_tokenizer *t, int32_t id) {
