@@ -524,7 +524,7 @@ static void *load_engine(void *arg) {
 /* libmicrohttpd's messages, less the one every client hang-up mid-stream causes. */
 static void http_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
-    if (!strncmp(fmt, "Closing connection (application error", 37)) return;
+    if (strstr(fmt, "application error generating response")) return;
     fprintf(stderr, "dflash serve: http: ");
     vfprintf(stderr, fmt, ap);
 }

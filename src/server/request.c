@@ -16,6 +16,10 @@
 
 #include "server.h"
 
+#ifndef SRV_SAMPLED_SPEC
+#define SRV_SAMPLED_SPEC 0
+#endif
+
 int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...) {
     va_list ap;
     e->status = status;
@@ -217,9 +221,11 @@ static int parse_sampling(srv_job *j, const cJSON *root, srv_err *e) {
     if ((r = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
     if (r) p->ignore_eos = b;
     /* Sampling needs the rejection rule to stay faithful to the target's
-     * distribution; the worker falls back to classic decode if the engine
-     * cannot speculate with it yet. */
+     * distribution. Until the engine's speculative loop samples (it returns
+     * greedy tokens for sampled requests today), sampled requests decode
+     * classically; SRV_SAMPLED_SPEC=1 turns speculation on for them. */
     p->spec_accept = p->temperature > 0 ? DFL_ACCEPT_REJECTION : DFL_ACCEPT_EXACT;
+    if (p->temperature > 0 && !j->user_block && !SRV_SAMPLED_SPEC) p->block_size = 1;
     return 0;
 }
 #undef NUM

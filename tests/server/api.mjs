@@ -143,13 +143,17 @@ let chatText;
   check(n.choices[0].message.content === chatText, 'stop strings that never occur change nothing');
 }
 
-// ---- sampling: seeded requests repeat -------------------------------------------------
+// ---- sampling: every sampling field reaches the engine ---------------------------------
 {
-  const a = await client.chat.completions.create(chatReq({temperature: 0.9, top_p: 0.95, top_k: 40, min_p: 0.01, seed: 1234}));
-  const b = await client.chat.completions.create(chatReq({temperature: 0.9, top_p: 0.95, top_k: 40, min_p: 0.01, seed: 1234}));
-  check(a.choices[0].message.content === b.choices[0].message.content, 'same seed, same sample',
-        [a.choices[0].message.content, b.choices[0].message.content]);
-  usageOk(a.usage, 'sampled');
+  const req = chatReq({temperature: 0.9, top_p: 0.95, top_k: 40, min_p: 0.01, seed: 1234});
+  const a = await client.chat.completions.create(req);
+  check(a.choices[0].message.content === expect.sampled_text,
+        'sampled request equals dflash generate --temp 0.9 --top-p 0.95 --top-k 40 --min-p 0.01 --seed 1234',
+        {server: a.choices[0].message.content, generate: expect.sampled_text});
+  const b = await collect(await client.chat.completions.create({...req, stream: true}));
+  check(b.text === expect.sampled_text, 'same seed, same sample (stream)', b.text);
+  const c = await client.chat.completions.create({...req, seed: 99});
+  usageOk(c.usage, 'sampled');
 }
 
 // ---- several at once: each equals the greedy answer ---------------------------------

@@ -3,7 +3,8 @@
 
 usage: expect.py DFLASH_BIN TARGET [DRAFT|none] OUT.json
 Writes {chat_prompt, completion_prompt, max_tokens, ctx_size, with_draft,
-chat_text, completion_text}: the text generate prints, less the newline it adds."""
+chat_text, completion_text, sampled_text}: the text generate prints, less the
+newline it adds."""
 import json
 import subprocess
 import sys
@@ -33,6 +34,10 @@ def main():
         "ctx_size": CTX, "with_draft": draft != "none",
         "chat_text": generate(binary, target, draft, "--chat", "--no-think", "-p", CHAT),
         "completion_text": generate(binary, target, draft, "-p", COMPLETION),
+        # Sampled requests decode classically: the same text as without a drafter.
+        "sampled_text": generate(binary, target, "none", "--chat", "--no-think", "--temp", "0.9",
+                                 "--top-p", "0.95", "--top-k", "40", "--min-p", "0.01",
+                                 "--seed", "1234", "-p", CHAT),
     }
     with open(out, "w") as f:
         json.dump(res, f, ensure_ascii=False, indent=1)
