@@ -547,6 +547,7 @@ typedef struct gg_opts {
     int32_t layers[NCAP];
     int mask_a, mask_b;      /* dflash.mask_token_id, tokenizer.ggml.mask_token_id (-1: absent) */
     int sliding, dflash2, drop_ffn_up, extra_embd;
+    int rope_dims, vocab;    /* dflash.rope.dimension_count, dflash.vocab_size (0: absent) */
 } gg_opts;
 
 static int write_gguf(const char *path, const gg_opts *o) {
@@ -591,6 +592,9 @@ static int write_gguf(const char *path, const gg_opts *o) {
     if (o->mask_b >= 0)
         kv[nk++] = (gguf_wkv){"tokenizer.ggml.mask_token_id", GGUF_T_U32, 0, 0, &mb};
     if (o->dflash2) kv[nk++] = (gguf_wkv){"dflash.selector_rank", GGUF_T_U32, 0, 0, &one};
+    uint32_t rd = o->rope_dims, vs = o->vocab;
+    if (rd) kv[nk++] = (gguf_wkv){"dflash.rope.dimension_count", GGUF_T_U32, 0, 0, &rd};
+    if (vs) kv[nk++] = (gguf_wkv){"dflash.vocab_size", GGUF_T_U32, 0, 0, &vs};
     dfl_error err = {0};
     int rc = dfl_gguf_write(path, kv, nk, t, n, &err);
     if (rc) fprintf(stderr, "gguf write: %s\n", err.msg);
@@ -600,7 +604,7 @@ static int write_gguf(const char *path, const gg_opts *o) {
 static void test_gguf(const char *dir, dfl_drafter *hf, const float *F, int nctx) {
     char path[512];
     snprintf(path, sizeof path, "%s/drafter.gguf", dir);
-    gg_opts base = {"dflash", {CAP[0] + 1, CAP[1] + 1}, MASK, -1, 0, 0, 0, 0};
+    gg_opts base = {"dflash", {CAP[0] + 1, CAP[1] + 1}, MASK, -1, 0, 0, 0, 0, HD, 512};
     write_gguf(path, &base);
     dfl_drafter *d = NULL;
     dfl_error err;
@@ -639,6 +643,8 @@ static void test_gguf(const char *dir, dfl_drafter *hf, const float *F, int nctx
         {"DFlash2", {"dflash", {2, 4}, MASK, -1, 0, 1, 0, 0}, DFL_EUNSUP, "dflash.selector_rank"},
         {"missing tensor", {"dflash", {2, 4}, MASK, -1, 0, 0, 1, 0}, DFL_EFORMAT, "blk.1.ffn_up.weight"},
         {"extra tensor", {"dflash", {2, 4}, MASK, -1, 0, 0, 0, 1}, DFL_EFORMAT, "token_embd.weight"},
+        {"partial RoPE", {"dflash", {2, 4}, MASK, -1, 0, 0, 0, 0, HD / 2, 0}, DFL_EUNSUP, "dflash.rope.dimension_count"},
+        {"vocab vs target", {"dflash", {2, 4}, MASK, -1, 0, 0, 0, 0, 0, 1000}, DFL_EFORMAT, "vocab_size"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_gguf(path, &cases[i].o);

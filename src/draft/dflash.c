@@ -314,6 +314,11 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
     if (!rc && vlen != c->head_dim)
         rc = dfl_fail(err, DFL_EUNSUP, "%s: dflash.attention.value_length %d differs from "
                       "key_length %d", src, vlen, c->head_dim);
+    int rope_dims = c->head_dim;
+    rc = rc ? rc : gguf_int(g, "dflash.rope.dimension_count", 1, 1024, &rope_dims, 0, err);
+    if (!rc && rope_dims != c->head_dim)
+        rc = dfl_fail(err, DFL_EUNSUP, "%s: dflash.rope.dimension_count %d differs from "
+                      "key_length %d; partial RoPE is not supported", src, rope_dims, c->head_dim);
     rc = rc ? rc : gguf_int(g, "dflash.feed_forward_length", 1, 1 << 20, &c->ffn_dim, 1, err);
     rc = rc ? rc : gguf_int(g, "dflash.block_size", 2, MAX_BLOCK, &d->block_size, 1, err);
     c->max_ctx = t->c.max_ctx;
@@ -324,8 +329,9 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
         rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash.target_hidden_size is %d but the target's "
                       "hidden size is %d: this drafter belongs to another target", src, thd,
                       t->c.dim);
-    if (rc) return rc;
     c->vocab = t->c.vocab;
+    rc = rc ? rc : gguf_int(g, "dflash.vocab_size", 1, 1 << 24, &c->vocab, 0, err);
+    if (rc) return rc;
     c->norm_eps = 1e-6f;
     c->rope_theta = 10000.0f;
     rc = dfl_gguf_f32(g, "dflash.attention.layer_norm_rms_epsilon", &c->norm_eps, err);
