@@ -56,7 +56,7 @@ static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int stat
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (srv->draining) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (srv_draining(srv)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     srv_metrics_http(&srv->m, status);
@@ -158,7 +158,7 @@ static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c,
     if (srv_submit(srv, j) < 0) {
         srv_job_unref(j);
         return fail(srv, c, 503, "server_busy",
-                    srv->draining ? "the server is shutting down%s"
+                    srv_draining(srv) ? "the server is shutting down%s"
                                   : "all slots are busy and the queue is full; retry later%s", "");
     }
     int fd = conn_fd(c);
@@ -390,7 +390,7 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
         return reply_err(srv, c, &e);
     }
     if (r == R_HEALTH) {
-        if (!srv->ready) return fail(srv, c, 503, "loading", "Loading model%s", "");
+        if (!srv_ready(srv)) return fail(srv, c, 503, "loading", "Loading model%s", "");
         return reply(srv, c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
     }
     if (!authorized(srv, c)) {
@@ -402,7 +402,7 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
     }
     if (r == R_METRICS)
         return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_text(srv));
-    if (!srv->ready) return fail(srv, c, 503, "loading", "Loading model%s", "");
+    if (!srv_ready(srv)) return fail(srv, c, 503, "loading", "Loading model%s", "");
     if (cc->too_large) {
         srv_err e;
         srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
@@ -481,7 +481,7 @@ static void on_progress(void *ud, const char *what, uint64_t done, uint64_t tota
 typedef struct loader {
     srv_server *srv;
     pthread_t th;
-    volatile int done;   /* 1 ok, -1 failed */
+    int done;   /* 1 ok, -1 failed (atomic) */
 } loader;
 
 static void *load_engine(void *arg) {
@@ -500,14 +500,14 @@ static void *load_engine(void *arg) {
     eo.progress_ud = &last;
     if (dfl_engine_load(&eo, &srv->e, &err)) {
         fprintf(stderr, "dflash serve: %s\n", err.msg);
-        ld->done = -1;
+        __atomic_store_n(&ld->done, -1, __ATOMIC_RELEASE);
         return NULL;
     }
     dfl_engine_info(srv->e, &srv->info);
     snprintf(srv->model_id, sizeof srv->model_id, "%s", srv->o.alias ? srv->o.alias : srv->info.name);
     if (srv_sched_start(srv, &err)) {
         fprintf(stderr, "dflash serve: starting %d slots: %s\n", srv->o.parallel, err.msg);
-        ld->done = -1;
+        __atomic_store_n(&ld->done, -1, __ATOMIC_RELEASE);
         return NULL;
     }
     fprintf(stderr,
@@ -517,7 +517,7 @@ static void *load_engine(void *arg) {
             srv->n_slots == 1 ? "" : "s", srv->info.ctx_size,
             srv->concurrent ? "interleaves slots per forward" : "runs one request at a time");
     __atomic_store_n(&srv->ready, 1, __ATOMIC_RELEASE);
-    ld->done = 1;
+    __atomic_store_n(&ld->done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -589,14 +589,14 @@ int srv_main(const srv_opts *o) {
     pthread_create(&ld.th, NULL, load_engine, &ld);
     int sig = 0, code = 0;
     while (!(sig = wait_signal(&set, 0.2)))
-        if (ld.done < 0) break;
+        if (__atomic_load_n(&ld.done, __ATOMIC_ACQUIRE) < 0) break;
     if (sig) fprintf(stderr, "dflash serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     else code = 1;
 
-    srv->draining = 1;
+    __atomic_store_n(&srv->draining, 1, __ATOMIC_RELEASE);
     MHD_socket lfd = MHD_quiesce_daemon(d);   /* no new connections */
     pthread_join(ld.th, NULL);
-    if (ld.done > 0) {
+    if (__atomic_load_n(&ld.done, __ATOMIC_ACQUIRE) > 0) {
         /* Queued requests are refused; running ones get the grace period (a
          * second signal ends it), then are cancelled at their next token. */
         srv_sched_drain(srv);

@@ -127,7 +127,7 @@ char *srv_metrics_text(srv_server *srv) {
            c.rounds ? (double)c.committed / (double)c.rounds : 0);
     metric(&b, "dflash_queue_depth", "gauge", "Requests waiting for a slot.", queued);
     metric(&b, "dflash_slots_busy", "gauge", "Slots generating now.", busy);
-    metric(&b, "dflash_slots", "gauge", "Slots (--parallel).", srv->n_slots);
-    metric(&b, "dflash_ready", "gauge", "1 once the model is loaded.", srv->ready ? 1 : 0);
+    metric(&b, "dflash_slots", "gauge", "Slots (--parallel).", srv_ready(srv) ? srv->n_slots : 0);
+    metric(&b, "dflash_ready", "gauge", "1 once the model is loaded.", srv_ready(srv));
     return b.p;
 }

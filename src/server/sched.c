@@ -109,7 +109,7 @@ int srv_submit(srv_server *srv, srv_job *j) {
     static const char *prefix[2] = {"chatcmpl-", "cmpl-"};
     pthread_mutex_lock(&srv->mu);
     int idle = srv->n_slots - srv->n_busy;
-    if (srv->draining || !srv->ready || srv->q_len >= srv->o.queue_max + idle) {
+    if (srv_draining(srv) || !srv_ready(srv) || srv->q_len >= srv->o.queue_max + idle) {
         pthread_mutex_unlock(&srv->mu);
         pthread_mutex_lock(&srv->m.mu);
         srv->m.req_rejected++;
@@ -313,7 +313,7 @@ int srv_sched_start(srv_server *srv, dfl_error *err) {
 
 void srv_sched_drain(srv_server *srv) {
     pthread_mutex_lock(&srv->mu);
-    srv->draining = 1;
+    __atomic_store_n(&srv->draining, 1, __ATOMIC_RELEASE);
     srv_job *j;
     while ((j = queue_pop(srv))) {
         pthread_mutex_lock(&j->mu);

@@ -216,8 +216,8 @@ struct srv_server {
     dfl_engine *e;
     dfl_model_info info;
     char model_id[160];
-    volatile int ready;          /* engine loaded, workers up */
-    volatile int draining;       /* SIGINT/SIGTERM: no new work */
+    int ready;                   /* engine loaded, workers up (srv_ready) */
+    int draining;                /* SIGINT/SIGTERM: no new work (srv_draining) */
     int concurrent;              /* dfl_engine_concurrent(e) */
     srv_ticket_lock gen_lock;    /* used when !concurrent */
     pthread_mutex_t tok_mu;      /* tokenizer calls when !concurrent */
@@ -235,6 +235,12 @@ struct srv_server {
     uint64_t id_counter;
     srv_metrics m;
 };
+
+/* The loader thread publishes everything about the engine with ready. */
+static inline int srv_ready(srv_server *s) { return __atomic_load_n(&s->ready, __ATOMIC_ACQUIRE); }
+static inline int srv_draining(srv_server *s) {
+    return __atomic_load_n(&s->draining, __ATOMIC_ACQUIRE);
+}
 
 /* Takes a reference for the scheduler. Returns 0, or -1 when the queue is
  * full / the server is draining (the caller answers 503). */
