@@ -220,6 +220,15 @@ def test_batches():
     check(b["feat"].shape == (3, 14, 2 * cap.dim), "feat packs the chosen layers")
     check(torch.equal(b["feat"][1, :14].reshape(14, 2, -1),
                       torch.from_numpy(cap.features[12:26][:, [0, 1]])), "feat rows")
+    # two captures read as one: sequence 4 is the second capture's sequence 1
+    cap2 = toy_capture(np.random.default_rng(9), lens=((7, 1), (10, 2)))
+    cap2.embed = cap.embed
+    both = T.Captures([cap, cap2])
+    b2 = T.make_batch(both, [4, 0], 2, 4, np.random.default_rng(0), 64, [0, 2])
+    check(len(both.seqs) == 5 and torch.equal(b2["ids"][0, :10],
+                                              torch.from_numpy(cap2.tokens[7:17]).long()) and
+          torch.equal(b2["feat"][0, :10].reshape(10, 2, -1),
+                      torch.from_numpy(cap2.features[7:17][:, [0, 2]])), "two captures as one")
 
 
 def write_capture(d, cap):

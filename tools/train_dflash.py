@@ -73,10 +73,42 @@ class Capture:
         self.lm_head = self.embed if not lm else np.fromfile(
             os.path.join(d, lm), dtype="<f4").reshape(self.vocab, self.dim)
         self.tied = not lm
+        self.n_rows = n
 
 
-def load_capture(d):
-    return Capture(d)
+class Captures:
+    """Several captures of one target read as one: sequences numbered in order."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        p0 = parts[0]
+        for p in parts[1:]:
+            if (p.layers, p.dim, p.vocab) != (p0.layers, p0.dim, p0.vocab) or \
+                    not np.array_equal(p.embed, p0.embed):
+                raise SystemExit(f"train_dflash: {p.dir} and {p0.dir} differ in target or layers")
+        self.meta, self.layers, self.dim, self.vocab = p0.meta, p0.layers, p0.dim, p0.vocab
+        self.embed, self.lm_head, self.tied = p0.embed, p0.lm_head, p0.tied
+        self.index = [(k, i) for k, p in enumerate(parts) for i in range(len(p.seqs))]
+        self.seqs = np.concatenate([p.seqs for p in parts])
+        self.n_rows = sum(len(p.tokens) for p in parts)
+
+
+def load_capture(dirs):
+    """One folder or a list of them."""
+    if isinstance(dirs, str):
+        return Capture(dirs)
+    return Captures([Capture(d) for d in dirs])
+
+
+def seq_rows(cap, i, max_len):
+    """Sequence i of a capture: (ids (n,), features (n, layers, dim), prompt rows),
+    cut to its first max_len rows."""
+    if hasattr(cap, "parts"):
+        k, i = cap.index[i]
+        cap = cap.parts[k]
+    a0, n, npr = (int(x) for x in cap.seqs[i])
+    n = min(n, max_len)
+    return cap.tokens[a0:a0 + n], cap.features[a0:a0 + n], npr
 
 
 # ---- the drafter ------------------------------------------------------------------
@@ -201,7 +233,7 @@ def block_mask(anchors, T, B):
 
 # ---- batches ----------------------------------------------------------------------
 
-def valid_anchors(start, n, n_prompt):
+def valid_anchors(n, n_prompt):
     """Anchor positions of one sequence: the target's own tokens (>= n_prompt,
     and >= 1 so the context is never empty) with at least one label after."""
     lo = max(1, n_prompt)
@@ -212,21 +244,21 @@ def make_batch(cap, seq_idx, A, B, rng, max_len, layer_cols, anchors_fixed=None)
     """-> dict of tensors: feat (S, T, K*D), ids (S, T), anchors (S, A),
     labels (S, A, B-1) (-1 where none), full (S, A) anchors whose B-1 labels
     all exist. Sequences longer than max_len are cut to their first max_len rows."""
-    rows = [(int(cap.seqs[i, 0]), min(int(cap.seqs[i, 1]), max_len), int(cap.seqs[i, 2]))
-            for i in seq_idx]
-    S, T = len(rows), max(r[1] for r in rows)
+    rows = [seq_rows(cap, i, max_len) for i in seq_idx]
+    S, T = len(rows), max(len(r[0]) for r in rows)
     K, D = len(layer_cols), cap.dim
     feat = np.zeros((S, T, K, D), dtype=np.float32)
     ids = np.zeros((S, T), dtype=np.int64)
     anchors = np.ones((S, A), dtype=np.int64)
     labels = np.full((S, A, B - 1), -1, dtype=np.int64)
-    for s, (a0, n, npr) in enumerate(rows):
-        feat[s, :n] = cap.features[a0:a0 + n][:, layer_cols]
-        ids[s, :n] = cap.tokens[a0:a0 + n]
+    for s, (tk, ft, npr) in enumerate(rows):
+        n = len(tk)
+        feat[s, :n] = ft[:, layer_cols]
+        ids[s, :n] = tk
         if anchors_fixed is not None:
             an = anchors_fixed[s]
         else:
-            va = valid_anchors(a0, n, npr)
+            va = valid_anchors(n, npr)
             if len(va) == 0:
                 continue
             an = np.sort(rng.choice(va, size=min(A, len(va)), replace=False))
@@ -372,7 +404,7 @@ def evaluate(model, cap, val, a, E, Hd, cols):
             fixed = []
             for s in idx:
                 n_s = min(int(cap.seqs[s, 1]), a.max_len)
-                va = valid_anchors(0, n_s, int(cap.seqs[s, 2]))[::4][:a.anchors]
+                va = valid_anchors(n_s, int(cap.seqs[s, 2]))[::4][:a.anchors]
                 fixed.append(va if len(va) else np.array([1]))
             A = max(len(f) for f in fixed)
             b = make_batch(cap, idx, A, a.block_size, None, a.max_len, cols, fixed)
@@ -404,7 +436,8 @@ def fmt_acc(acc):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--capture", required=True, help="dflash capture output folder")
+    ap.add_argument("--capture", required=True, action="append",
+                    help="dflash capture output folder (repeat to train on several)")
     ap.add_argument("--out", required=True, help="drafter folder to write")
     ap.add_argument("--target-layers", help="captured layers to use, e.g. 1,3 (default: all)")
     ap.add_argument("--block-size", type=int, default=8)
@@ -450,7 +483,7 @@ def main(argv=None):
     cols = [cap.layers.index(x) for x in layers]
     if not 0 <= a.mask_id < cap.vocab:
         raise SystemExit(f"train_dflash: --mask-id {a.mask_id} outside 0..{cap.vocab - 1}")
-    used = int((cap.tokens == a.mask_id).sum())
+    used = sum(int((p.tokens == a.mask_id).sum()) for p in getattr(cap, "parts", [cap]))
     if used:
         print(f"train_dflash: warning: mask id {a.mask_id} occurs {used} times in the capture",
               file=sys.stderr)
@@ -479,8 +512,8 @@ def main(argv=None):
     if step == 0:
         nparam = sum(p.numel() for p in model.parameters())
         log(f"# train_dflash.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-        log(f"# capture {a.capture}: {cap.meta['mode']} mode, {len(cap.seqs)} sequences, "
-            f"{len(cap.tokens)} rows, target {os.path.basename(cap.meta['model'])} "
+        log(f"# capture {', '.join(a.capture)}: {cap.meta['mode']} mode, {len(cap.seqs)} "
+            f"sequences, {cap.n_rows} rows, target {os.path.basename(cap.meta['model'])} "
             f"({cap.meta['n_layers']} layers, dim {cap.dim}, vocab {cap.vocab})")
         log(f"# drafter {json.dumps(cfg)}: {nparam} parameters; train {len(train)} / "
             f"val {len(val)} sequences; torch {torch.__version__}, {a.threads} threads")
@@ -512,7 +545,9 @@ def main(argv=None):
         if step % a.ckpt_every == 0 or step == a.steps or stop:
             save_checkpoint(ckpt, model, opt, step, rng, a)
         if stop:
-            log(f"# stopped at step {step} (--stop-at); --resume continues")
+            export(model, cap, a.out, a.dtype)
+            log(f"# stopped at step {step} (--stop-at) and wrote the drafter so far; --resume "
+                "continues")
             return
     export(model, cap, a.out, a.dtype)
     log(f"# wrote {a.out} (config.json, model.safetensors)")

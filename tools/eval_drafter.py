@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""eval_drafter.py - a drafter's real acceptance and speed on held-out prompts.
+
+    tools/eval_drafter.py --model M --draft D --corpus held.txt --prompts 20 \\
+        --modes classic,8,auto --temps 0,0.8 [--first-doc N] [--json out.json]
+
+Prompts are the first --words words of documents (separated by --sep) from
+--first-doc on: text the drafter was not trained on when the capture used
+--max-docs below it. Each prompt runs through `dflash generate` once per
+mode -- classic (--block-size 1, no drafter), N (a fixed block), auto (the
+adaptive block) -- and temperature, with --stats-json. Reported per mode:
+tau (tokens committed per verify round, the bonus included), acceptance by
+block position (drafts accepted / proposed, pooled over prompts, each
+prompt's ratios weighted by its rounds), and decode tokens/s (generated
+tokens over decode time, pooled). With --check, every speculative output
+must equal the classic output of the same prompt and temperature (exit 1
+otherwise): the engine's exact acceptance keeps sampled output identical
+too (per-position keyed sampling).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def prompts_from(path, sep, first, n, words):
+    with open(path, encoding="utf-8") as f:
+        docs = [d.strip() for d in f.read().split(sep) if d.strip()]
+    out = []
+    for d in docs[first:first + n]:
+        out.append(" ".join(d.split()[:words]))
+    return out
+
+
+def generate(binary, model, draft, prompt, n, mode, temp, seed, threads):
+    """-> (text, stats dict)."""
+    with tempfile.TemporaryDirectory(prefix="evald-") as tmp:
+        js = os.path.join(tmp, "s.json")
+        cmd = [binary, "generate", "-m", model, "-p", prompt, "-n", str(n), "-q",
+               "--temp", str(temp), "--seed", str(seed), "--stats-json", js]
+        if threads:
+            cmd += ["-t", str(threads)]
+        if mode == "classic":
+            cmd += ["--draft", "none", "--block-size", "1"]
+        else:
+            cmd += ["--draft", draft, "--block-size", mode]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise SystemExit(f"eval_drafter: {' '.join(cmd)}: {r.stderr.strip()[-1000:]}")
+        with open(js) as f:
+            return r.stdout, json.load(f)
+
+
+def pool(stats):
+    rounds = sum(s["rounds"] for s in stats)
+    gen = sum(s["n_gen"] for s in stats)
+    t = sum(s["t_decode"] for s in stats)
+    out = {"prompts": len(stats), "tokens": gen, "decode_s": round(t, 4),
+           "tok_s": round(gen / t, 1) if t > 0 else 0.0, "rounds": rounds}
+    if rounds:
+        out["tau"] = round(sum(s["committed"] for s in stats) / rounds, 3)
+        width = max(len(s["acceptance_by_position"]) for s in stats)
+        acc = []
+        for i in range(width):
+            w = [(s["acceptance_by_position"][i], s["rounds"]) for s in stats
+                 if len(s["acceptance_by_position"]) > i]
+            acc.append(round(sum(a * r for a, r in w) / max(1, sum(r for _, r in w)), 3))
+        out["acceptance_by_position"] = acc
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", help="dflash binary (default: $DFLASH_BIN or the newest build*/dflash)")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--corpus", required=True, help="text with held-out documents")
+    ap.add_argument("--sep", default="<|endoftext|>")
+    ap.add_argument("--first-doc", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--words", type=int, default=6, help="words of each document as the prompt")
+    ap.add_argument("-n", type=int, default=128, help="tokens per generation")
+    ap.add_argument("--modes", default="classic,8,auto")
+    ap.add_argument("--temps", default="0")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--check", action="store_true", help="speculative output must equal classic")
+    ap.add_argument("--json", help="write the report here too")
+    a = ap.parse_args(argv)
+    binary = a.bin
+    if not binary:
+        import dumpcmp
+        binary = dumpcmp.find_bin()
+    if not binary:
+        raise SystemExit("eval_drafter: no dflash binary (--bin or $DFLASH_BIN)")
+    prompts = prompts_from(a.corpus, a.sep, a.first_doc, a.prompts, a.words)
+    report, bad = {"model": a.model, "draft": a.draft, "prompts": prompts, "n": a.n,
+                   "threads": a.threads, "runs": {}}, 0
+    for temp in [float(x) for x in a.temps.split(",")]:
+        texts = {}
+        for mode in a.modes.split(","):
+            stats = []
+            for i, p in enumerate(prompts):
+                text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
+                                   a.threads)
+                texts[(mode, i)] = text
+                stats.append(s)
+                if a.check and mode != "classic" and ("classic", i) in texts and \
+                        text != texts[("classic", i)]:
+                    print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}", file=sys.stderr)
+                    bad += 1
+            r = pool(stats)
+            report["runs"][f"temp={temp:g} block={mode}"] = r
+            print(f"temp {temp:g} block {mode:>7}: {json.dumps(r)}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if bad:
+        print(f"eval_drafter: {bad} speculative outputs differ from classic", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
