@@ -93,11 +93,14 @@ int dfl_detok_push(dfl_detok *d, int32_t id, char *out, size_t cap) {
     int special, n = dfl_tok_piece(t, id, &p, &special);
     if (n < 0) return n;
     if (special && !d->show_special) return 0;
+    /* one space comes off the decoded text's start; an empty piece leaves the
+     * next one first, as the text is joined before stripping */
+    int was_empty = n == 0;
     if (d->first && n && p[0] == ' ' && dfl_tok_strip_leading_space(t)) {
         p++;
         n--;
     }
-    d->first = 0;
+    if (!was_empty) d->first = 0;
     if (!d->n_pending) { /* most pieces are ASCII: nothing to check */
         int i = 0;
         while (i < n && !(p[i] & 0x80)) i++;
