@@ -25,7 +25,7 @@ static void help(void) {
         "  --chat                 format the prompt with the model's chat template\n"
         "  --system TEXT          system message (with --chat)\n"
         "  --no-think             enable_thinking=false in the chat template (Qwen3)\n"
-        "  --chat-template NAME   force a template: chatml, qwen3, llama3\n"
+        "  --chat-template NAME   force a template: chatml, qwen2.5, qwen3, llama3, llama3.1\n"
         "sampling:\n"
         "  -n, --max-tokens N     tokens to generate (default 128)\n"
         "  --temp T               temperature (default 0: greedy)\n"
@@ -275,10 +275,12 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     char *text = format_prompt(&o, e, read_prompt(&o));
-    int parse_special = o.chat;
-    int n = dfl_tokenize(e, text, strlen(text), 1, parse_special, NULL, 0, &err);
+    /* A chat template writes its own BOS and special tokens (as
+     * apply_chat_template does); a plain prompt gets the tokenizer's BOS. */
+    int special = o.chat;
+    int n = dfl_tokenize(e, text, strlen(text), !special, special, NULL, 0, &err);
     int32_t *prompt = n >= 0 ? malloc(sizeof(int32_t) * (n + 1)) : NULL;
-    if (n < 0 || dfl_tokenize(e, text, strlen(text), 1, parse_special, prompt, n, &err) != n) {
+    if (n < 0 || dfl_tokenize(e, text, strlen(text), !special, special, prompt, n, &err) != n) {
         fprintf(stderr, "dflash generate: %s\n", err.msg);
         return 1;
     }
