@@ -211,6 +211,25 @@ typedef struct dfl_draft_report {
 int dfl_probe_draft(dfl_engine *e, const int32_t *prompt, int n_prompt, int block, int n_gen,
                     dfl_draft_report *r, char *json, size_t cap, dfl_error *err);
 
+/* ---- quantize --------------------------------------------------------- */
+
+typedef struct dfl_quantize_opts {
+    const char *in, *out;      /* GGUF files (must differ) */
+    const char *type;          /* q8_0, q4_0, q4_k, q6_k, f16, bf16 */
+    int quantize_embeddings;   /* token_embd too (kept as is otherwise) */
+    int n_threads;
+    dfl_progress_fn progress;
+    void *progress_ud;
+} dfl_quantize_opts;
+
+typedef struct dfl_quantize_result {
+    int n_tensors, n_converted;
+    uint64_t bytes_in, bytes_out;
+} dfl_quantize_result;
+
+/* Rewrites a GGUF with its 2-D weight matrices in another type. */
+int dfl_quantize_gguf(const dfl_quantize_opts *o, dfl_quantize_result *r, dfl_error *err);
+
 /* ---- debugging and reference tests -------------------------------------- */
 
 /* Runs ids (from position 0, session cache cleared) through the target.

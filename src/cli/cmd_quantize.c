@@ -1,26 +1,11 @@
 /* cmd_quantize.c - `dflash quantize`: a GGUF in, a GGUF out with its weight
- * matrices in another type (q8_0, q4_0, q4_k, q6_k, f16, bf16).
- *
- * Every metadata pair is copied as it is, except general.file_type (set to
- * llama.cpp's number for the new type) and general.quantization_version (2
- * for the block types). Tensors keep their order, names and shapes. Each 2-D
- * "*.weight" whose row length is a whole number of blocks is converted row by
- * row (dequantized to f32 first when it is not f32 already); 1-D tensors
- * (norms) become f32; token_embd.weight stays as it is unless
- * --quantize-embeddings; anything else is copied unchanged.
- *
- * Unlike the rest of the CLI this command works below dflash.h: it is a file
- * conversion, done with the GGUF reader/writer (src/io) and the row
- * converters (src/kernels), with no engine involved. */
+ * matrices in another type (the work is dfl_quantize_gguf, src/io/quantize.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "base/base.h"
 #include "cli.h"
-#include "io/io.h"
-#include "kernels/kernels.h"
 
 static void help(void) {
     printf("usage: dflash quantize --model IN.gguf --out OUT.gguf --type T [options]\n"
@@ -40,206 +25,6 @@ static void help(void) {
 }
 
 /* llama.cpp's general.file_type (enum llama_ftype) for a file of one type. */
-static uint32_t llama_ftype(dfl_type t) {
-    switch (t) {
-    case DFL_F32: return 0;
-    case DFL_F16: return 1;
-    case DFL_Q4_0: return 2;
-    case DFL_Q8_0: return 7;
-    case DFL_Q4_K: return 14; /* MOSTLY_Q4_K_S: Q4_K throughout */
-    case DFL_Q6_K: return 18;
-    case DFL_BF16: return 32;
-    default: return 0;
-    }
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
-/* The type tensor t is written in. */
-static dfl_type out_type(const dfl_tensor *t, dfl_type to, int embeddings) {
-    if (t->n_dims == 1) return DFL_F32;
-    if (t->n_dims != 2 || !ends_with(t->name, ".weight")) return t->type;
-    if (!embeddings && !strcmp(t->name, "token_embd.weight")) return t->type;
-    if (t->shape[1] % dfl_type_block(to)) return t->type;
-    return to;
-}
-
-/* ---- row conversion on the thread pool ------------------------------------ */
-
-typedef struct {
-    const dfl_tensor *in;
-    dfl_type to;
-    int64_t rows;
-    int cols, chunk;
-    size_t in_rb, out_rb;
-    uint8_t *out;
-    int64_t *bad; /* [tasks]: the first row each task could not write, or -1 */
-} conv_job;
-
-static void conv_task(void *ctx, int i, int n) {
-    conv_job *j = ctx;
-    int64_t r0 = (int64_t)i * j->chunk, r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
-    float *row = xmalloc(sizeof(float) * j->cols);
-    j->bad[i] = -1;
-    for (int64_t r = r0; r < r1; r++) {
-        dfl_dequant_row(j->in->type, (const uint8_t *)j->in->data + r * j->in_rb, row, j->cols);
-        if (dfl_quant_row(j->to, row, j->out + r * j->out_rb, j->cols)) {
-            j->bad[i] = r;
-            break;
-        }
-    }
-    free(row);
-}
-
-/* Converts t to type `to` into a new buffer; NULL (and a message) on a row
- * the quantizer refuses (a NaN or inf, or values beyond the f16 scales). */
-static uint8_t *convert(dfl_pool *pool, const dfl_tensor *t, dfl_type to, uint64_t *nbytes,
-                        dfl_error *err) {
-    int cols = (int)t->shape[t->n_dims - 1];
-    conv_job j = {t, to, 0, cols, 0, dfl_type_row_bytes(t->type, cols),
-                  dfl_type_row_bytes(to, cols), NULL, NULL};
-    j.rows = t->n_dims == 2 ? t->shape[0] : 1;
-    *nbytes = (uint64_t)j.rows * j.out_rb;
-    j.out = xmalloc(*nbytes);
-    int tasks = dfl_pool_size(pool) * 8;
-    if (tasks > j.rows) tasks = (int)j.rows;
-    j.chunk = (int)((j.rows + tasks - 1) / tasks);
-    j.bad = xcalloc(tasks, sizeof *j.bad);
-    dfl_pool_run(pool, conv_task, &j, tasks);
-    int64_t bad = -1;
-    for (int i = 0; i < tasks && bad < 0; i++) bad = j.bad[i];
-    free(j.bad);
-    if (bad >= 0) {
-        free(j.out);
-        dfl_fail(err, DFL_EFORMAT,
-                 "tensor %s: row %lld cannot be written as %s (a NaN or inf, or values too "
-                 "large for its f16 scales)",
-                 t->name, (long long)bad, dfl_type_name(to));
-        return NULL;
-    }
-    return j.out;
-}
-
-/* ---- metadata -------------------------------------------------------------- */
-
-typedef struct {
-    gguf_wkv *kv;
-    int n;
-    char **owned; /* strings and arrays allocated here */
-    int n_owned, cap_owned;
-} kvs;
-
-static void *own(kvs *k, void *p) {
-    if (k->n_owned == k->cap_owned) {
-        k->cap_owned = k->cap_owned ? 2 * k->cap_owned : 64;
-        char **o = realloc(k->owned, sizeof *o * k->cap_owned);
-        if (!o) {
-            fprintf(stderr, "dflash quantize: out of memory\n");
-            exit(1);
-        }
-        k->owned = o;
-    }
-    k->owned[k->n_owned++] = p;
-    return p;
-}
-
-/* A NUL-terminated copy; NULL if s holds a NUL byte (the writer takes C strings). */
-static char *cstr(kvs *k, const char *s, uint64_t len) {
-    if (memchr(s, 0, len)) return NULL;
-    char *c = own(k, xmalloc(len + 1));
-    memcpy(c, s, len);
-    c[len] = 0;
-    return c;
-}
-
-static int copy_kv(kvs *k, const gguf_kv *in, const char *path, dfl_error *err) {
-    gguf_wkv *w = &k->kv[k->n];
-    char *key = cstr(k, in->key.s, in->key.len);
-    if (!key) return dfl_fail(err, DFL_EFORMAT, "%s: a metadata key holds a NUL byte", path);
-    *w = (gguf_wkv){key, in->type, in->arr_type, in->arr_n, in->val};
-    if (in->type == GGUF_T_STRING) {
-        uint64_t len;
-        memcpy(&len, in->val, 8); /* the reader checked it against the file */
-        if (!(w->val = cstr(k, (const char *)in->val + 8, len)))
-            return dfl_fail(err, DFL_EFORMAT, "%s: %s: a string holds a NUL byte", path, key);
-    } else if (in->type == GGUF_T_ARRAY && in->arr_type == GGUF_T_STRING) {
-        const char **a = own(k, xcalloc(in->arr_n ? in->arr_n : 1, sizeof *a));
-        for (uint64_t i = 0; i < in->arr_n; i++)
-            if (!(a[i] = cstr(k, in->strs[i].s, in->strs[i].len)))
-                return dfl_fail(err, DFL_EFORMAT, "%s: %s[%llu] holds a NUL byte", path, key,
-                                (unsigned long long)i);
-        w->val = a;
-    }
-    k->n++;
-    return 0;
-}
-
-static void set_u32(kvs *k, const char *key, uint32_t v) {
-    uint32_t *p = own(k, xmalloc(sizeof *p));
-    *p = v;
-    for (int i = 0; i < k->n; i++)
-        if (!strcmp(k->kv[i].key, key)) {
-            k->kv[i] = (gguf_wkv){k->kv[i].key, GGUF_T_U32, 0, 0, p};
-            return;
-        }
-    k->kv[k->n++] = (gguf_wkv){key, GGUF_T_U32, 0, 0, p};
-}
-
-static void free_kvs(kvs *k) {
-    for (int i = 0; i < k->n_owned; i++) free(k->owned[i]);
-    free(k->owned);
-    free(k->kv);
-}
-
-/* ---- the command ------------------------------------------------------------ */
-
-static int quantize(const char *in, const char *out, dfl_type to, int embeddings, int threads,
-                    dfl_error *err) {
-    gguf_file g;
-    int rc = dfl_gguf_open(in, &g, err);
-    if (rc) return rc;
-    dfl_pool *pool = dfl_pool_new(threads);
-    kvs k = {xcalloc((size_t)g.n_kv + 2, sizeof(gguf_wkv)), 0, NULL, 0, 0};
-    for (int64_t i = 0; i < g.n_kv && !rc; i++) rc = copy_kv(&k, &g.kv[i], in, err);
-    if (!rc) {
-        set_u32(&k, "general.file_type", llama_ftype(to));
-        if (dfl_type_block(to) > 1) set_u32(&k, "general.quantization_version", 2);
-    }
-    int n = g.tensors.n;
-    dfl_tensor *t = xcalloc(n ? n : 1, sizeof *t);
-    uint8_t **bufs = xcalloc(n ? n : 1, sizeof *bufs);
-    uint64_t bytes_in = 0, bytes_out = 0;
-    int n_conv = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        const dfl_tensor *s = &g.tensors.t[i];
-        t[i] = *s;
-        dfl_type ot = out_type(s, to, embeddings);
-        if (ot != s->type) {
-            if (!(bufs[i] = convert(pool, s, ot, &t[i].nbytes, err))) rc = DFL_EFORMAT;
-            t[i].type = ot;
-            t[i].data = bufs[i];
-            n_conv++;
-        }
-        bytes_in += s->nbytes;
-        bytes_out += t[i].nbytes;
-        cli_progress(NULL, "quantize", (uint64_t)i + 1, (uint64_t)n);
-    }
-    if (!rc) rc = dfl_gguf_write(out, k.kv, k.n, t, n, err);
-    if (!rc)
-        fprintf(stderr, "dflash quantize: %s: %d of %d tensors converted to %s, %.1f -> %.1f MB\n",
-                out, n_conv, n, dfl_type_name(to), bytes_in / 1e6, bytes_out / 1e6);
-    for (int i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
-    free(t);
-    free_kvs(&k);
-    dfl_pool_free(pool);
-    dfl_gguf_free(&g);
-    return rc;
-}
-
 int cmd_quantize(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type = NULL;
     int embeddings = 0, threads = 0;
@@ -268,12 +53,6 @@ int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "dflash quantize: --model, --out and --type are required (see --help)\n");
         return 2;
     }
-    int to = dfl_type_from_name(type);
-    if (to < 0 || to == DFL_F32) {
-        fprintf(stderr,
-                "dflash quantize: --type %s: expected q8_0, q4_0, q4_k, q6_k, f16 or bf16\n", type);
-        return 2;
-    }
     struct stat si, so;
     if (stat(in, &si) == 0 && S_ISDIR(si.st_mode)) {
         fprintf(stderr, "dflash quantize: %s is a folder: only GGUF input is supported so far "
@@ -287,9 +66,14 @@ int cmd_quantize(int argc, char **argv) {
         return 2;
     }
     dfl_error err = {0};
-    if (quantize(in, out, (dfl_type)to, embeddings, threads, &err)) {
+    dfl_quantize_opts o = {.in = in, .out = out, .type = type, .quantize_embeddings = embeddings,
+                           .n_threads = threads, .progress = cli_progress};
+    dfl_quantize_result r;
+    if (dfl_quantize_gguf(&o, &r, &err)) {
         fprintf(stderr, "dflash quantize: %s\n", err.msg);
-        return 1;
+        return err.code == DFL_EARG ? 2 : 1;
     }
+    fprintf(stderr, "dflash quantize: %s: %d of %d tensors converted to %s, %.1f -> %.1f MB\n",
+            out, r.n_converted, r.n_tensors, type, r.bytes_in / 1e6, r.bytes_out / 1e6);
     return 0;
 }
