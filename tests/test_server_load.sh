@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_server_load.sh - a bounded load test of dflash serve on loopback:
-# CLIENTS concurrent streaming clients x REQUESTS each through the openai
+# CLIENTS (8) concurrent streaming clients x REQUESTS (30) each through the openai
 # client, a fifth of them hanging up at random moments. Every request
 # completes or is cancelled cleanly, greedy answers agree under load, the
 # server keeps no slot busy afterwards, /metrics adds up and passes promtool,
@@ -15,7 +15,7 @@ need_promtool
 install_client
 make_models
 
-CLIENTS=${CLIENTS:-8} REQUESTS=${REQUESTS:-50} MAX_TOKENS=${MAX_TOKENS:-8}
+CLIENTS=${CLIENTS:-8} REQUESTS=${REQUESTS:-30} MAX_TOKENS=${MAX_TOKENS:-8}
 if is_asan; then CLIENTS=4 REQUESTS=10; say "ASan build: $CLIENTS clients x $REQUESTS requests"; fi
 export MAX_TOKENS
 
