@@ -606,6 +606,10 @@ int srv_main(const srv_opts *o) {
              srv_sched_counts(srv, &q, &busy))
             if (wait_signal(&set, 0.1)) break;
         srv_sched_stop(srv);
+        /* Cancelled streams still have their error event to deliver: let the
+         * connections send it before the daemon closes them (bounded). */
+        for (double end = srv_now() + 2; srv_now() < end;)
+            if (!__atomic_load_n(&srv->live_jobs, __ATOMIC_ACQUIRE) || wait_signal(&set, 0.02)) break;
     }
     MHD_stop_daemon(d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);

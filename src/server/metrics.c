@@ -45,6 +45,15 @@ void srv_metrics_job(srv_metrics *m, const srv_job *j) {
     m->accepted += j->st.accepted;
     m->committed += j->st.committed;
     m->classic_steps += j->st.classic_steps;
+    int r = j->st.accept_rule;
+    if (j->st.rounds && r >= 0 && r < 3) {
+        m->rule_rounds[r] += j->st.rounds;
+        m->rule_proposed[r] += j->st.proposed;
+        m->rule_accepted[r] += j->st.accepted;
+        m->rule_committed[r] += j->st.committed;
+        m->rule_tokens[r] += (uint64_t)j->n_gen;
+        m->rule_t_decode[r] += j->st.t_decode;
+    }
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -61,6 +70,37 @@ static void metric(srv_buf *b, const char *name, const char *type, const char *h
     snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
              type, name, v);
     srv_buf_puts(b, line);
+}
+
+/* One gauge or counter with a value per acceptance rule. */
+static void by_rule(srv_buf *b, const char *name, const char *type, const char *help,
+                    const double v[3]) {
+    static const char *rule[3] = {"exact", "rejection", "typical"};
+    char line[512];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    srv_buf_puts(b, line);
+    for (int k = 0; k < 3; k++) {
+        snprintf(line, sizeof line, "%s{rule=\"%s\"} %.17g\n", name, rule[k], v[k]);
+        srv_buf_puts(b, line);
+    }
+}
+
+static void rule_metrics(srv_buf *b, const srv_metrics *c) {
+    double rounds[3], acc[3], tau[3], tps[3];
+    for (int k = 0; k < 3; k++) {
+        rounds[k] = (double)c->rule_rounds[k];
+        acc[k] = c->rule_proposed[k] ? (double)c->rule_accepted[k] / c->rule_proposed[k] : 0;
+        tau[k] = c->rule_rounds[k] ? (double)c->rule_committed[k] / c->rule_rounds[k] : 0;
+        tps[k] = c->rule_t_decode[k] > 0 ? c->rule_tokens[k] / c->rule_t_decode[k] : 0;
+    }
+    by_rule(b, "dflash_rule_rounds_total", "counter",
+            "Speculative rounds, by acceptance rule.", rounds);
+    by_rule(b, "dflash_rule_acceptance_rate", "gauge",
+            "Accepted / proposed draft tokens, by acceptance rule.", acc);
+    by_rule(b, "dflash_rule_tau", "gauge",
+            "Tokens committed per speculative round, by acceptance rule.", tau);
+    by_rule(b, "dflash_rule_decode_tokens_per_second", "gauge",
+            "Generated tokens / decode seconds of requests that speculated, by rule.", tps);
 }
 
 char *srv_metrics_text(srv_server *srv) {
@@ -125,6 +165,7 @@ char *srv_metrics_text(srv_server *srv) {
     metric(&b, "dflash_spec_tau", "gauge",
            "Mean tokens committed per speculative round (acceptance length with the bonus).",
            c.rounds ? (double)c.committed / (double)c.rounds : 0);
+    rule_metrics(&b, &c);
     metric(&b, "dflash_queue_depth", "gauge", "Requests waiting for a slot.", queued);
     metric(&b, "dflash_slots_busy", "gauge", "Slots generating now.", busy);
     metric(&b, "dflash_slots", "gauge", "Slots (--parallel).", srv_ready(srv) ? srv->n_slots : 0);

@@ -16,10 +16,6 @@
 
 #include "server.h"
 
-#ifndef SRV_SAMPLED_SPEC
-#define SRV_SAMPLED_SPEC 0
-#endif
-
 int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...) {
     va_list ap;
     e->status = status;
@@ -61,6 +57,7 @@ srv_job *srv_job_new(srv_server *srv, srv_kind kind) {
     pthread_cond_init(&j->cv, NULL);
     dfl_gen_params_default(&j->gp);
     j->created = (long)time(NULL);
+    __atomic_add_fetch(&srv->live_jobs, 1, __ATOMIC_ACQ_REL);
     return j;
 }
 
@@ -70,6 +67,7 @@ void srv_job_unref(srv_job *j) {
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
     if (left) return;
+    __atomic_sub_fetch(&j->srv->live_jobs, 1, __ATOMIC_ACQ_REL);
     free(j->prompt);
     free(j->bias_ids);
     free(j->bias_vals);
@@ -201,6 +199,23 @@ static int parse_seed(dfl_gen_params *p, const cJSON *root, srv_err *e) {
     if ((r = get_int(root, key, lo, hi, &i, e)) < 0) return -1;    \
     if (r) dst = (int)i
 
+/* spec_accept: exact (default; same tokens as classic decode with the same
+ * seed), rejection (the target's distribution, not token-identical) or
+ * typical (lossy). */
+static int parse_accept(dfl_gen_params *p, const cJSON *root, srv_err *e) {
+    cJSON *v = field(root, "spec_accept");
+    if (!v) return 0;
+    static const char *names[] = {"exact", "rejection", "typical"};
+    static const int rules[] = {DFL_ACCEPT_EXACT, DFL_ACCEPT_REJECTION, DFL_ACCEPT_TYPICAL};
+    for (int k = 0; k < 3 && cJSON_IsString(v); k++)
+        if (!strcmp(v->valuestring, names[k])) {
+            p->spec_accept = rules[k];
+            return 0;
+        }
+    return srv_errf(e, 400, "spec_accept",
+                    "'spec_accept' must be \"exact\", \"rejection\" or \"typical\"");
+}
+
 static int parse_sampling(srv_job *j, const cJSON *root, srv_err *e) {
     dfl_gen_params *p = &j->gp;
     double x;
@@ -220,13 +235,8 @@ static int parse_sampling(srv_job *j, const cJSON *root, srv_err *e) {
     if (parse_seed(p, root, e) < 0) return -1;
     if ((r = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
     if (r) p->ignore_eos = b;
-    /* Sampling needs the rejection rule to stay faithful to the target's
-     * distribution. Until the engine's speculative loop samples (it returns
-     * greedy tokens for sampled requests today), sampled requests decode
-     * classically; SRV_SAMPLED_SPEC=1 turns speculation on for them. */
-    p->spec_accept = p->temperature > 0 ? DFL_ACCEPT_REJECTION : DFL_ACCEPT_EXACT;
-    if (p->temperature > 0 && !j->user_block && !SRV_SAMPLED_SPEC) p->block_size = 1;
-    return 0;
+    NUM("typical", 0, 1e6, p->typical_d);
+    return parse_accept(p, root, e);
 }
 #undef NUM
 #undef INT

@@ -220,19 +220,9 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
     if (!srv->concurrent) ticket_lock(&srv->gen_lock);
     if (!cancelled(j)) {
         dfl_gen_params gp = j->gp;
-        if (gp.spec_accept != DFL_ACCEPT_EXACT && !j->user_block && srv->sampled_spec_unsup)
-            gp.block_size = 1;
         memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
         s->n_hist = j->n_prompt;
         rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
-        if (rc == DFL_EUNSUP && j->n_gen == 0 && gp.spec_accept != DFL_ACCEPT_EXACT &&
-            gp.block_size != 1 && !cancelled(j)) {
-            /* Speculation with sampling is not in this engine yet: classic decode. */
-            srv->sampled_spec_unsup = 1;
-            gp.block_size = 1;
-            memset(&err, 0, sizeof err);
-            rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
-        }
         if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
     }
     if (!srv->concurrent) ticket_unlock(&srv->gen_lock);

@@ -197,6 +197,10 @@ typedef struct srv_metrics {
     uint64_t prompt_tokens, cached_tokens, gen_tokens;
     double t_prefill, t_decode;
     uint64_t rounds, proposed, accepted, committed, classic_steps;
+    /* the same per acceptance rule (DFL_ACCEPT_*), for requests that speculated */
+    uint64_t rule_rounds[3], rule_proposed[3], rule_accepted[3], rule_committed[3];
+    uint64_t rule_tokens[3];
+    double rule_t_decode[3];
     double win_t0;              /* start of the current 1-second bucket */
     uint64_t win[10];           /* tokens generated per second, last 10 seconds */
     int win_pos;
@@ -218,6 +222,7 @@ struct srv_server {
     char model_id[160];
     int ready;                   /* engine loaded, workers up (srv_ready) */
     int draining;                /* SIGINT/SIGTERM: no new work (srv_draining) */
+    int live_jobs;               /* jobs not yet freed: their responses may still be in flight */
     int concurrent;              /* dfl_engine_concurrent(e) */
     srv_ticket_lock gen_lock;    /* used when !concurrent */
     pthread_mutex_t tok_mu;      /* tokenizer calls when !concurrent */
@@ -225,7 +230,6 @@ struct srv_server {
     pthread_mutex_t mu;          /* guards slots' job/hist, the queue, counters below */
     pthread_cond_t idle_cv;      /* a slot became idle */
     int stopping;                /* workers exit */
-    int sampled_spec_unsup;      /* the engine refused speculation with sampling */
     srv_slot *slots;
     int n_slots;
     srv_job **queue;             /* (queue_max) ring */

@@ -154,6 +154,22 @@ let chatText;
   check(b.text === expect.sampled_text, 'same seed, same sample (stream)', b.text);
   const c = await client.chat.completions.create({...req, seed: 99});
   usageOk(c.usage, 'sampled');
+  // The exact rule (default) above speculates and still equals classic decode; the
+  // other rules run, and are reproducible per seed at a pinned block size (the
+  // adaptive size follows measured timings, and rejection's text depends on the
+  // blocks), and show in /metrics by rule.
+  const rj = {...req, spec_accept: 'rejection', block_size: 4};
+  const r1 = await client.chat.completions.create(rj);
+  const r2 = await client.chat.completions.create(rj);
+  check(r1.choices[0].message.content === r2.choices[0].message.content,
+        'rejection rule: same seed, same text', [r1.choices[0].message.content, r2.choices[0].message.content]);
+  const ty = await client.chat.completions.create({...req, spec_accept: 'typical', typical: 0.3});
+  usageOk(ty.usage, 'typical');
+  isErr(await post('/v1/chat/completions', JSON.stringify({...chatReq(), spec_accept: 'maybe'})), 400,
+        'unknown spec_accept -> 400', 'spec_accept');
+  const m = await get('/metrics');
+  check(/dflash_rule_tau\{rule="exact"\} /.test(m.text) && /dflash_rule_acceptance_rate\{rule="rejection"\} /.test(m.text),
+        '/metrics reports acceptance and tau per rule');
 }
 
 // ---- several at once: each equals the greedy answer ---------------------------------
