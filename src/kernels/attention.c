@@ -8,15 +8,20 @@
  *   m'    = max(m, max_j s_j)
  *   alpha = exp(m - m')                    (0 on the first block: m = -inf)
  *   p_j   = exp(s_j - m')
- *   l     = l * alpha + p_0 + p_1 + ...    (in key order)
+ *   l     = l * alpha + sum_j p_j          (vec.h dot order, with adds)
  *   acc_d = fma(p_j, V_j,d, ... fma(p_0, V_0,d, acc_d * alpha))
  * and at the end out = acc / l. The block boundaries depend only on the key
  * index and each unit only on its own row's keys, so a row's result is the
  * same in any batch, on any thread, in the AVX2 form or the twin.
  *
- * Tasks: a kv head with a run of its units (rows x the query heads that
- * share it, GQA head h reads kv head h / (n_heads / n_kv)), so a block of K/V
- * is read once from memory for all of them. */
+ * Tasks: a kv head with a run of up to UNITS of its units (rows x the query
+ * heads that share it; GQA head h reads kv head h / (n_heads / n_kv)). The
+ * twin runs them one by one. The AVX2 form runs a few units (decode) one by
+ * one too, four keys and 32 dims at a time, which keeps many rows of K/V in
+ * flight; more units (verify, prefill) run together, each block of K/V packed
+ * contiguous once and read from cache by all: the scores as a small units x
+ * keys matmul, the values as units x dims register tiles. The arithmetic per
+ * element is the twin's in every case. */
 #include <math.h>
 #include <string.h>
 
@@ -25,7 +30,8 @@
 
 enum {
     BK = 64,       /* keys per block */
-    UNITS = 16     /* (row, head) units per task */
+    UNITS = 32,    /* (row, head) units per task */
+    PACK_HD = 256  /* head dims up to which a K or V block is packed */
 };
 
 typedef struct {
@@ -36,13 +42,9 @@ typedef struct {
     float scale;
 } att_job;
 
-typedef void (*block_fn)(const float *q, const float *K, const float *V, int ldk, int nk, int hd,
-                         float scale, float *m, float *l, float *acc);
-
-/* Running max and the rescale of the sum, shared by both forms. */
-static float block_max(const float *s, int nk, float *m, float *l, float *alpha) {
-    float bm = -INFINITY;
-    for (int j = 0; j < nk; j++) bm = s[j] > bm ? s[j] : bm;
+/* The new running max from the block's largest score bm (NaN scores are
+ * skipped), the rescale factor alpha, and l rescaled. */
+static float block_max(float bm, float *m, float *l, float *alpha) {
     float mn = *m > bm ? *m : bm;
     *alpha = dfl_expf_ref(*m - mn);
     *l *= *alpha;
@@ -52,18 +54,151 @@ static float block_max(const float *s, int nk, float *m, float *l, float *alpha)
 
 static void block_ref(const float *q, const float *K, const float *V, int ldk, int nk, int hd,
                       float scale, float *m, float *l, float *acc) {
-    float s[BK], alpha;
-    for (int j = 0; j < nk; j++) s[j] = dfl_dot_ref(q, K + (size_t)j * ldk, hd) * scale;
-    float mn = block_max(s, nk, m, l, &alpha);
+    float s[BK], alpha, bm = -INFINITY;
     for (int j = 0; j < nk; j++) {
-        s[j] = dfl_expf_ref(s[j] - mn);
-        *l += s[j];
+        s[j] = dfl_dot_ref(q, K + (size_t)j * ldk, hd) * scale;
+        bm = s[j] > bm ? s[j] : bm;
     }
+    float mn = block_max(bm, m, l, &alpha);
+    for (int j = 0; j < nk; j++) s[j] = dfl_expf_ref(s[j] - mn);
+    *l += dfl_sum_ref(s, nk);
     for (int d = 0; d < hd; d++) {
         float a = acc[d] * alpha;
         for (int j = 0; j < nk; j++) a = fmaf(s[j], V[(size_t)j * ldk + d], a);
         acc[d] = a;
     }
+}
+
+/* Units [u0, u1) of kv head kh, one at a time with the twin. Unit u is row
+ * u / g, query head kh*g + u % g. */
+static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
+    int qd = a->n_heads * a->hd;
+    for (int u = u0; u < u1; u++) {
+        int r = u / a->g, h = kh * a->g + u % a->g;
+        size_t off = (size_t)r * qd + (size_t)h * a->hd;
+        float m = -INFINITY, l = 0.0f, *o = a->out + off;
+        memset(o, 0, (size_t)a->hd * sizeof(float));
+        for (int j0 = 0; j0 < a->n_keys[r]; j0 += BK) {
+            int nk = a->n_keys[r] - j0 < BK ? a->n_keys[r] - j0 : BK;
+            size_t ko = (size_t)j0 * a->ldk + (size_t)kh * a->hd;
+            block_ref(a->q + off, a->K + ko, a->V + ko, a->ldk, nk, a->hd, a->scale, &m, &l, o);
+        }
+        if (l > 0)
+            for (int d = 0; d < a->hd; d++) o[d] = o[d] / l;
+    }
+}
+
+/* ---- AVX2: the same per-unit arithmetic, computed for the task's units
+ * together so each K/V block is read once for all of them: scores as a small
+ * matmul (units x keys, each in the dot order), values as units x dims tiles
+ * (each element acc * alpha then fma over keys in order). */
+
+/* s[u * BK + j] = dot(q[u], K_j) * scale for U units by J keys. */
+static DFL_AVX2_INLINE void score_tile(int U, int J, const float *const *q, const float *K,
+                                       int ldk, int hd, float scale, float *s) {
+    __m256 a[4][3];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 3
+        for (int j = 0; j < J; j++) a[u][j] = _mm256_setzero_ps();
+    int h8 = hd & ~7;
+    for (int d = 0; d < h8; d += 8) {
+        __m256 kv[3];
+#pragma GCC unroll 3
+        for (int j = 0; j < J; j++) kv[j] = _mm256_loadu_ps(K + (size_t)j * ldk + d);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m256 qv = _mm256_loadu_ps(q[u] + d);
+#pragma GCC unroll 3
+            for (int j = 0; j < J; j++) a[u][j] = _mm256_fmadd_ps(qv, kv[j], a[u][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+        float t[4];
+        __m256 z = _mm256_setzero_ps();
+        _mm_storeu_ps(t, dfl_hsum8x4(a[u][0], J > 1 ? a[u][1] : z, J > 2 ? a[u][2] : z, z));
+        for (int j = 0; j < J; j++) {
+            for (int d = h8; d < hd; d++) t[j] = fmaf(q[u][d], K[(size_t)j * ldk + d], t[j]);
+            s[u * BK + j] = t[j] * scale;
+        }
+    }
+}
+
+/* acc[u][d] = fma(p[u][j], V_j[d], acc[u][d]) for j in [j0, j1), U units by
+ * D 8-dim vectors at d. */
+static DFL_AVX2_INLINE void value_tile(int U, int D, float *const *acc, const float *p,
+                                       const float *V, int ldk, int d, int j0, int j1) {
+    __m256 a[4][3];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 3
+        for (int i = 0; i < D; i++) a[u][i] = _mm256_loadu_ps(acc[u] + d + 8 * i);
+    for (int j = j0; j < j1; j++) {
+        __m256 vv[3];
+#pragma GCC unroll 3
+        for (int i = 0; i < D; i++) vv[i] = _mm256_loadu_ps(V + (size_t)j * ldk + d + 8 * i);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m256 pv = _mm256_broadcast_ss(p + u * BK + j);
+#pragma GCC unroll 3
+            for (int i = 0; i < D; i++) a[u][i] = _mm256_fmadd_ps(pv, vv[i], a[u][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 3
+        for (int i = 0; i < D; i++) _mm256_storeu_ps(acc[u] + d + 8 * i, a[u][i]);
+}
+
+#define SCORE_FN(U, J)                                                                     \
+    DFL_AVX2 static void score_##U##x##J(const float *const *q, const float *K, int ldk,    \
+                                         int hd, float scale, float *s) {                  \
+        score_tile(U, J, q, K, ldk, hd, scale, s);                                          \
+    }
+#define VALUE_FN(U, D)                                                                     \
+    DFL_AVX2 static void value_##U##x##D(float *const *acc, const float *p, const float *V, \
+                                         int ldk, int d, int j0, int j1) {                 \
+        value_tile(U, D, acc, p, V, ldk, d, j0, j1);                                        \
+    }
+SCORE_FN(1, 1) SCORE_FN(2, 1) SCORE_FN(3, 1) SCORE_FN(4, 1)
+SCORE_FN(1, 3) SCORE_FN(2, 3) SCORE_FN(3, 3) SCORE_FN(4, 3)
+VALUE_FN(1, 1) VALUE_FN(2, 1) VALUE_FN(3, 1) VALUE_FN(4, 1)
+VALUE_FN(1, 3) VALUE_FN(2, 3) VALUE_FN(3, 3) VALUE_FN(4, 3)
+typedef void (*score_fn)(const float *const *, const float *, int, int, float, float *);
+typedef void (*value_fn)(float *const *, const float *, const float *, int, int, int, int);
+static const score_fn scores[5][2] = {{0, 0}, {score_1x1, score_1x3}, {score_2x1, score_2x3},
+                                      {score_3x1, score_3x3}, {score_4x1, score_4x3}};
+static const value_fn values[5][2] = {{0, 0}, {value_1x1, value_1x3}, {value_2x1, value_2x3},
+                                      {value_3x1, value_3x3}, {value_4x1, value_4x3}};
+
+/* acc[u][...] (+)= p[u][j] V_j over keys [j0, j1), all dims, U <= 4 units. */
+DFL_AVX2 static void values_all(int U, float *const *acc, const float *p, const float *V, int ldk,
+                                int hd, int j0, int j1) {
+    int d = 0;
+    for (; d + 24 <= hd; d += 24) values[U][1](acc, p, V, ldk, d, j0, j1);
+    for (; d + 8 <= hd; d += 8) values[U][0](acc, p, V, ldk, d, j0, j1);
+    for (; d < hd; d++)
+        for (int u = 0; u < U; u++) {
+            float a = acc[u][d];
+            for (int j = j0; j < j1; j++) a = fmaf(p[u * BK + j], V[(size_t)j * ldk + d], a);
+            acc[u][d] = a;
+        }
+}
+
+/* The largest of s[0..n), NaNs skipped (maxps returns its second operand
+ * when one is NaN), -inf if none. It can differ from the twin's scan only in
+ * the sign of a zero maximum, which changes no later bit: it is only ever
+ * subtracted before exp, where exp(x - 0) == exp(x + 0). */
+DFL_AVX2 static float block_max_avx2(const float *s, int n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(s + j), m);
+    float t[8], bm = -INFINITY;
+    _mm256_storeu_ps(t, m);
+    for (int l = 0; l < 8; l++) bm = t[l] > bm ? t[l] : bm;
+    for (; j < n; j++) bm = s[j] > bm ? s[j] : bm;
+    return bm;
 }
 
 /* Scores of 4 keys at once: four independent dot-order chains. */
@@ -87,6 +222,8 @@ DFL_AVX2 static void scores4(const float *q, const float *K, int ldk, int hd, fl
     }
 }
 
+/* One unit, one block (decode): four keys at a time, values 32 dims at a
+ * time over all the block's keys, which keeps many rows in flight. */
 DFL_AVX2 static void block_avx2(const float *q, const float *K, const float *V, int ldk, int nk,
                                 int hd, float scale, float *m, float *l, float *acc) {
     _Alignas(32) float s[BK];
@@ -94,12 +231,12 @@ DFL_AVX2 static void block_avx2(const float *q, const float *K, const float *V, 
     int j = 0;
     for (; j + 4 <= nk; j += 4) scores4(q, K + (size_t)j * ldk, ldk, hd, scale, s + j);
     for (; j < nk; j++) s[j] = dfl_dot(q, K + (size_t)j * ldk, hd) * scale;
-    float mn = block_max(s, nk, m, l, &alpha);
+    float mn = block_max(block_max_avx2(s, nk), m, l, &alpha);
     __m256 mv = _mm256_set1_ps(mn);
     for (j = 0; j + 8 <= nk; j += 8)
         _mm256_store_ps(s + j, dfl_expf8(_mm256_sub_ps(_mm256_load_ps(s + j), mv)));
     for (; j < nk; j++) s[j] = dfl_expf_ref(s[j] - mn);
-    for (j = 0; j < nk; j++) *l += s[j];
+    *l += dfl_sum(s, nk);
 
     __m256 av = _mm256_set1_ps(alpha);
     int d = 0;
@@ -134,41 +271,147 @@ DFL_AVX2 static void block_avx2(const float *q, const float *K, const float *V, 
     }
 }
 
-/* Units [u0, u1) of kv head kh; unit u is row u / g, query head kh*g + u % g. */
-static void att_units(const att_job *a, int kh, int u0, int u1, block_fn block) {
-    float m[UNITS], l[UNITS];
-    int qd = a->n_heads * a->hd, max_keys = 0;
-    for (int u = u0; u < u1; u++) {
-        int r = u / a->g, h = kh * a->g + u % a->g;
-        m[u - u0] = -INFINITY;
-        l[u - u0] = 0.0f;
-        memset(a->out + (size_t)r * qd + (size_t)h * a->hd, 0, (size_t)a->hd * sizeof(float));
+/* dst[j * hd + d] = src[j * ldk + d] for j < nk: a block of one kv head made
+ * contiguous (rows ldk apart all fall in the same few cache sets). */
+DFL_AVX2 static void pack_block(float *dst, const float *src, int ldk, int nk, int hd) {
+    for (int j = 0; j < nk; j++)
+        for (int d = 0; d < hd; d += 8)
+            _mm256_store_ps(dst + j * hd + d, _mm256_loadu_ps(src + (size_t)j * ldk + d));
+}
+
+/* Prefetches the next block's rows a few lines at a time between kernel
+ * calls, so their memory latency overlaps arithmetic without a burst of
+ * misses stalling the core. */
+typedef struct {
+    const float *row;       /* the row being fetched; NULL: nothing left */
+    int ldk, hd, left;      /* rows ldk apart, hd floats each, rows left */
+    int d, per;             /* next float in the row, lines per call */
+} prefetcher;
+
+static void pf_start(prefetcher *p, const float *base, int ldk, int nk, int hd, int calls) {
+    *p = (prefetcher){base, ldk, hd, nk, 0, 0};
+    p->per = (nk * ((hd + 15) / 16) + calls - 1) / (calls > 0 ? calls : 1);
+}
+
+static void pf_some(prefetcher *p) {
+    for (int i = 0; i < p->per && p->row && p->left > 0; i++) {
+        _mm_prefetch((const char *)(p->row + p->d), _MM_HINT_T0);
+        if ((p->d += 16) >= p->hd) p->d = 0, p->row += p->ldk, p->left--;
+    }
+}
+
+/* One key block for units 0..nu (q[u], acc[u] = its slice of out, nk[u] keys
+ * of the block, m / l its running max and sum). K, V, and the next block's
+ * K and V (nextk, nextv, next_nk rows; NULL when none) are rows ldk apart. */
+DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *acc, const int *nk,
+                                 const float *K, const float *V, const float *nextk,
+                                 const float *nextv, int next_nk, int ldk, int hd, float scale,
+                                 float *m, float *l) {
+    _Alignas(32) float s[UNITS * BK], buf[BK * PACK_HD];
+    /* Packing pays when several 4-unit groups reread the block. */
+    int kmax = 0, ugroups = (nu + 3) / 4, pack = ugroups > 1 && hd <= PACK_HD && hd % 8 == 0;
+    for (int u = 0; u < nu; u++) kmax = nk[u] > kmax ? nk[u] : kmax;
+    prefetcher pf;
+    /* Scores for every unit and key below kmax (keys past a unit's own count
+     * exist in K and are computed, then ignored). */
+    const float *kb = K;
+    int ld = ldk;
+    if (pack) {
+        pack_block(buf, K, ldk, kmax, hd);
+        kb = buf, ld = hd;
+    }
+    pf_start(&pf, nextk, ldk, next_nk, hd, ugroups * ((kmax + 2) / 3));
+    for (int u = 0; u < nu; u += 4) {
+        int U = nu - u < 4 ? nu - u : 4, j = 0;
+        for (; j + 3 <= kmax; j += 3) {
+            pf_some(&pf);
+            scores[U][1](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
+        }
+        for (; j < kmax; j++) scores[U][0](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
+    }
+    /* Softmax bookkeeping per unit, exactly as block_ref. */
+    for (int u = 0; u < nu; u++) {
+        float *su = s + u * BK, alpha;
+        if (nk[u] <= 0) continue;
+        float mn = block_max(block_max_avx2(su, nk[u]), m + u, l + u, &alpha);
+        __m256 mv = _mm256_set1_ps(mn);
+        int j = 0;
+        for (; j + 8 <= nk[u]; j += 8)
+            _mm256_store_ps(su + j, dfl_expf8(_mm256_sub_ps(_mm256_load_ps(su + j), mv)));
+        for (; j < nk[u]; j++) su[j] = dfl_expf_ref(su[j] - mn);
+        l[u] += dfl_sum(su, nk[u]);
+        __m256 av = _mm256_set1_ps(alpha);
+        int d = 0;
+        for (; d + 8 <= hd; d += 8)
+            _mm256_storeu_ps(acc[u] + d, _mm256_mul_ps(_mm256_loadu_ps(acc[u] + d), av));
+        for (; d < hd; d++) acc[u][d] *= alpha;
+    }
+    const float *vb = V;
+    int ldv = ldk;
+    if (pack) {
+        pack_block(buf, V, ldk, kmax, hd);
+        vb = buf, ldv = hd;
+    }
+    pf_start(&pf, nextv, ldk, next_nk, hd, ugroups);
+    for (int u = 0; u < nu; u += 4) {
+        int U = nu - u < 4 ? nu - u : 4, common = BK;
+        pf_some(&pf);
+        for (int i = u; i < u + U; i++) common = nk[i] < common ? nk[i] : common;
+        if (common > 0) values_all(U, acc + u, s + u * BK, vb, ldv, hd, 0, common);
+        for (int i = u; i < u + U; i++)
+            if (nk[i] > common && nk[i] > 0)
+                values_all(1, acc + i, s + i * BK, vb, ldv, hd, common > 0 ? common : 0, nk[i]);
+    }
+}
+
+/* Units [u0, u1) of kv head kh with the AVX2 kernels. */
+static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
+    const float *q[UNITS];
+    float *acc[UNITS], m[UNITS], l[UNITS];
+    int nu = u1 - u0, qd = a->n_heads * a->hd, max_keys = 0, nk[UNITS];
+    for (int u = 0; u < nu; u++) {
+        int r = (u0 + u) / a->g, h = kh * a->g + (u0 + u) % a->g;
+        size_t off = (size_t)r * qd + (size_t)h * a->hd;
+        q[u] = a->q + off;
+        acc[u] = a->out + off;
+        m[u] = -INFINITY;
+        l[u] = 0.0f;
+        memset(acc[u], 0, (size_t)a->hd * sizeof(float));
         if (a->n_keys[r] > max_keys) max_keys = a->n_keys[r];
     }
     for (int j0 = 0; j0 < max_keys; j0 += BK) {
-        const float *K = a->K + (size_t)j0 * a->ldk + (size_t)kh * a->hd;
-        const float *V = a->V + (size_t)j0 * a->ldk + (size_t)kh * a->hd;
-        for (int u = u0; u < u1; u++) {
-            int r = u / a->g, h = kh * a->g + u % a->g, nk = a->n_keys[r] - j0;
-            if (nk <= 0) continue;
-            size_t off = (size_t)r * qd + (size_t)h * a->hd;
-            block(a->q + off, K, V, a->ldk, nk < BK ? nk : BK, a->hd, a->scale, &m[u - u0],
-                  &l[u - u0], a->out + off);
+        for (int u = 0; u < nu; u++) {
+            int left = a->n_keys[(u0 + u) / a->g] - j0;
+            nk[u] = left < 0 ? 0 : left < BK ? left : BK;
         }
+        size_t off = (size_t)j0 * a->ldk + (size_t)kh * a->hd, noff = off + (size_t)BK * a->ldk;
+        int next_nk = max_keys - j0 - BK < BK ? max_keys - j0 - BK : BK;
+        const float *nk_ = next_nk > 0 ? a->K + noff : NULL, *nv = next_nk > 0 ? a->V + noff : NULL;
+        /* Few units (decode): one at a time, reading the block with many
+         * misses in flight; the others then find it in cache. */
+        if (nu <= 4)
+            for (int u = 0; u < nu; u++) {
+                if (nk[u] > 0)
+                    block_avx2(q[u], a->K + off, a->V + off, a->ldk, nk[u], a->hd, a->scale,
+                               m + u, l + u, acc[u]);
+            }
+        else
+            block_units(nu, q, acc, nk, a->K + off, a->V + off, nk_, nv, next_nk, a->ldk, a->hd,
+                        a->scale, m, l);
     }
-    for (int u = u0; u < u1; u++) {
-        int r = u / a->g, h = kh * a->g + u % a->g;
-        float *o = a->out + (size_t)r * qd + (size_t)h * a->hd, lu = l[u - u0];
-        if (lu > 0)
-            for (int d = 0; d < a->hd; d++) o[d] = o[d] / lu;
-    }
+    for (int u = 0; u < nu; u++)
+        if (l[u] > 0)
+            for (int d = 0; d < a->hd; d++) acc[u][d] = acc[u][d] / l[u];
 }
 
 static void att_task(void *ctx, int i, int ntask) {
     const att_job *a = ctx;
     int kh = i / a->tpk, u0 = (i % a->tpk) * UNITS, u1 = u0 + UNITS;
     if (u1 > a->n * a->g) u1 = a->n * a->g;
-    att_units(a, kh, u0, u1, a->simd ? block_avx2 : block_ref);
+    if (a->simd)
+        att_units_avx2(a, kh, u0, u1);
+    else
+        att_units_ref(a, kh, u0, u1);
 }
 
 static att_job make_job(int n, const float *q, const float *K, const float *V, int ldk,

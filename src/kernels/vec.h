@@ -66,6 +66,27 @@ static DFL_AVX2_INLINE float dfl_dot(const float *a, const float *b, int n) {
     return s;
 }
 
+/* Sum of a[0..n) in the dot order with additions: 8 lane sums, the tree,
+ * the tail one by one. */
+static inline float dfl_sum_ref(const float *a, int n) {
+    float acc[8] = {0};
+    int n8 = n & ~7;
+    for (int i = 0; i < n8; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[i + l];
+    float s = dfl_hsum8_ref(acc);
+    for (int i = n8; i < n; i++) s += a[i];
+    return s;
+}
+
+static DFL_AVX2_INLINE float dfl_sum(const float *a, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int n8 = n & ~7;
+    for (int i = 0; i < n8; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(a + i));
+    float s = dfl_hsum8(acc);
+    for (int i = n8; i < n; i++) s += a[i];
+    return s;
+}
+
 /* exp(x) for f32 in about 1 ulp, identical in both forms: x = n*ln2 + r with
  * |r| <= ln2/2 (ln2 split in two for an exact reduction), e^r by its degree-7
  * Taylor polynomial (error below 1e-8 on that interval), times 2^n built in
