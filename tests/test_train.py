@@ -220,15 +220,18 @@ def test_batches():
     check(b["feat"].shape == (3, 14, 2 * cap.dim), "feat packs the chosen layers")
     check(torch.equal(b["feat"][1, :14].reshape(14, 2, -1),
                       torch.from_numpy(cap.features[12:26][:, [0, 1]])), "feat rows")
-    # two captures read as one: sequence 4 is the second capture's sequence 1
+    # two captures read as one: sequence 4 is the second capture's sequence 1;
+    # the second captured layers 3, 2, 0 (in that order)
     cap2 = toy_capture(np.random.default_rng(9), lens=((7, 1), (10, 2)))
-    cap2.embed = cap.embed
+    cap2.embed, cap2.layers = cap.embed, [3, 2, 0]
     both = T.Captures([cap, cap2])
     b2 = T.make_batch(both, [4, 0], 2, 4, np.random.default_rng(0), 64, [0, 2])
-    check(len(both.seqs) == 5 and torch.equal(b2["ids"][0, :10],
-                                              torch.from_numpy(cap2.tokens[7:17]).long()) and
+    check(both.layers == [0, 2] and len(both.seqs) == 5, "layers both captured")
+    check(torch.equal(b2["ids"][0, :10], torch.from_numpy(cap2.tokens[7:17]).long()) and
           torch.equal(b2["feat"][0, :10].reshape(10, 2, -1),
-                      torch.from_numpy(cap2.features[7:17][:, [0, 2]])), "two captures as one")
+                      torch.from_numpy(cap2.features[7:17][:, [2, 1]])) and
+          torch.equal(b2["feat"][1, :12].reshape(12, 2, -1),
+                      torch.from_numpy(cap.features[0:12][:, [0, 2]])), "two captures as one")
 
 
 def write_capture(d, cap):
@@ -374,7 +377,7 @@ def test_engine(binary):
         for s in range(min(2, len(cap.seqs))):
             a0, n = (int(x) for x in cap.seqs[s, :2])
             ids = cap.tokens[a0:a0 + n]
-            b = T.make_batch(cap, [s], 1, B, None, 64, [0, 1], [np.array([n - 1])])
+            b = T.make_batch(cap, [s], 1, B, None, 64, [1, 2], [np.array([n - 1])])
             with torch.no_grad():
                 want = model(b["feat"], b["ids"], b["anchors"], torch.from_numpy(cap.embed),
                              torch.from_numpy(cap.lm_head), 511, B).numpy()[0, 0]

@@ -77,16 +77,18 @@ class Capture:
 
 
 class Captures:
-    """Several captures of one target read as one: sequences numbered in order."""
+    """Several captures of one target read as one: sequences numbered in order;
+    the layers are those every part captured."""
 
     def __init__(self, parts):
         self.parts = parts
         p0 = parts[0]
         for p in parts[1:]:
-            if (p.layers, p.dim, p.vocab) != (p0.layers, p0.dim, p0.vocab) or \
-                    not np.array_equal(p.embed, p0.embed):
-                raise SystemExit(f"train_dflash: {p.dir} and {p0.dir} differ in target or layers")
-        self.meta, self.layers, self.dim, self.vocab = p0.meta, p0.layers, p0.dim, p0.vocab
+            if (p.dim, p.vocab) != (p0.dim, p0.vocab) or not np.array_equal(p.embed, p0.embed):
+                raise SystemExit(f"train_dflash: {getattr(p, 'dir', '?')} and "
+                                 f"{getattr(p0, 'dir', '?')} capture different targets")
+        self.layers = [x for x in p0.layers if all(x in p.layers for p in parts)]
+        self.meta, self.dim, self.vocab = p0.meta, p0.dim, p0.vocab
         self.embed, self.lm_head, self.tied = p0.embed, p0.lm_head, p0.tied
         self.index = [(k, i) for k, p in enumerate(parts) for i in range(len(p.seqs))]
         self.seqs = np.concatenate([p.seqs for p in parts])
@@ -100,15 +102,16 @@ def load_capture(dirs):
     return Captures([Capture(d) for d in dirs])
 
 
-def seq_rows(cap, i, max_len):
-    """Sequence i of a capture: (ids (n,), features (n, layers, dim), prompt rows),
-    cut to its first max_len rows."""
+def seq_rows(cap, i, max_len, layers):
+    """Sequence i of a capture: (ids (n,), features (n, len(layers), dim) of those
+    target layers, prompt rows), cut to its first max_len rows."""
     if hasattr(cap, "parts"):
         k, i = cap.index[i]
         cap = cap.parts[k]
     a0, n, npr = (int(x) for x in cap.seqs[i])
     n = min(n, max_len)
-    return cap.tokens[a0:a0 + n], cap.features[a0:a0 + n], npr
+    cols = [cap.layers.index(x) for x in layers]
+    return cap.tokens[a0:a0 + n], cap.features[a0:a0 + n][:, cols], npr
 
 
 # ---- the drafter ------------------------------------------------------------------
@@ -240,20 +243,20 @@ def valid_anchors(n, n_prompt):
     return np.arange(lo, n - 1)
 
 
-def make_batch(cap, seq_idx, A, B, rng, max_len, layer_cols, anchors_fixed=None):
+def make_batch(cap, seq_idx, A, B, rng, max_len, layers, anchors_fixed=None):
     """-> dict of tensors: feat (S, T, K*D), ids (S, T), anchors (S, A),
     labels (S, A, B-1) (-1 where none), full (S, A) anchors whose B-1 labels
     all exist. Sequences longer than max_len are cut to their first max_len rows."""
-    rows = [seq_rows(cap, i, max_len) for i in seq_idx]
+    rows = [seq_rows(cap, i, max_len, layers) for i in seq_idx]
     S, T = len(rows), max(len(r[0]) for r in rows)
-    K, D = len(layer_cols), cap.dim
+    K, D = len(layers), cap.dim
     feat = np.zeros((S, T, K, D), dtype=np.float32)
     ids = np.zeros((S, T), dtype=np.int64)
     anchors = np.ones((S, A), dtype=np.int64)
     labels = np.full((S, A, B - 1), -1, dtype=np.int64)
     for s, (tk, ft, npr) in enumerate(rows):
         n = len(tk)
-        feat[s, :n] = ft[:, layer_cols]
+        feat[s, :n] = ft
         ids[s, :n] = tk
         if anchors_fixed is not None:
             an = anchors_fixed[s]
@@ -394,7 +397,7 @@ def split(cap, val_frac, seed):
     return ok[nv:], ok[:nv]
 
 
-def evaluate(model, cap, val, a, E, Hd, cols):
+def evaluate(model, cap, val, a, E, Hd, layers):
     """Fixed anchors (every 4th valid position, up to --anchors per sequence)."""
     model.eval()
     tot, accs, accepts, n = 0.0, [], [], 0
@@ -407,7 +410,7 @@ def evaluate(model, cap, val, a, E, Hd, cols):
                 va = valid_anchors(n_s, int(cap.seqs[s, 2]))[::4][:a.anchors]
                 fixed.append(va if len(va) else np.array([1]))
             A = max(len(f) for f in fixed)
-            b = make_batch(cap, idx, A, a.block_size, None, a.max_len, cols, fixed)
+            b = make_batch(cap, idx, A, a.block_size, None, a.max_len, layers, fixed)
             # anchors padded with 1 beyond a sequence's own list carry no labels
             for s, f in enumerate(fixed):
                 b["labels"][s, len(f):] = -1
@@ -480,7 +483,6 @@ def main(argv=None):
     missing = [x for x in layers if x not in cap.layers]
     if missing:
         raise SystemExit(f"train_dflash: layers {missing} were not captured (have {cap.layers})")
-    cols = [cap.layers.index(x) for x in layers]
     if not 0 <= a.mask_id < cap.vocab:
         raise SystemExit(f"train_dflash: --mask-id {a.mask_id} outside 0..{cap.vocab - 1}")
     used = sum(int((p.tokens == a.mask_id).sum()) for p in getattr(cap, "parts", [cap]))
@@ -524,7 +526,7 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
         idx = rng.choice(train, size=min(a.batch, len(train)), replace=False)
-        b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, cols)
+        b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, layers)
         lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size)
         loss, acc, acc_len = loss_and_stats(lg, b["labels"], a.gamma)
         opt.zero_grad(set_to_none=True)
@@ -539,7 +541,7 @@ def main(argv=None):
                 f"{gn.item():.2f} | acc/pos {fmt_acc(acc)} | tau~ {1 + acc_len:.2f} | "
                 f"{seen / max(el, 1e-9):.0f} labels/s {el:.0f}s")
         if (step % a.eval_every == 0 or step == a.steps) and len(val):
-            vl, vacc, vlen = evaluate(model, cap, val, a, E, Hd, cols)
+            vl, vacc, vlen = evaluate(model, cap, val, a, E, Hd, layers)
             log(f"eval {step:6d} loss {vl:.4f} | acc/pos {fmt_acc(vacc)} | tau~ {1 + vlen:.2f}")
         stop = a.stop_at and a.stop_at <= step < a.steps
         if step % a.ckpt_every == 0 or step == a.steps or stop:
