@@ -8,12 +8,14 @@
  * in a batch of 32, with one thread or three, in the AVX2 path or the twin.
  *
  * Fast paths. One row (decode) streams the weights once and is bound by memory
- * bandwidth: 4 outputs at a time, converted in registers. Several rows (verify,
- * prefill): per group of 3 outputs, a block of up to KB columns of weights is
- * converted to f32 once (on the stack, L1-resident), then every 4-row tile of
- * X runs against it with a 4x3 register tile (12 accumulators + 3 weights + 1
- * activation = the 16 ymm registers). Rows go 32 at a time so the
- * accumulators stay small. */
+ * bandwidth: 4 outputs at a time, converted in registers, the next 4 rows
+ * prefetched meanwhile (one core's bandwidth is bound by misses in flight).
+ * Several rows (verify, prefill): per group of 3 outputs, a block of up to KB
+ * columns of weights is converted to f32 once (on the stack, L1-resident),
+ * then every 4-row tile of X runs against it with a 4x3 register tile (12
+ * accumulators + 3 weights + 1 activation = the 16 ymm registers) while the
+ * next block is prefetched. Rows go 32 at a time so the accumulators stay
+ * small. */
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -79,28 +81,20 @@ static DFL_AVX2_INLINE __m256 load8(dfl_type t, const uint8_t *p, int k) {
  * registers. Meanwhile rows pf[0..np) are prefetched over the same columns:
  * weights a later call reads from memory, so their latency overlaps this
  * call's arithmetic (callers spread them, a few rows per call, to keep few
- * misses in flight). With STORE (fixed per instance, so the loop has no
- * branch for it) the weights converted to f32 (exact) are also stored to
- * store[c * KB + k], for the next row tiles to read without converting. */
-enum { FETCH = 0, STORE = 1 };
+ * misses in flight). */
 
 typedef struct {
     const uint8_t *pf[4];   /* rows to prefetch */
     int np;
     size_t pes;             /* their bytes per element */
-    float *store;           /* [3][KB] (STORE) */
 } tile_aux;
 
 /* One step of 8 columns at k. */
-static DFL_AVX2_INLINE void tile_step(int R, int C, dfl_type t, int mode, const uint8_t *const *w,
-                                      const float *x, size_t ldx, int k, __m256 a[4][4],
-                                      const tile_aux *aux) {
+static DFL_AVX2_INLINE void tile_step(int R, int C, dfl_type t, const uint8_t *const *w,
+                                      const float *x, size_t ldx, int k, __m256 a[4][4]) {
     __m256 wv[4];
 #pragma GCC unroll 4
-    for (int c = 0; c < C; c++) {
-        wv[c] = load8(t, w[c], k);
-        if (mode == STORE) _mm256_store_ps(aux->store + c * KB + k, wv[c]);
-    }
+    for (int c = 0; c < C; c++) wv[c] = load8(t, w[c], k);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
@@ -109,7 +103,7 @@ static DFL_AVX2_INLINE void tile_step(int R, int C, dfl_type t, int mode, const 
     }
 }
 
-static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, int mode, const uint8_t *const *w,
+static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const *w,
                                  const float *x, size_t ldx, int k8, __m256 *acc,
                                  const tile_aux *aux) {
     __m256 a[4][4];
@@ -126,9 +120,9 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, int mode, const uint8
             if (aux->pes == 4) _mm_prefetch(p + 64, _MM_HINT_T0);
         }
 #pragma GCC unroll 4
-        for (int j = 0; j < 32; j += 8) tile_step(R, C, t, mode, w, x, ldx, k + j, a, aux);
+        for (int j = 0; j < 32; j += 8) tile_step(R, C, t, w, x, ldx, k + j, a);
     }
-    for (; k < k8; k += 8) tile_step(R, C, t, mode, w, x, ldx, k, a, aux);
+    for (; k < k8; k += 8) tile_step(R, C, t, w, x, ldx, k, a);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -138,33 +132,46 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, int mode, const uint8
 typedef void (*tile_fn)(const uint8_t *const *, const float *, size_t, int, __m256 *,
                         const tile_aux *);
 
-/* One function per shape, type and mode, each with its own register
- * allocation: tiles[type][mode][R][C == 3]. */
-#define TILE_FN(R, C, T, M)                                                                  \
-    DFL_AVX2 static void tile_##R##x##C##_##T##_##M(const uint8_t *const *w, const float *x, \
-                                                    size_t ldx, int k8, __m256 *acc,         \
-                                                    const tile_aux *aux) {                   \
-        tile(R, C, DFL_##T, M, w, x, ldx, k8, acc, aux);                                      \
+/* One function per shape and type, each with its own register allocation:
+ * tiles[type][R][C == 3]. */
+#define TILE_FN(R, C, T)                                                                     \
+    DFL_AVX2 static void tile_##R##x##C##_##T(const uint8_t *const *w, const float *x,       \
+                                              size_t ldx, int k8, __m256 *acc,              \
+                                              const tile_aux *aux) {                        \
+        tile(R, C, DFL_##T, w, x, ldx, k8, acc, aux);                                        \
     }
-#define TILE_FNS(T, M)                                                                       \
-    TILE_FN(1, 1, T, M) TILE_FN(2, 1, T, M) TILE_FN(3, 1, T, M) TILE_FN(4, 1, T, M)          \
-    TILE_FN(1, 3, T, M) TILE_FN(2, 3, T, M) TILE_FN(3, 3, T, M) TILE_FN(4, 3, T, M)
-#define TILE_ROW(T, M)                                                                       \
-    {{0, 0}, {tile_1x1_##T##_##M, tile_1x3_##T##_##M}, {tile_2x1_##T##_##M, tile_2x3_##T##_##M}, \
-     {tile_3x1_##T##_##M, tile_3x3_##T##_##M}, {tile_4x1_##T##_##M, tile_4x3_##T##_##M}}
-#define NO_ROW {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}}
-TILE_FNS(F32, FETCH)
-TILE_FNS(F16, FETCH)
-TILE_FNS(F16, STORE)
-TILE_FNS(BF16, FETCH)
-TILE_FNS(BF16, STORE)
-TILE_FN(1, 4, F32, FETCH)
-TILE_FN(1, 4, F16, FETCH)
-TILE_FN(1, 4, BF16, FETCH)
-static const tile_fn tiles[3][2][5][2] = {{TILE_ROW(F32, FETCH), NO_ROW},
-                                          {TILE_ROW(F16, FETCH), TILE_ROW(F16, STORE)},
-                                          {TILE_ROW(BF16, FETCH), TILE_ROW(BF16, STORE)}};
-static const tile_fn gemv4[3] = {tile_1x4_F32_FETCH, tile_1x4_F16_FETCH, tile_1x4_BF16_FETCH};
+#define TILE_FNS(T)                                                                          \
+    TILE_FN(1, 1, T) TILE_FN(2, 1, T) TILE_FN(3, 1, T) TILE_FN(4, 1, T)                      \
+    TILE_FN(1, 3, T) TILE_FN(2, 3, T) TILE_FN(3, 3, T) TILE_FN(4, 3, T) TILE_FN(1, 4, T)
+#define TILE_ROW(T)                                                                          \
+    {{0, 0}, {tile_1x1_##T, tile_1x3_##T}, {tile_2x1_##T, tile_2x3_##T},                     \
+     {tile_3x1_##T, tile_3x3_##T}, {tile_4x1_##T, tile_4x3_##T}}
+TILE_FNS(F32)
+TILE_FNS(F16)
+TILE_FNS(BF16)
+static const tile_fn tiles[3][5][2] = {TILE_ROW(F32), TILE_ROW(F16), TILE_ROW(BF16)};
+static const tile_fn gemv4[3] = {tile_1x4_F32, tile_1x4_F16, tile_1x4_BF16};
+
+/* dst[c * KB + k] = W_c[k] as f32 (exact), k < nk, c < nc: one unrolled pass
+ * per block, so every row tile then runs the f32 kernel. */
+#define CONVERT_FN(T)                                                                        \
+    DFL_AVX2 static void convert_##T(const uint8_t *const *w, int nc, int nk, float *dst) {  \
+        for (int c = 0; c < nc; c++) {                                                     \
+            float *d = dst + c * KB;                                                       \
+            int k = 0;                                                                     \
+            for (; k + 32 <= nk; k += 32) {                                                \
+                __m256 a = load8(DFL_##T, w[c], k), b = load8(DFL_##T, w[c], k + 8);       \
+                __m256 e = load8(DFL_##T, w[c], k + 16), f = load8(DFL_##T, w[c], k + 24); \
+                _mm256_store_ps(d + k, a);                                                  \
+                _mm256_store_ps(d + k + 8, b);                                              \
+                _mm256_store_ps(d + k + 16, e);                                             \
+                _mm256_store_ps(d + k + 24, f);                                             \
+            }                                                                              \
+            for (; k < nk; k += 8) _mm256_store_ps(d + k, load8(DFL_##T, w[c], k));        \
+        }                                                                                  \
+    }
+CONVERT_FN(F16)
+CONVERT_FN(BF16)
 
 /* Y values from lane sums acc[0..m) and the k tail, in vec.h's order; w[i %
  * c] is the weight row and x + (i / c) * ldx the input row of acc[i]. */
@@ -190,7 +197,7 @@ DFL_AVX2 static void finish(const __m256 *acc, int m, int c, dfl_type t, const u
  * time while the next 4 rows (within the task's chunk) are prefetched. */
 DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x, float *y) {
     int cols = W->cols, k8 = cols & ~7;
-    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2, NULL};
+    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2};
     for (int o = o0; o < o1;) {
         int c = o1 - o >= 4 ? 4 : 1;
         const uint8_t *w[4];
@@ -201,17 +208,17 @@ DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x,
         }
         for (aux.np = 0; aux.np < 4 && o + c + aux.np < o1; aux.np++)
             aux.pf[aux.np] = w[0] + (size_t)(c + aux.np) * W->row_bytes;
-        (c == 4 ? gemv4[W->type] : tiles[W->type][FETCH][1][0])(w, x, 0, k8, acc, &aux);
+        (c == 4 ? gemv4[W->type] : tiles[W->type][1][0])(w, x, 0, k8, acc, &aux);
         finish(acc, c, c, W->type, w, x, 0, k8, cols, y + o, 0);
         o += c;
     }
 }
 
 /* Rows [r0, r0+nr), nr <= RB, against outputs [o, o+c), c <= 3, of a task
- * whose chunk ends at o1. Per column block: a 16-bit block is converted by
- * the first row tile, which stores the f32 copy (exact: the same values)
- * for the others; the tiles share out the prefetch of the next block (this
- * group's next columns, or the next group's first). */
+ * whose chunk ends at o1. Per column block: with more than one row tile, a
+ * 16-bit block is converted to f32 once (exact: the same values) for all;
+ * the tiles share out the prefetch of the next block (this group's next
+ * columns, or the next group's first). */
 DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, int nr,
                                 const float *X, int ldx, float *Y, int ldy) {
     _Alignas(32) float wf[3 * KB];
@@ -235,16 +242,14 @@ DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, 
         else
             for (; nnext < 3 && o + c + nnext < o1; nnext++)
                 next[nnext] = wrow[0] + (size_t)(c + nnext) * W->row_bytes;
+        if (convert) (t == DFL_F16 ? convert_F16 : convert_BF16)(w, c, nk, wf);
         for (int r = 0, ti = 0; r < nr; ti++) {
             int tr = nr - r >= 4 ? 4 : nr - r;
             const float *x = X + (size_t)(r0 + r) * ldx + kb;
-            tile_aux aux = {{0}, 0, es, wf};
+            tile_aux aux = {{0}, 0, es};
             for (int i = ti; i < nnext; i += ntile) aux.pf[aux.np++] = next[i];
-            if (r == 0 && convert)
-                tiles[t][STORE][tr][wide](w, x, (size_t)ldx, nk, acc, &aux);
-            else
-                tiles[convert ? DFL_F32 : t][FETCH][tr][wide](convert ? wfrow : w, x,
-                                                              (size_t)ldx, nk, acc + r * c, &aux);
+            tiles[convert ? DFL_F32 : t][tr][wide](convert ? wfrow : w, x, (size_t)ldx, nk,
+                                                   acc + r * c, &aux);
             r += tr;
         }
     }
