@@ -87,6 +87,10 @@ typedef struct {
     const uint8_t *pf[4];   /* rows to prefetch */
     int np;
     size_t pes;             /* their bytes per element */
+    int first;              /* start from zero instead of acc */
+    float *y;               /* not NULL: the last block of a row with no k tail, so
+                             * write the finished sums to y[r * ldy + c], not acc */
+    size_t ldy;
 } tile_aux;
 
 /* One step of 8 columns at k. */
@@ -110,7 +114,7 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const 
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) a[r][c] = acc[r * C + c];
+        for (int c = 0; c < C; c++) a[r][c] = aux->first ? _mm256_setzero_ps() : acc[r * C + c];
     int k = 0;
     /* 32 columns per iteration: one prefetch per 64-byte line of 16-bit rows. */
     for (; k + 32 <= k8; k += 32) {
@@ -123,10 +127,25 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const 
         for (int j = 0; j < 32; j += 8) tile_step(R, C, t, w, x, ldx, k + j, a);
     }
     for (; k < k8; k += 8) tile_step(R, C, t, w, x, ldx, k, a);
+    if (!aux->y) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) acc[r * C + c] = a[r][c];
+        return;
+    }
+    /* The lane trees, four at a time, straight to Y. */
+    float s[16];
+    const __m256 z = _mm256_setzero_ps();
+#define ACC(i) ((i) < R * C ? a[(i) / C][(i) % C] : z)
+#pragma GCC unroll 4
+    for (int i = 0; i < R * C; i += 4)
+        _mm_storeu_ps(s + i, dfl_hsum8x4(ACC(i), ACC(i + 1), ACC(i + 2), ACC(i + 3)));
+#undef ACC
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r * C + c] = a[r][c];
+        for (int c = 0; c < C; c++) aux->y[r * aux->ldy + c] = s[r * C + c];
 }
 
 typedef void (*tile_fn)(const uint8_t *const *, const float *, size_t, int, __m256 *,
@@ -197,19 +216,17 @@ DFL_AVX2 static void finish(const __m256 *acc, int m, int c, dfl_type t, const u
  * time while the next 4 rows (within the task's chunk) are prefetched. */
 DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x, float *y) {
     int cols = W->cols, k8 = cols & ~7;
-    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2};
+    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2, 1, NULL, 0};
     for (int o = o0; o < o1;) {
         int c = o1 - o >= 4 ? 4 : 1;
         const uint8_t *w[4];
         __m256 acc[4];
-        for (int i = 0; i < c; i++) {
-            w[i] = W->data + (size_t)(o + i) * W->row_bytes;
-            acc[i] = _mm256_setzero_ps();
-        }
+        for (int i = 0; i < c; i++) w[i] = W->data + (size_t)(o + i) * W->row_bytes;
         for (aux.np = 0; aux.np < 4 && o + c + aux.np < o1; aux.np++)
             aux.pf[aux.np] = w[0] + (size_t)(c + aux.np) * W->row_bytes;
+        aux.y = k8 == cols ? y + o : NULL;
         (c == 4 ? gemv4[W->type] : tiles[W->type][1][0])(w, x, 0, k8, acc, &aux);
-        finish(acc, c, c, W->type, w, x, 0, k8, cols, y + o, 0);
+        if (k8 < cols) finish(acc, c, c, W->type, w, x, 0, k8, cols, y + o, 0);
         o += c;
     }
 }
@@ -231,7 +248,6 @@ DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, 
         wrow[i] = W->data + (size_t)(o + i) * W->row_bytes;
         wfrow[i] = (const uint8_t *)(wf + i * KB);
     }
-    for (int i = 0; i < nr * c; i++) acc[i] = _mm256_setzero_ps();
     for (int kb = 0; kb < k8; kb += KB) {
         int nk = k8 - kb < KB ? k8 - kb : KB;
         const uint8_t *w[3], *next[3];
@@ -246,15 +262,19 @@ DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, 
         for (int r = 0, ti = 0; r < nr; ti++) {
             int tr = nr - r >= 4 ? 4 : nr - r;
             const float *x = X + (size_t)(r0 + r) * ldx + kb;
-            tile_aux aux = {{0}, 0, es};
+            tile_aux aux = {{0}, 0, es, kb == 0, NULL, (size_t)ldy};
+            if (kb + KB >= k8 && k8 == cols) aux.y = Y + (size_t)(r0 + r) * ldy + o;
             for (int i = ti; i < nnext; i += ntile) aux.pf[aux.np++] = next[i];
             tiles[convert ? DFL_F32 : t][tr][wide](convert ? wfrow : w, x, (size_t)ldx, nk,
                                                    acc + r * c, &aux);
             r += tr;
         }
     }
-    finish(acc, nr * c, c, W->type, wrow, X + (size_t)r0 * ldx, (size_t)ldx, k8, cols,
-           Y + (size_t)r0 * ldy + o, (size_t)ldy);
+    if (k8 == 0)
+        for (int i = 0; i < nr * c; i++) acc[i] = _mm256_setzero_ps();
+    if (k8 < cols)
+        finish(acc, nr * c, c, W->type, wrow, X + (size_t)r0 * ldx, (size_t)ldx, k8, cols,
+               Y + (size_t)r0 * ldy + o, (size_t)ldy);
 }
 
 DFL_AVX2 static void gemm_rows(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
