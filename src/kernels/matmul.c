@@ -272,7 +272,7 @@ DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, 
     }
     if (k8 == 0)
         for (int i = 0; i < nr * c; i++) acc[i] = _mm256_setzero_ps();
-    if (k8 < cols)
+    if (k8 < cols || k8 == 0)
         finish(acc, nr * c, c, W->type, wrow, X + (size_t)r0 * ldx, (size_t)ldx, k8, cols,
                Y + (size_t)r0 * ldy + o, (size_t)ldy);
 }
@@ -313,7 +313,8 @@ void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx
                 int ldy, void *scratch) {
     if (n <= 0) return;
     if (W->type > DFL_BF16) {
-        if (dfl_kernels_simd())
+        /* quant.c picks its own AVX2 or plain path; forced twins go to its twin. */
+        if (dfl_kernels_simd() || !dfl_cpu_has_avx2())
             dfl_qmatmul(pool, W, n, X, ldx, Y, ldy, scratch);
         else
             dfl_qmatmul_ref(W, n, X, ldx, Y, ldy);
