@@ -206,6 +206,11 @@ typedef struct dfl_draft_report {
     uint64_t pos_hit[DFL_MAX_POS_STATS];
     uint64_t pos_prefix[DFL_MAX_POS_STATS];
     double tau;            /* 1 + mean accepted prefix: committed tokens per round */
+    /* The rounds greedy speculation with this block makes along the path
+     * (chained from the prompt's end, blocks shrunk at the end as the loop
+     * does): dfl_generate with the same prompt, block and max_tokens = n_gen
+     * reports exactly these as stats.rounds and stats.committed. */
+    uint64_t chain_rounds, chain_committed;
 } dfl_draft_report;
 
 int dfl_probe_draft(dfl_engine *e, const int32_t *prompt, int n_prompt, int block, int n_gen,

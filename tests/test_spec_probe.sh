@@ -40,6 +40,26 @@ for t in f32 f16 bf16 q8_0 q4_0 q4_k q6_k; do
         check "[ \"\$got\" = \"\$ref\" ]" "generate $t --block-size $b differs from classic"
     done
 done
+# The drafter diagnostic's chained rounds are exactly the rounds a pinned run
+# makes (same drafts at the same anchors, shrunk blocks redone at the end).
+chain() { # target drafter block n prompt -> "rounds committed" from probe and from generate
+    local p l
+    p=$("$BIN" probe -m "$1" --draft "$2" --block-size "$3" -n "$4" -p "$5" -t 2 2>/dev/null |
+        grep -o '"rounds": [0-9]*, "committed": [0-9]*' | grep -o '[0-9]*' | tr '\n' ' ')
+    "$BIN" generate -m "$1" --draft "$2" -p "$5" -n "$4" --ignore-eos -t 2 --block-size "$3" -q \
+        --stats-json "$tmp/st.json" >/dev/null 2>&1
+    l=$(grep -o '"rounds": [0-9]*\|"committed": [0-9]*' "$tmp/st.json" | grep -o '[0-9]*' | tr '\n' ' ')
+    check "[ -n \"\$p\" ] && [ \"\$p\" = \"\$l\" ]" "chain $3/$4 on $(basename "$1"): probe {$p} generate {$l}"
+}
+chain "$tmp/t" "$tmp/d" 8 40 "hello there, how"
+# with a trained drafter (committed under models/) the rounds accept real tokens
+stories=${DFLASH_SHARED:-$SRC/../shared}/assets/stories260K/stories260K.gguf
+if [ -d "$SRC/models/stories260K-dflash" ] && [ -f "$stories" ]; then
+    for b in 4 8; do
+        for n in 37 150; do chain "$stories" "$SRC/models/stories260K-dflash" $b $n "Tom and Sue went"; done
+    done
+fi
+
 # a block larger than the rows the engine was sized for is refused, not crashed
 "$BIN" probe -m "$tmp/t" --draft none --block-size 600 >/dev/null 2>&1
 check "[ $? = 2 ]" "probe --block-size 600 should be a usage error"

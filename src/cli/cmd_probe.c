@@ -156,8 +156,10 @@ int cmd_probe(int argc, char **argv) {
                 (unsigned long long)r.bytes_differ, (unsigned long long)r.bytes_compared,
                 r.max_abs_diff, r.n_argmax_disagree, r.bytes_differ ? "NOT EXACT" : "exact");
         if (mi.has_draft) {
-            fprintf(stderr, "drafter: tau %.2f over %d anchors; hit rate by position:", dr.tau,
-                    dr.n_anchors);
+            fprintf(stderr, "drafter: tau %.2f over %d anchors (%.2f in the rounds a pinned "
+                            "block %d run makes); hit rate by position:", dr.tau, dr.n_anchors,
+                    dr.chain_rounds ? (double)dr.chain_committed / dr.chain_rounds : 0.0,
+                    dr.block);
             for (int i = 0; i < dr.block - 1 && i < DFL_MAX_POS_STATS; i++)
                 fprintf(stderr, " %d:%.2f", i + 1,
                         dr.pos_tried[i] ? (double)dr.pos_hit[i] / dr.pos_tried[i] : 0.0);

@@ -194,12 +194,14 @@ typedef struct shadow {
     dfl_dstore *ds;
     int32_t *ref;      /* (n_prompt + n_gen) the reference path */
     int32_t *props;    /* (n_gen, B-1) drafts made at each anchor */
+    float *steps;      /* (n_gen, n_cap*dim) features of the anchors' rows */
 } shadow;
 
 static void shadow_free(shadow *w) {
     dfl_kv_free(w->q.kv);
     dfl_dstore_free(w->ds);
     free(w->q.hist), free(w->q.logits), free(w->q.feat), free(w->ref), free(w->props);
+    free(w->steps);
 }
 
 /* Classic greedy decode of n_gen tokens; before each step, the drafter
@@ -217,9 +219,43 @@ static int shadow_run(dfl_engine *e, shadow *w, int n, int n_gen, int B, dfl_err
                                 w->q.feat, err);
         if (rc) break;
         w->ref[pos + 1] = dfl_argmax(w->q.logits, t->c.vocab);
+        size_t fd = (size_t)pr->n_cap * t->c.dim;
+        memcpy(w->steps + (size_t)k * fd, w->q.feat, fd * sizeof(float));
         rc = pr->add_context(pr, w->q.feat, 1, err);
     }
     return rc;
+}
+
+/* The rounds a pinned-block run of n_gen tokens makes along the path: from
+ * the prompt's end, each round jumps past what it commits; the last ones
+ * shrink to the tokens left (then a draft depends on the smaller block, so
+ * it is redone from the store cut back to the anchor). One-row blocks are
+ * classic steps, not rounds. */
+static int shadow_chain(shadow *w, int n, int n_gen, int B, dfl_draft_report *r,
+                        dfl_error *err) {
+    dfl_proposer *pr = &w->dp.base;
+    size_t fd = (size_t)pr->n_cap * w->q.t->c.dim;
+    int32_t small[512];
+    int cut = 0;   /* the store has been cut back for a shrunk block */
+    for (int gen = 0; gen < n_gen;) {
+        int pos = n - 1 + gen, b = B < n_gen - gen ? B : n_gen - gen, a = 0;
+        const int32_t *d = w->props + (size_t)gen * (B - 1);
+        if (b > 1 && b < B) {
+            if (!cut) pr->truncate(pr, pos), cut = 1;
+            if (pr->len(pr) != pos) return 0;   /* a windowed store emptied itself */
+            int rc = pr->draft(pr, w->ref[pos], pos, b, small, NULL, err);
+            if (rc) return rc;
+            d = small;
+        }
+        while (a < b - 1 && d[a] == w->ref[pos + 1 + a]) a++;
+        if (b > 1) r->chain_rounds++, r->chain_committed += a + 1;
+        if (cut) {
+            int rc = pr->add_context(pr, w->steps + (size_t)gen * fd, a + 1, err);
+            if (rc) return rc;
+        }
+        gen += a + 1;
+    }
+    return 0;
 }
 
 static void shadow_score(const shadow *w, int n, int n_gen, int B, dfl_draft_report *r) {
@@ -254,6 +290,9 @@ static void shadow_json(const dfl_draft_report *r, char *json, size_t cap) {
     if (json && cap) json[0] = 0;
     jp(&j, "{\"block\": %d, \"anchors\": %d, \"tau\": ", r->block, r->n_anchors);
     jnum(&j, r->tau);
+    jp(&j, ", \"rounds\": %llu, \"committed\": %llu, \"tau_rounds\": ",
+       (unsigned long long)r->chain_rounds, (unsigned long long)r->chain_committed);
+    jnum(&j, r->chain_rounds ? (double)r->chain_committed / r->chain_rounds : 0);
     jp(&j, ", \"positions\": [");
     for (int i = 0; i < r->block - 1 && i < DFL_MAX_POS_STATS; i++) {
         double n = r->pos_tried[i] ? (double)r->pos_tried[i] : 1;
@@ -293,16 +332,18 @@ int dfl_probe_draft(dfl_engine *e, const int32_t *prompt, int n_prompt, int bloc
     w.q.pr = &w.dp.base;
     w.ref = xcalloc(rows + 1, sizeof(int32_t));
     w.props = xcalloc((size_t)n_gen * (block - 1), sizeof(int32_t));
+    w.steps = xmalloc((size_t)n_gen * d->n_cap * t->c.dim * sizeof(float));
     memcpy(w.ref, prompt, (size_t)n_prompt * sizeof(int32_t));
     int rc = shadow_run(e, &w, n_prompt, n_gen, block, err);
+    dfl_draft_report local;
+    if (!r) r = &local;
     if (!rc) {
-        dfl_draft_report local;
-        if (!r) r = &local;
         memset(r, 0, sizeof *r);
         r->block = block;
         shadow_score(&w, n_prompt, n_gen, block, r);
-        shadow_json(r, json, cap);
+        rc = shadow_chain(&w, n_prompt, n_gen, block, r, err);
     }
+    if (!rc) shadow_json(r, json, cap);
     shadow_free(&w);
     return rc;
 }
