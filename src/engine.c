@@ -76,6 +76,7 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
         return dfl_fail(err, DFL_EARG, "max block %d outside 1..512", o->max_block);
     dfl_engine *e = xcalloc(1, sizeof *e);
     e->opts = *o;
+    pthread_mutex_init(&e->mu, NULL);
     e->max_block = o->max_block ? o->max_block : 16;
     int rc;
     if (o->vocab_only) {
@@ -98,6 +99,7 @@ void dfl_engine_free(dfl_engine *e) {
     dfl_target_free(e->t);
     dfl_tok_free(e->tok);
     dfl_pool_free(e->pool);
+    pthread_mutex_destroy(&e->mu);
     free(e);
 }
 

@@ -17,6 +17,7 @@ struct dfl_engine {
     int ctx_size;            /* per session */
     int max_block;           /* largest verify block */
     int probe_state[513];    /* exactness per block size: 0 unknown, 1 exact, -1 not */
+    pthread_mutex_t mu;      /* guards the memo below (probe_state, costs) across sessions */
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
 };
 

@@ -93,6 +93,33 @@ char *dfl_read_file(const char *path, size_t max_bytes, size_t *len, dfl_error *
     return buf;
 }
 
+/* ---- fair lock --------------------------------------------------------- */
+
+void dfl_ticket_init(dfl_ticket *l) {
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    l->next = l->serving = 0;
+}
+
+void dfl_ticket_destroy(dfl_ticket *l) {
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+}
+
+void dfl_ticket_lock(dfl_ticket *l) {
+    pthread_mutex_lock(&l->mu);
+    uint64_t me = l->next++;
+    while (l->serving != me) pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void dfl_ticket_unlock(dfl_ticket *l) {
+    pthread_mutex_lock(&l->mu);
+    l->serving++;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
 /* ---- thread pool ------------------------------------------------------- */
 
 /* A job is handed over by bumping gen; the last worker to finish drops

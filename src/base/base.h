@@ -34,6 +34,20 @@ static inline int dfl_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
 /* Reads a whole file (at most max_bytes); returns NUL-terminated buffer or NULL. */
 char *dfl_read_file(const char *path, size_t max_bytes, size_t *len, dfl_error *err);
 
+/* ---- a fair lock -------------------------------------------------------- */
+/* First come, first served: concurrent sessions sharing one engine take
+ * turns per forward pass, so none starves. */
+#include <pthread.h>
+typedef struct dfl_ticket {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next, serving;
+} dfl_ticket;
+void dfl_ticket_init(dfl_ticket *l);
+void dfl_ticket_destroy(dfl_ticket *l);
+void dfl_ticket_lock(dfl_ticket *l);
+void dfl_ticket_unlock(dfl_ticket *l);
+
 /* ---- persistent thread pool -------------------------------------------- */
 /* pool_run calls fn(ctx, i, n) for i in [0, n) across the pool's threads;
  * thread t runs tasks t, t+nthreads, ... so a task's result never depends on

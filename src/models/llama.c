@@ -175,6 +175,7 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
         return rc;
     }
     t->pool = o->pool;
+    dfl_ticket_init(&t->lock);
     t->max_rows = o->max_rows > 0 ? o->max_rows : 64;
     alloc_scratch(t);
     *out = t;
@@ -183,6 +184,7 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
 
 void dfl_target_free(dfl_target *t) {
     if (!t) return;
+    if (t->x) dfl_ticket_destroy(&t->lock);
     free(t->layers);
     free(t->rope.inv_freq);
     dfl_weights_free_owned(t->owned);
@@ -321,12 +323,15 @@ int dfl_target_forward(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, int
         if (tok[i] < 0 || tok[i] >= t->c.vocab)
             return dfl_fail(err, DFL_EARG, "token id %d outside the vocabulary (0..%d)", tok[i],
                             t->c.vocab - 1);
+    /* Chunk by chunk, so a long prefill lets other sessions in between. */
     for (int a = 0; a < n; a += t->max_rows) {
         int m = n - a < t->max_rows ? n - a : t->max_rows;
         int lf = logits_from - a < 0 ? 0 : logits_from - a;
         float *lg = logits ? logits + (size_t)(a + lf - logits_from) * t->c.vocab : NULL;
         float *ft = n_cap ? feat + (size_t)a * n_cap * t->c.dim : NULL;
+        dfl_ticket_lock(&t->lock);
         forward_chunk(t, kv, tok + a, m, lf, lg, cap, n_cap, ft);
+        dfl_ticket_unlock(&t->lock);
     }
     return 0;
 }

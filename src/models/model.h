@@ -68,6 +68,8 @@ typedef struct dfl_target {
     int unpermute;        /* GGUF llama: q/k rows stored interleaved, undone at load */
     void *owned;          /* converted weights / f32 norms, one allocation */
     dfl_pool *pool;
+    dfl_ticket lock;      /* one forward at a time: the pool and scratch are shared by
+                             every session (the drafter's forwards take it too) */
     int max_rows;         /* rows per forward call */
     uint64_t weight_bytes;/* bytes one decode step reads */
     /* scratch, sized at load for max_rows */

@@ -8,9 +8,8 @@
  *
  * Sharing the engine: when dfl_engine_concurrent() says so, the engine itself
  * takes a fair lock around each forward and the workers' generations
- * interleave round by round. Otherwise whole dfl_generate calls take turns
- * here, first come first served, so no slot starves another and correctness
- * never depends on the engine's locking. */
+ * interleave round by round (dflash's engine does). With an engine that
+ * does not, whole dfl_generate calls run here one at a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,34 +17,7 @@
 
 #include "server.h"
 
-/* Engines that predate the declaration keep the safe answer. The engine's own
- * definition (in the file that defines dfl_generate) replaces this one. */
-__attribute__((weak)) int dfl_engine_concurrent(const dfl_engine *e) {
-    (void)e;
-    return 0;
-}
-
 /* ---- locks ------------------------------------------------------------------ */
-
-static void ticket_init(srv_ticket_lock *l) {
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
-    l->next = l->serving = 0;
-}
-
-static void ticket_lock(srv_ticket_lock *l) {
-    pthread_mutex_lock(&l->mu);
-    uint64_t me = l->next++;
-    while (l->serving != me) pthread_cond_wait(&l->cv, &l->mu);
-    pthread_mutex_unlock(&l->mu);
-}
-
-static void ticket_unlock(srv_ticket_lock *l) {
-    pthread_mutex_lock(&l->mu);
-    l->serving++;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-}
 
 void srv_tok_lock(srv_server *srv) {
     if (!srv->concurrent) pthread_mutex_lock(&srv->tok_mu);
@@ -217,7 +189,7 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
     dfl_detok_init(&j->detok, srv->e, 0);
     srv_emit_begin(j);
     s->n_hist = 0;
-    if (!srv->concurrent) ticket_lock(&srv->gen_lock);
+    if (!srv->concurrent) pthread_mutex_lock(&srv->gen_lock);
     if (!cancelled(j)) {
         dfl_gen_params gp = j->gp;
         memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
@@ -225,7 +197,7 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
         rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
         if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
     }
-    if (!srv->concurrent) ticket_unlock(&srv->gen_lock);
+    if (!srv->concurrent) pthread_mutex_unlock(&srv->gen_lock);
 
     char piece[64];
     srv_tok_lock(srv);
@@ -280,7 +252,7 @@ static void *worker(void *arg) {
 
 int srv_sched_start(srv_server *srv, dfl_error *err) {
     srv->concurrent = dfl_engine_concurrent(srv->e) != 0;
-    ticket_init(&srv->gen_lock);
+    pthread_mutex_init(&srv->gen_lock, NULL);
     srv->n_slots = srv->o.parallel;
     srv->slots = calloc((size_t)srv->n_slots, sizeof *srv->slots);
     /* Room for queue_max waiting jobs plus one per slot on its way to it. */

@@ -180,13 +180,6 @@ typedef struct srv_slot {
     uint64_t last_used;
 } srv_slot;
 
-/* Serialises whole dfl_generate calls, first come first served, when the
- * engine does not interleave sessions itself. */
-typedef struct srv_ticket_lock {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t next, serving;
-} srv_ticket_lock;
 
 /* ---- metrics.c ------------------------------------------------------------------ */
 
@@ -224,7 +217,7 @@ struct srv_server {
     int draining;                /* SIGINT/SIGTERM: no new work (srv_draining) */
     int live_jobs;               /* jobs not yet freed: their responses may still be in flight */
     int concurrent;              /* dfl_engine_concurrent(e) */
-    srv_ticket_lock gen_lock;    /* used when !concurrent */
+    pthread_mutex_t gen_lock;    /* whole requests one at a time when !concurrent */
     pthread_mutex_t tok_mu;      /* tokenizer calls when !concurrent */
 
     pthread_mutex_t mu;          /* guards slots' job/hist, the queue, counters below */

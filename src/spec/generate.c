@@ -92,7 +92,9 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
     if (bmax > e->t->max_rows) bmax = e->t->max_rows;
     if (bmax < 2) return 1;
     int exact = 0;
+    pthread_mutex_lock(&e->mu);
     int rc = dfl_probe_ensure(e, bmax, &exact, err);
+    pthread_mutex_unlock(&e->mu);
     if (rc) return rc;
     st->exact_checked = exact;
     if (exact < 0) {
@@ -107,6 +109,14 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
         return 1;
     }
     return p->block_size ? bmax : 0;
+}
+
+/* Sessions on other threads may generate at the same time: the engine's
+ * memo (probe results, round costs) is set under e->mu, and every forward
+ * takes the target's fair lock (models/llama.c, draft/dflash.c). */
+int dfl_engine_concurrent(const dfl_engine *e) {
+    (void)e;
+    return 1;
 }
 
 int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_gen_params *p,
@@ -137,9 +147,12 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
         dfl_dflash_proposer_init(&dp, e->d, s->ds);
         q.pr = &dp.base;
     }
+    pthread_mutex_lock(&e->mu);
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
     /* adaptive: round costs measured once per engine before the first round */
-    if (block == 0 && q.pr && (rc = dfl_spec_calibrate(e, 0, err)) < 0) {
+    if (block == 0 && q.pr) rc = dfl_spec_calibrate(e, 0, err);
+    pthread_mutex_unlock(&e->mu);
+    if (rc < 0) {
         dfl_sampler_free(smp);
         return rc;
     }

@@ -7,13 +7,26 @@ void dfl_costs_init(dfl_costs *c, int max_block) {
     c->max_block = max_block < DFL_POLICY_MAX ? max_block : DFL_POLICY_MAX;
 }
 
-void dfl_costs_update(dfl_costs *c, int B, double seconds) {
-    if (B < 1 || B > c->max_block || !(seconds > 0)) return;
-    double *t = &c->t_round[B];
-    *t = *t > 0 ? 0.8 * *t + 0.2 * seconds : seconds;
+/* Sessions of one engine share the table from several threads: entries are
+ * read and written whole (relaxed atomics); a lost update only delays the
+ * moving average. */
+static double load(const double *p) {
+    double v;
+    __atomic_load(p, &v, __ATOMIC_RELAXED);
+    return v;
 }
 
-double dfl_costs_get(const dfl_costs *c, int B) {
+void dfl_costs_update(dfl_costs *c, int B, double seconds) {
+    if (B < 1 || B > c->max_block || !(seconds > 0)) return;
+    double t = load(&c->t_round[B]);
+    t = t > 0 ? 0.8 * t + 0.2 * seconds : seconds;
+    __atomic_store(&c->t_round[B], &t, __ATOMIC_RELAXED);
+}
+
+double dfl_costs_get(const dfl_costs *cs, int B) {
+    dfl_costs snap, *c = &snap;
+    c->max_block = cs->max_block;
+    for (int i = 0; i <= c->max_block; i++) c->t_round[i] = load(&cs->t_round[i]);
     if (c->t_round[B] > 0) return c->t_round[B];
     int lo = B - 1, hi = B + 1;
     while (lo >= 1 && !(c->t_round[lo] > 0)) lo--;
