@@ -60,7 +60,7 @@ void dfl_swiglu(float *out, const float *gate, const float *up, int n);
 
 /* Attention for n query rows. q: [n, n_heads*hd]. K, V: [n_keys_max, n_kv*hd]
  * (rows = positions, ldk floats apart). Row r attends keys [0, n_keys[r]).
- * out: [n, n_heads*hd]. scratch: dfl_attention_scratch(...) floats.
+ * out: [n, n_heads*hd]. No scratch: bounded stack buffers only.
  * Online softmax in key order, one head per task: batch invariant. */
 void dfl_attention(dfl_pool *pool, int n, const float *q, const float *K, const float *V,
                    int ldk, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
