@@ -29,3 +29,62 @@ fuzz:
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
+
+# ---- trained models (docs/training.md; models/README.md has the licenses) -----
+# `make models` retrains everything under models/: a DFlash drafter for
+# ../shared/assets/stories260K, and the built-in default pair (a tiny Llama and
+# its drafter) from Debian's fortunes. CPU only; hours on 2 shared cores.
+# Intermediate captures go to $(MODELS_TMP); only the results are copied into models/.
+SHARED ?= ../shared
+MODELS_TMP ?= build-models
+PY = /usr/bin/python3
+STORIES = $(SHARED)/assets/stories260K/stories260K.gguf
+TINYSTORIES = $(SHARED)/assets/corpus/tinystories_first2MiB.txt
+# TinyStories documents 0..2116 train the drafter; 2117.. are held out for evaluation.
+STORIES_DOCS = 2117
+STORIES_CAPTURE = --layers 1,2,3,4 --max-docs $(STORIES_DOCS) --generate 256 -t 1 -q
+STORIES_TRAIN = --target-layers 1,2,3,4 --block-size 8 --mask-id 0 --layers 3 --heads 2 \
+	--ffn 256 --steps 2000 --batch 16 --anchors 32 --gamma 5 --lr 3e-3 --log-every 25 \
+	--eval-every 250
+FORTUNES = $(sort $(filter-out %.dat %.u8 %/ascii-art,$(wildcard /usr/share/games/fortunes/*)))
+DEFAULT_TARGET = --dim 96 --layers 4 --heads 4 --ffn 256 --vocab 1024 --steps 1000 --batch 16 \
+	--lr 3e-3 --warmup 50 --log-every 25 --eval-every 100
+DEFAULT_CAPTURE = --layers 1,2,3 --generate 128 --prompt-tokens 2:16 -t 1 -q
+DEFAULT_TRAIN = --target-layers 1,2,3 --block-size 8 --mask-id 1023 --layers 2 --heads 2 \
+	--ffn 256 --steps 1000 --batch 32 --anchors 32 --gamma 5 --lr 3e-3 --log-every 25 \
+	--eval-every 250
+
+.PHONY: models models-deps models-stories models-default
+
+models: models-stories models-default
+
+models-deps:
+	@dpkg-query -W -f='$${Status}\n' fortunes fortunes-min libopenblas0-pthread 2>/dev/null | \
+	  grep -c "install ok installed" | grep -q 3 || \
+	  { sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	    $$sudo apt-get install -y -qq --no-install-recommends fortunes fortunes-min libopenblas0-pthread; }
+
+models-stories: build models-deps
+	$(BUILD)/dflash capture -m $(STORIES) --corpus $(TINYSTORIES) $(STORIES_CAPTURE) \
+	  --prompt-tokens 4:32 --out $(MODELS_TMP)/cap-stories-a
+	$(BUILD)/dflash capture -m $(STORIES) --corpus $(TINYSTORIES) $(STORIES_CAPTURE) \
+	  --prompt-tokens 8:80 --seed 7 --out $(MODELS_TMP)/cap-stories-b
+	$(PY) tools/train_dflash.py --capture $(MODELS_TMP)/cap-stories-a \
+	  --capture $(MODELS_TMP)/cap-stories-b --out $(MODELS_TMP)/stories260K-dflash $(STORIES_TRAIN)
+	mkdir -p models/stories260K-dflash
+	cp $(MODELS_TMP)/stories260K-dflash/config.json $(MODELS_TMP)/stories260K-dflash/model.safetensors \
+	  $(MODELS_TMP)/stories260K-dflash/train_log.txt models/stories260K-dflash/
+
+models-default: build models-deps
+	$(PY) tools/train_target.py prepare --corpus $(FORTUNES) --holdout 300 --out $(MODELS_TMP)/fortunes
+	$(PY) tools/train_target.py train --data $(MODELS_TMP)/fortunes --out $(MODELS_TMP)/default-target \
+	  $(DEFAULT_TARGET)
+	$(BUILD)/dflash capture -m $(MODELS_TMP)/default-target --corpus $(MODELS_TMP)/fortunes/train.txt \
+	  $(DEFAULT_CAPTURE) --out $(MODELS_TMP)/cap-default
+	$(PY) tools/train_dflash.py --capture $(MODELS_TMP)/cap-default --out $(MODELS_TMP)/default-draft \
+	  $(DEFAULT_TRAIN)
+	mkdir -p models/default/target models/default/draft
+	cd $(MODELS_TMP)/default-target && cp config.json generation_config.json model.safetensors \
+	  tokenizer.json tokenizer_config.json train_log.txt $(CURDIR)/models/default/target/
+	cd $(MODELS_TMP)/default-draft && cp config.json model.safetensors train_log.txt \
+	  $(CURDIR)/models/default/draft/
