@@ -44,15 +44,15 @@ TINYSTORIES = $(SHARED)/assets/corpus/tinystories_first2MiB.txt
 STORIES_DOCS = 2117
 STORIES_CAPTURE = --layers 1,2,3,4 --max-docs $(STORIES_DOCS) --generate 256 -t 1 -q
 STORIES_TRAIN = --target-layers 1,2,3,4 --block-size 8 --mask-id 0 --layers 3 --heads 2 \
-	--ffn 256 --steps 2000 --batch 16 --anchors 32 --gamma 5 --lr 3e-3 --log-every 25 \
-	--eval-every 250
+	--ffn 256 --steps 2000 --batch 16 --anchors 32 --gamma 5 --lr 3e-3 --block-mix 0.3 \
+	--log-every 25 --eval-every 250
 FORTUNES = $(sort $(filter-out %.dat %.u8 %/ascii-art,$(wildcard /usr/share/games/fortunes/*)))
 DEFAULT_TARGET = --dim 96 --layers 4 --heads 4 --ffn 256 --vocab 1024 --steps 1000 --batch 16 \
 	--lr 3e-3 --warmup 50 --log-every 25 --eval-every 100
 DEFAULT_CAPTURE = --layers 1,2,3 --generate 128 --prompt-tokens 2:16 -t 1 -q
 DEFAULT_TRAIN = --target-layers 1,2,3 --block-size 8 --mask-id 1023 --layers 2 --heads 2 \
-	--ffn 256 --steps 1000 --batch 32 --anchors 32 --gamma 5 --lr 3e-3 --log-every 25 \
-	--eval-every 250
+	--ffn 256 --steps 1000 --batch 32 --anchors 32 --gamma 5 --lr 3e-3 --block-mix 0.3 \
+	--log-every 25 --eval-every 250
 
 .PHONY: models models-deps models-stories models-default
 

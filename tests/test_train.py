@@ -140,6 +140,19 @@ def test_forward_vs_direct():
             ref = R.draft_forward(dcfg, DW, tcfg, TW, feat[:a], np.arange(a), int(ids[a]), a, B)
             close(ref, got[s, j], 1e-4, f"seq {s} anchor {a}: trainer block vs a direct draft "
                   "call on context < anchor")
+    # shortened blocks (--block-mix): a block of l rows drafts as inference drafts l rows
+    blen = torch.tensor([[4, 2, 3], [3, 4, 2]])
+    with torch.no_grad():
+        got_l = model(b["feat"], b["ids"], b["anchors"], E, H, TOY["mask_id"], B, blen).numpy()
+    for s in range(2):
+        a0 = cap.seqs[s, 0]
+        feat = cap.features[a0:a0 + cap.seqs[s, 1]][:, cols].reshape(cap.seqs[s, 1], -1)
+        ids = cap.tokens[a0:a0 + cap.seqs[s, 1]]
+        for j, a in enumerate(anchors[s]):
+            L = int(blen[s, j])
+            ref = R.draft_forward(dcfg, DW, tcfg, TW, feat[:a], np.arange(a), int(ids[a]), a, L)
+            close(ref, got_l[s, j, :L - 1], 1e-4, f"seq {s} anchor {a}: block of {L} rows vs a "
+                  f"direct draft call with B={L}")
     # the mask, against loops
     an = b["anchors"]
     m = T.block_mask(an, 14, B).numpy()
@@ -218,6 +231,12 @@ def test_batches():
                 want = ids[a + k] if a + k < n else -1
                 check(lab[k - 1] == want, f"seq {s} anchor {a} label {k}")
     check(b["feat"].shape == (3, 14, 2 * cap.dim), "feat packs the chosen layers")
+    bm = T.make_batch(cap, [0, 1, 2], 5, 6, np.random.default_rng(1), 64, [0, 1], mix=0.5)
+    bl, lab = bm["blen"].numpy(), bm["labels"].numpy()
+    check(((bl == 6) | ((bl >= 2) & (bl <= 5))).all() and (bl < 6).any() and (bl == 6).any(),
+          f"block lengths with mix 0.5: {bl.tolist()}")
+    check(all((lab[s, j, bl[s, j] - 1:] == -1).all() for s in range(3) for j in range(5)),
+          "no labels past a shortened block")
     check(torch.equal(b["feat"][1, :14].reshape(14, 2, -1),
                       torch.from_numpy(cap.features[12:26][:, [0, 1]])), "feat rows")
     # two captures read as one: sequence 4 is the second capture's sequence 1;

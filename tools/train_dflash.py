@@ -172,10 +172,11 @@ class Drafter(torch.nn.Module):
         """feat (S, T, K*D) -> c (S, T, D) = hidden_norm(fc(feat))."""
         return rmsnorm(self.fc(feat), self.hidden_norm, self.eps)
 
-    def attend(self, q, kb, vb, kc, vc, see):
+    def attend(self, q, kb, vb, kc, vc, see, see_blk=None):
         """One softmax over [context rows the block may see ; its own B rows],
         computed as two parts so no block ever meets another block's keys.
-        q (S,A,B,H,hd), kb/vb (S,A,B,KV,hd), kc/vc (S,T,KV,hd), see (S,1,A*B,T)."""
+        q (S,A,B,H,hd), kb/vb (S,A,B,KV,hd), kc/vc (S,T,KV,hd), see (S,1,A*B,T);
+        see_blk (S,A,1,1,B): the block's rows that exist (shortened blocks)."""
         S, A, B, H, hd = q.shape
         T, rep = kc.shape[1], self.H // self.KV
         if rep > 1:
@@ -187,6 +188,8 @@ class Drafter(torch.nn.Module):
         s_ctx = s_ctx.masked_fill(~see, float("-inf"))
         qb = q.permute(0, 1, 3, 2, 4)                                        # (S, A, H, B, hd)
         s_blk = (qb @ kb.permute(0, 1, 3, 4, 2)) * scale                     # (S, A, H, B, B)
+        if see_blk is not None:
+            s_blk = s_blk.masked_fill(~see_blk, float("-inf"))
         lse_c = torch.logsumexp(s_ctx, -1).view(S, H, A, B).permute(0, 2, 1, 3)  # (S,A,H,B)
         lse = torch.logaddexp(lse_c, torch.logsumexp(s_blk, -1))             # (S, A, H, B)
         lse_n = lse.permute(0, 2, 1, 3).reshape(S, H, A * B, 1)
@@ -194,9 +197,12 @@ class Drafter(torch.nn.Module):
         o_blk = torch.exp(s_blk - lse[..., None]) @ vb.permute(0, 1, 3, 2, 4)  # (S,A,H,B,hd)
         return o_ctx.view(S, H, A, B, hd).permute(0, 2, 3, 1, 4) + o_blk.permute(0, 1, 3, 2, 4)
 
-    def forward(self, feat, ids, anchors, embed, lm_head, mask_id, B):
+    def forward(self, feat, ids, anchors, embed, lm_head, mask_id, B, blen=None):
         """feat (S, T, K*D) captured features; ids (S, T) tokens; anchors (S, A)
-        positions (>= 1); embed / lm_head (V, D) frozen target tables.
+        positions (>= 1); embed / lm_head (V, D) frozen target tables; blen
+        (S, A) optional block lengths <= B: a block of blen rows is drafted
+        exactly as inference drafts a block of that size (its rows past blen
+        do not exist for it; their logits are meaningless).
         -> logits (S, A, B-1, V) of block rows 1..B-1."""
         S, T = ids.shape
         A = anchors.shape[1]
@@ -207,6 +213,8 @@ class Drafter(torch.nn.Module):
         bpos = anchors[..., None] + torch.arange(B)                       # (S, A, B)
         cpos = torch.arange(T).expand(S, T)                               # (S, T)
         see = block_mask(anchors, T, B).reshape(S, 1, A * B, T)          # (S, 1, A*B, T)
+        see_blk = None if blen is None else \
+            (torch.arange(B) < blen[..., None])[:, :, None, None, :]      # (S, A, 1, 1, B)
         for ly in self.layers:
             u = rmsnorm(x, ly.input_layernorm, self.eps)
             q = rope(rmsnorm(ly.q_proj(u).view(S, A, B, self.H, self.hd), ly.q_norm, self.eps),
@@ -218,7 +226,7 @@ class Drafter(torch.nn.Module):
             kc = rope(rmsnorm(ly.k_proj(c).view(S, T, self.KV, self.hd), ly.k_norm, self.eps),
                       cpos, self.inv_freq)
             vc = ly.v_proj(c).view(S, T, self.KV, self.hd)
-            o = self.attend(q, kb, vb, kc, vc, see)                       # (S, A, B, H, hd)
+            o = self.attend(q, kb, vb, kc, vc, see, see_blk)              # (S, A, B, H, hd)
             x = x + ly.o_proj(o.reshape(S, A, B, self.H * self.hd))
             h = rmsnorm(x, ly.post_attention_layernorm, self.eps)
             x = x + ly.down_proj(torch.nn.functional.silu(ly.gate_proj(h)) * ly.up_proj(h))
@@ -243,10 +251,11 @@ def valid_anchors(n, n_prompt):
     return np.arange(lo, n - 1)
 
 
-def make_batch(cap, seq_idx, A, B, rng, max_len, layers, anchors_fixed=None):
+def make_batch(cap, seq_idx, A, B, rng, max_len, layers, anchors_fixed=None, mix=0.0):
     """-> dict of tensors: feat (S, T, K*D), ids (S, T), anchors (S, A),
-    labels (S, A, B-1) (-1 where none), full (S, A) anchors whose B-1 labels
-    all exist. Sequences longer than max_len are cut to their first max_len rows."""
+    labels (S, A, B-1) (-1 where none), blen (S, A) block lengths: B, or with
+    probability mix a length drawn from 2..B-1 (rows past it get no label).
+    Sequences longer than max_len are cut to their first max_len rows."""
     rows = [seq_rows(cap, i, max_len, layers) for i in seq_idx]
     S, T = len(rows), max(len(r[0]) for r in rows)
     K, D = len(layers), cap.dim
@@ -270,7 +279,13 @@ def make_batch(cap, seq_idx, A, B, rng, max_len, layers, anchors_fixed=None):
             k = np.arange(1, B)
             ok = a + k < n
             labels[s, j, ok] = ids[s, a + k[ok]]
+    blen = np.full((S, A), B, dtype=np.int64)
+    if mix > 0 and B > 2:
+        short = rng.random((S, A)) < mix
+        blen[short] = rng.integers(2, B, size=int(short.sum()))
+        labels[np.arange(1, B)[None, None, :] >= blen[..., None]] = -1
     return {"feat": torch.from_numpy(feat.reshape(S, T, K * D)), "ids": torch.from_numpy(ids),
+            "blen": torch.from_numpy(blen),
             "anchors": torch.from_numpy(anchors), "labels": torch.from_numpy(labels)}
 
 
@@ -461,6 +476,10 @@ def main(argv=None):
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--block-mix", type=float, default=0.0,
+                    help="fraction of anchors drafted as a shorter block (length uniform in "
+                    "2..B-1), so the drafter also serves the smaller blocks an adaptive "
+                    "policy picks; 0: every block has B rows (SpecForge)")
     ap.add_argument("--gamma", type=float, default=0.0,
                     help="loss weight exp(-(k-1)/gamma) on block row k; 0: uniform")
     ap.add_argument("--val-frac", type=float, default=0.02)
@@ -526,8 +545,10 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
         idx = rng.choice(train, size=min(a.batch, len(train)), replace=False)
-        b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, layers)
-        lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size)
+        b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, layers,
+                       mix=a.block_mix)
+        lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size,
+                   b["blen"] if a.block_mix > 0 else None)
         loss, acc, acc_len = loss_and_stats(lg, b["labels"], a.gamma)
         opt.zero_grad(set_to_none=True)
         loss.backward()
