@@ -351,6 +351,15 @@ def test_engine(binary):
         if not run([binary, "capture", "-m", tgt, "--corpus", corpus, "--out", cap_t,
                     "--layers", "1,2", "--seq-len", "24", "-t", "1", "-q"]):
             return
+        r = subprocess.run([binary, "capture", "-m", tgt, "--corpus", corpus, "--out",
+                            os.path.join(d, "bad"), "--layers", "1,4"], capture_output=True,
+                           text=True, timeout=60)
+        check(r.returncode != 0 and "layer 4 outside 0..3" in r.stderr,
+              f"capture refuses a layer the target lacks: {r.stderr.strip()[:200]}")
+        r = subprocess.run([binary, "capture", "-m", tgt, "--corpus", os.path.join(d, "none.txt"),
+                            "--out", os.path.join(d, "bad")], capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode != 0 and "none.txt" in r.stderr, "capture names a missing corpus")
         cap = T.load_capture(cap_t)
         m = cap.meta
         check(m["mode"] == "text" and m["layers"] == [1, 2] and m["dim"] == 64 and

@@ -426,6 +426,11 @@ int cmd_capture(int argc, char **argv) {
     int layers[64];
     int n_layers = parse_layers(&o, e, &mi, layers);
     if (!o.seq_len || o.seq_len > mi.ctx_size) o.seq_len = mi.ctx_size;
+    if (o.seq_len < 2) {
+        fprintf(stderr, "dflash capture: a context of %d rows is too small to capture from\n",
+                o.seq_len);
+        return 1;
+    }
     if (mkdir(o.out, 0755) && errno != EEXIST) {
         fprintf(stderr, "dflash capture: cannot create %s: %s\n", o.out, strerror(errno));
         return 1;
