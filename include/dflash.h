@@ -304,12 +304,15 @@ int dfl_bench_forward(dfl_session *s, int ctx, int B, int flags, int reps, doubl
                       dfl_error *err);
 
 /* The speculative A/B at a known acceptance: generates max_tokens after
- * prompt (greedy, from an empty cache) with a replay drafter -- the real
- * drafter runs every round, so its cost is real, but the tokens it proposes
- * are ref[] (what classic decode generated after prompt, at least
- * max_tokens + the drafter block of them) with accept lengths forced from a
- * profile: P(draft i right | all before right) = p[i], or a flat p giving
- * tau committed tokens per round at the drafter's block size. */
+ * prompt (from an empty cache) with a replay drafter -- the real drafter
+ * runs every round, so its cost is real, but the tokens it proposes are
+ * ref[] (what classic decode generated after prompt with the same sampling
+ * parameters, at least max_tokens + the drafter block of them) with accept
+ * lengths forced from a profile: P(draft i right | all before right) = p[i],
+ * or a flat p giving tau committed tokens per round at the drafter's block
+ * size. Sampled runs use the exact rule: a replayed path is one fixed
+ * sequence, and only the exact rule turns forced drafts into that path
+ * (rejection and typical draw their own, so a profile cannot be imposed). */
 typedef struct dfl_bench_replay_opts {
     int block;            /* 1: classic decode (no drafter); N >= 2: pinned; 0: adaptive */
     double tau;           /* flat profile (1: nothing accepted) ... */
@@ -318,6 +321,8 @@ typedef struct dfl_bench_replay_opts {
     uint64_t seed;        /* keys the drawn accept lengths by position */
     int max_tokens;
     int fresh_costs;      /* adaptive: forget learned round costs and calibrate again */
+    const dfl_gen_params *sample;   /* NULL: greedy; else temperature, filters, penalties
+                                       and seed (spec_accept must be exact) */
 } dfl_bench_replay_opts;
 
 typedef struct dfl_bench_replay_result {

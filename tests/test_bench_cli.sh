@@ -20,9 +20,10 @@ $PY "$src/tools/make_checkpoint.py" --preset tiny --dtype bf16 --quiet --out "$t
     --quiet --out "$tmp/d" || { echo "FAIL make_checkpoint"; echo "0 passed, 1 failed"; exit 1; }
 
 if "$bin" bench -m "$tmp/t" --draft "$tmp/d" -t 2 --types bf16,q8_0 --ctx 128,256 --ttft-max 128 \
-    -n 24 --tau 1,6.5 --blocks 4,8 --max-block 8 --reps 1 --json "$tmp/b.json" \
+    -n 24 --tau 1,6.5 --blocks 4,8 --max-block 8 --reps 1 --temps 0,1 --rule-block 4 \
+    --json "$tmp/b.json" \
     >"$tmp/out" 2>"$tmp/err"; then ok; else bad "dflash bench exited $?"; cat "$tmp/err"; fi
-grep -q "speculative A/B" "$tmp/out" && grep -q "context ladder" "$tmp/out" &&
+grep -q "speculative A/B" "$tmp/out" && grep -q "acceptance rules" "$tmp/out" && grep -q "context ladder" "$tmp/out" &&
   grep -q "decode summary" "$tmp/out" && ok || bad "tables missing from stdout"
 
 $PY - "$tmp/b.json" <<'PYEOF' && ok || bad "JSON checks"
@@ -48,7 +49,25 @@ for r in s["runs"]:
         assert r["exact_checked"] == 1, r
     if r["tau"] == 1:
         assert r["accepted"] == 0, r
-assert len(s["calibrated_ms"]) == 8 and all(s["calibrated_ms"][b - 1] > 0 for b in (1, 2, 3, 4, 6, 8))
+assert len(s["cost_table_ms"]) == 8 and all(s["cost_table_ms"][b - 1] > 0 for b in (1, 2, 3, 4, 6, 8))
+# rules: per temperature, classic, the exact rule replayed at each profile,
+# then every rule (only exact when greedy) with the real drafter, pinned and adaptive
+ru = j["rules"]["runs"]
+want = [(0, "none", "none", "classic"), (0, "exact", "replay", "B=4"), (0, "exact", "replay", "B=4"),
+        (0, "exact", "real", "B=4"), (0, "exact", "real", "adaptive"),
+        (1, "none", "none", "classic"), (1, "exact", "replay", "B=4"), (1, "exact", "replay", "B=4")]
+want += [(1, rule, "real", m) for rule in ("exact", "rejection", "typical") for m in ("B=4", "adaptive")]
+assert [(r["temp"], r["rule"], r["drafter"], r["mode"]) for r in ru] == want, ru
+for r in ru:
+    assert r["tok_s"] > 0 and r["tau"] >= 1 and 0 <= r["accept_rate"] <= 1, r
+    if r["rule"] == "exact":
+        assert r["matches_classic"] is True, r   # the exact rule's promise, sampled too
+    if r["drafter"] == "replay" and r["tau_profile"] == 1:
+        assert r["accepted"] == 0 and r["tau"] == 1, r
+    if r["drafter"] == "replay" and r["tau_profile"] == 6.5 and r["temp"] == 1:
+        assert r["accepted"] > 0, r              # forced drafts accepted at temperature 1
+    if r["rule"] == "rejection":
+        assert r["accepted_lossy"] == 0, r
 c = j["ctx"]
 assert [r["ctx"] for r in c] == [128, 256] and c[0]["ttft_measured"] and not c[1]["ttft_measured"]
 assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ttft_s"] > 0 for r in c)
@@ -63,7 +82,8 @@ import json, sys; j = json.load(open('$tmp/c.json'))
 assert 'spec' not in j and len(j['decode']) == 1 and len(j['ctx']) == 1 and j['verify'] == []
 " && ok || bad "sections decode,ctx"
 
-for args in "--sections nope" "--tau 0.5" "--blocks 1" "--types" "--bogus"; do
+for args in "--sections nope" "--tau 0.5" "--blocks 1" "--types" "--bogus" "--temps -1" \
+    "--rule-block 1"; do
   # shellcheck disable=SC2086
   "$bin" bench -m "$tmp/t" $args >"$tmp/o" 2>"$tmp/e"
   rc=$?

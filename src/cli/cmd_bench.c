@@ -6,6 +6,8 @@
  *   verify   B-row forward cost over one row, next to the roofline's guess
  *   spec     classic vs pinned blocks vs adaptive, with a replay drafter
  *            at given acceptance profiles (tau)
+ *   rules    the three acceptance rules at temperatures > 0: the real
+ *            drafter's own tau, and the exact rule replayed at the profiles
  *   ctx      decode and prefill at depth, time to first token; peak RSS */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -29,7 +31,7 @@ static void help(void) {
         "                         bf16,q8_0 (default: auto, the file's own); the spec and\n"
         "                         ctx sections use the first\n"
         "  -t, --threads N        threads (default: all cores)\n"
-        "  --sections LIST        any of machine,decode,verify,spec,ctx (default: all)\n"
+        "  --sections LIST        any of machine,decode,verify,spec,rules,ctx (default: all)\n"
         "  --max-block N          largest verify block measured (default 16)\n"
         "  --tau LIST             acceptance profiles for the spec section: committed tokens\n"
         "                         per round at the drafter's block, flat per position\n"
@@ -37,19 +39,30 @@ static void help(void) {
         "  --blocks LIST          pinned block sizes in the spec section (default 4,8,16)\n"
         "  -n N                   tokens generated per spec run (default 128)\n"
         "  --prompt-len N         prompt tokens for the spec runs (default 32)\n"
+        "  -p, --prompt TEXT      a real prompt for the spec and rules runs instead of\n"
+        "                         --prompt-len synthetic ids (a trained pair's real tau)\n"
+        "  --temps LIST           temperatures of the rules section (default 0.6,1.0;\n"
+        "                         0 = greedy, exact rule only)\n"
+        "  --rule-block N         pinned block of the rules section (default 8)\n"
+        "  --typical D            the typical rule's threshold factor (default 0.2)\n"
         "  --ctx LIST             context ladder (default 1024,2048,4096,8192,16384,32768)\n"
         "  --ttft-max N           real prefills up to N tokens for time to first token;\n"
         "                         longer ones are summed from measured chunk times (default 1024)\n"
         "  --reps N               timed repetitions per forward, best kept (default 3)\n"
-        "  --spec-reps N          runs per spec mode and profile, fastest kept (default 1)\n"
-        "  --seed N               seed of the replayed accept lengths (default 1)\n"
+        "  --spec-reps N          cycles through the spec modes per profile, the fastest run\n"
+        "                         of each mode kept (default 1)\n"
+        "  --seed N               seed of the replayed accept lengths and of sampling\n"
+        "                         (default 1)\n"
         "  --json FILE            write the results as JSON to FILE\n"
         "\n"
         "The replay drafter runs the real drafter every round (its cost is real) but\n"
         "proposes the classic decode's own tokens, right for an accept length drawn per\n"
         "position from the profile, so speed at a known acceptance is measured on any\n"
         "pair, random weights included; every spec run's output is checked against\n"
-        "classic decode. Cache depths in the ctx section hold placeholder K/V.\n");
+        "classic decode. A replayed path is one fixed sequence, so the rules section\n"
+        "replays the exact rule only; rejection and typical draw their own tokens and\n"
+        "run with the real drafter (on random weights they accept almost nothing).\n"
+        "Cache depths in the ctx section hold placeholder K/V.\n");
 }
 
 enum { MAXL = 32 };
@@ -59,16 +72,18 @@ typedef struct opts {
     const char *types[MAXL];
     int n_types;
     int sections;            /* bit set of SEC_* */
-    int max_block, n_gen, prompt_len, ttft_max, reps, spec_reps, no_draft;
-    double tau[MAXL];
-    int n_tau;
+    int max_block, n_gen, prompt_len, ttft_max, reps, spec_reps, no_draft, rule_block;
+    double tau[MAXL], temps[MAXL], typical_d;
+    int n_tau, n_temps;
+    const char *prompt;
     int blocks[MAXL], n_blocks;
     int ctx[MAXL], n_ctx;
     uint64_t seed;
     const char *json;
 } opts;
 
-enum { SEC_MACHINE = 1, SEC_DECODE = 2, SEC_VERIFY = 4, SEC_SPEC = 8, SEC_CTX = 16 };
+enum { SEC_MACHINE = 1, SEC_DECODE = 2, SEC_VERIFY = 4, SEC_SPEC = 8, SEC_CTX = 16, SEC_RULES = 32,
+       N_SEC = 6 };
 
 static const char *need(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
@@ -106,13 +121,13 @@ static int int_list(const char *flag, const char *v, int *out, long lo, long hi)
 static int sections(const char *v) {
     char *p[MAXL];
     int n = split("--sections", v, p), bits = 0;
-    static const char *names[] = {"machine", "decode", "verify", "spec", "ctx"};
+    static const char *names[N_SEC] = {"machine", "decode", "verify", "spec", "ctx", "rules"};
     for (int i = 0; i < n; i++) {
         int k = 0;
-        while (k < 5 && strcmp(p[i], names[k])) k++;
-        if (k == 5) {
+        while (k < N_SEC && strcmp(p[i], names[k])) k++;
+        if (k == N_SEC) {
             fprintf(stderr, "dflash bench: --sections: unknown '%s' (machine, decode, verify, "
-                            "spec, ctx)\n", p[i]);
+                            "spec, rules, ctx)\n", p[i]);
             exit(2);
         }
         bits |= 1 << k;
@@ -123,10 +138,12 @@ static int sections(const char *v) {
 static void parse(opts *o, int argc, char **argv) {
     dfl_engine_opts_default(&o->eo);
     o->types[0] = "auto", o->n_types = 1;
-    o->sections = 31;
+    o->sections = (1 << N_SEC) - 1;
     o->max_block = 16, o->n_gen = 128, o->prompt_len = 32, o->ttft_max = 1024, o->reps = 3;
     o->spec_reps = 1;
     o->seed = 1;
+    o->rule_block = 8, o->typical_d = 0.2;
+    o->temps[0] = 0.6, o->temps[1] = 1.0, o->n_temps = 2;
     static const double tau[] = {1, 3, 5, 6.5};
     memcpy(o->tau, tau, sizeof tau), o->n_tau = 4;
     static const int blocks[] = {4, 8, 16};
@@ -151,6 +168,13 @@ static void parse(opts *o, int argc, char **argv) {
             o->n_blocks = int_list(a, need(argc, argv, &i), o->blocks, 2, 64);
         else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, need(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--prompt-len")) o->prompt_len = cli_int(a, need(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
+        else if (!strcmp(a, "--temps")) {
+            char *p[MAXL];
+            o->n_temps = split(a, need(argc, argv, &i), p);
+            for (int k = 0; k < o->n_temps; k++) o->temps[k] = cli_num(a, p[k], 0, 100);
+        } else if (!strcmp(a, "--rule-block")) o->rule_block = cli_int(a, need(argc, argv, &i), 2, 64);
+        else if (!strcmp(a, "--typical")) o->typical_d = cli_num(a, need(argc, argv, &i), 0, 1e6);
         else if (!strcmp(a, "--ctx")) o->n_ctx = int_list(a, need(argc, argv, &i), o->ctx, 1, 1 << 22);
         else if (!strcmp(a, "--ttft-max")) o->ttft_max = cli_int(a, need(argc, argv, &i), 0, 1 << 22);
         else if (!strcmp(a, "--reps")) o->reps = cli_int(a, need(argc, argv, &i), 1, 1000);
@@ -181,6 +205,8 @@ typedef struct bench {
     dfl_session *s;
     dfl_model_info mi;
     double bw, peak, flops;    /* GB/s, GFLOP/s, FLOPs per row */
+    int32_t *prompt;           /* the spec and rules sections' prompt */
+    int n_prompt;
     cJSON *root;
 } bench;
 
@@ -309,7 +335,7 @@ static void sec_verify(bench *b, cJSON *arr) {
     cJSON_AddItemToArray(arr, v);
 }
 
-/* The prompt: fixed ids spread over the vocabulary (content does not
+/* Synthetic prompts: fixed ids spread over the vocabulary (content does not
  * matter to the replay; the reference is whatever classic decode makes). */
 static int32_t *make_prompt(const bench *b, int n) {
     int32_t *p = malloc(sizeof(int32_t) * n);
@@ -317,6 +343,27 @@ static int32_t *make_prompt(const bench *b, int n) {
     return p;
 }
 
+/* The spec and rules prompt: --prompt's tokens, or --prompt-len synthetic ids. */
+static void set_prompt(bench *b) {
+    const opts *o = b->o;
+    if (!o->prompt) {
+        b->prompt = make_prompt(b, o->prompt_len);
+        b->n_prompt = o->prompt_len;
+        return;
+    }
+    int cap = (int)strlen(o->prompt) + 8;
+    b->prompt = malloc(sizeof(int32_t) * cap);
+    dfl_error err = {0};
+    b->n_prompt = dfl_tokenize(b->e, o->prompt, strlen(o->prompt), 1, 0, b->prompt, cap, &err);
+    if (b->n_prompt < 0) die("--prompt", &err);
+    if (b->n_prompt == 0) {
+        fprintf(stderr, "dflash bench: --prompt gives no tokens\n");
+        exit(2);
+    }
+}
+
+/* Committed ids of a dfl_generate run (the classic reference, or a run to
+ * check against it). */
 typedef struct refbuf {
     int32_t *ids;
     int n, cap;
@@ -326,6 +373,29 @@ static int on_ref(void *ud, const dfl_token_info *t) {
     refbuf *r = ud;
     if (r->n < r->cap) r->ids[r->n++] = t->id;
     return 0;
+}
+
+/* Generates n tokens after the bench prompt with gp (EOS ignored) into ref. */
+static void gen_ids(bench *b, dfl_gen_params *gp, int n, refbuf *ref, dfl_stats *st) {
+    dfl_error err = {0};
+    gp->ignore_eos = 1, gp->max_tokens = n;
+    ref->n = 0;
+    if (dfl_generate(b->s, b->prompt, b->n_prompt, gp, on_ref, ref, st, &err))
+        die("generate", &err);
+}
+
+/* The loop's counters and times of one run, shared by spec and rules rows. */
+static void add_stats(cJSON *o, const dfl_stats *st) {
+    cJSON_AddNumberToObject(o, "rounds", (double)st->rounds);
+    cJSON_AddNumberToObject(o, "classic_steps", (double)st->classic_steps);
+    cJSON_AddNumberToObject(o, "accepted", (double)st->accepted);
+    cJSON_AddNumberToObject(o, "t_decode", st->t_decode);
+    cJSON_AddNumberToObject(o, "t_draft", st->t_draft);
+    cJSON_AddNumberToObject(o, "t_verify", st->t_verify);
+    cJSON *pos = cJSON_AddArrayToObject(o, "acceptance_by_position");
+    for (int k = 0; k < DFL_MAX_POS_STATS && st->pos_proposed[k]; k++)
+        cJSON_AddItemToArray(pos, cJSON_CreateNumber((double)st->pos_accepted[k] /
+                                                     st->pos_proposed[k]));
 }
 
 static void spec_row(bench *b, cJSON *rows, double tau, const char *mode, int block,
@@ -351,13 +421,8 @@ static void spec_row(bench *b, cJSON *rows, double tau, const char *mode, int bl
     cJSON_AddNumberToObject(o, "mean_block", meanB);
     cJSON_AddNumberToObject(o, "ms_per_forward", ms_round);
     cJSON_AddNumberToObject(o, "overhead_over_verify", over);
-    cJSON_AddNumberToObject(o, "rounds", (double)st->rounds);
-    cJSON_AddNumberToObject(o, "classic_steps", (double)st->classic_steps);
-    cJSON_AddNumberToObject(o, "accepted", (double)st->accepted);
+    add_stats(o, st);
     cJSON_AddNumberToObject(o, "forced", (double)r->forced);
-    cJSON_AddNumberToObject(o, "t_decode", st->t_decode);
-    cJSON_AddNumberToObject(o, "t_draft", st->t_draft);
-    cJSON_AddNumberToObject(o, "t_verify", st->t_verify);
     cJSON_AddNumberToObject(o, "t_calibrate", r->t_calibrate);
     cJSON_AddNumberToObject(o, "p", r->p_flat);
     cJSON_AddBoolToObject(o, "matches_classic", r->matches_ref);
@@ -365,19 +430,14 @@ static void spec_row(bench *b, cJSON *rows, double tau, const char *mode, int bl
     cJSON_AddItemToArray(rows, o);
 }
 
-/* The fastest of --spec-reps runs (a busy machine only ever slows a run). */
-static void replay(bench *b, const int32_t *prompt, const refbuf *ref, int block, double tau,
-                   int fresh, dfl_bench_replay_result *r) {
+/* One replayed run; gp: sampling parameters, or NULL for greedy. */
+static void replay(bench *b, const refbuf *ref, int block, double tau, int fresh,
+                   const dfl_gen_params *gp, dfl_bench_replay_result *r) {
     dfl_bench_replay_opts ro = {.block = block, .tau = tau, .seed = b->o->seed,
-                                .max_tokens = b->o->n_gen, .fresh_costs = fresh};
+                                .max_tokens = b->o->n_gen, .fresh_costs = fresh, .sample = gp};
     dfl_error err = {0};
-    dfl_bench_replay_result *t = malloc(sizeof *t);
-    for (int i = 0; i < b->o->spec_reps; i++) {
-        if (dfl_bench_replay(b->s, prompt, b->o->prompt_len, ref->ids, ref->n, &ro, t, &err))
-            die("replay", &err);
-        if (i == 0 || t->st.t_decode < r->st.t_decode) *r = *t;
-    }
-    free(t);
+    if (dfl_bench_replay(b->s, b->prompt, b->n_prompt, ref->ids, ref->n, &ro, r, &err))
+        die("replay", &err);
 }
 
 static void sec_spec(bench *b) {
@@ -386,21 +446,18 @@ static void sec_spec(bench *b) {
         printf("spec: skipped (no --draft)\n\n");
         return;
     }
-    int32_t *prompt = make_prompt(b, o->prompt_len);
     refbuf ref = {malloc(sizeof(int32_t) * (o->n_gen + 128)), 0, o->n_gen + 128};
     dfl_gen_params gp;
     dfl_gen_params_default(&gp);
-    gp.block_size = 1, gp.ignore_eos = 1, gp.max_tokens = o->n_gen + 80;
-    dfl_error err = {0};
+    gp.block_size = 1;
     dfl_stats st;
-    fprintf(stderr, "bench: classic reference decode of %d tokens\n", gp.max_tokens);
-    if (dfl_generate(b->s, prompt, o->prompt_len, &gp, on_ref, &ref, &st, &err))
-        die("reference decode", &err);
+    fprintf(stderr, "bench: classic reference decode of %d tokens\n", o->n_gen + 80);
+    gen_ids(b, &gp, o->n_gen + 80, &ref, &st);
 
     cJSON *sp = cJSON_AddObjectToObject(b->root, "spec");
     cJSON_AddStringToObject(sp, "type", b->mi.dtype);
     cJSON_AddNumberToObject(sp, "n_gen", o->n_gen);
-    cJSON_AddNumberToObject(sp, "prompt_len", o->prompt_len);
+    cJSON_AddNumberToObject(sp, "prompt_len", b->n_prompt);
     cJSON_AddNumberToObject(sp, "spec_reps", o->spec_reps);
     cJSON_AddNumberToObject(sp, "draft_block", b->mi.draft_block);
     cJSON_AddNumberToObject(sp, "draft_layers", b->mi.draft_layers);
@@ -409,34 +466,157 @@ static void sec_spec(bench *b) {
            b->mi.dtype, b->mi.draft_layers, o->n_gen);
     printf("%5s %-9s %8s %8s %8s %7s %9s %9s %6s\n", "tau", "mode", "tok/s", "x classic",
            "tok/fwd", "mean B", "ms/fwd", "ovh/ver", "exact");
-    int n_runs = o->n_tau * (2 + o->n_blocks), done = 0;
+    /* modes of one profile: classic, the pinned blocks that fit, adaptive */
+    int modes[MAXL + 2], n_modes = 0;
+    modes[n_modes++] = 1;
+    for (int k = 0; k < o->n_blocks; k++)
+        if (o->blocks[k] <= o->max_block && o->blocks[k] <= b->mi.draft_block)
+            modes[n_modes++] = o->blocks[k];
+    modes[n_modes++] = 0;
+    dfl_bench_replay_result *best = calloc(n_modes, sizeof *best), *r = malloc(sizeof *r);
+    int n_runs = o->n_tau * n_modes * o->spec_reps, done = 0;
     for (int i = 0; i < o->n_tau; i++) {
-        dfl_bench_replay_result r;
-        replay(b, prompt, &ref, 1, o->tau[i], 0, &r);
-        cli_progress(NULL, "spec", ++done, n_runs);
-        double classic = r.st.n_gen / r.st.t_decode;
-        spec_row(b, rows, o->tau[i], "classic", 1, &r, classic);
-        for (int k = 0; k < o->n_blocks; k++) {
-            if (o->blocks[k] > o->max_block || o->blocks[k] > b->mi.draft_block) continue;
+        /* --spec-reps cycles through all modes, so each mode's fastest run
+         * comes from the same stretch of time as the others' */
+        for (int rep = 0; rep < o->spec_reps; rep++)
+            for (int m = 0; m < n_modes; m++) {
+                replay(b, &ref, modes[m], o->tau[i], modes[m] == 0, NULL, r);
+                cli_progress(NULL, "spec", ++done, n_runs);
+                if (rep == 0 || r->st.t_decode < best[m].st.t_decode) best[m] = *r;
+            }
+        double classic = best[0].st.n_gen / best[0].st.t_decode;
+        for (int m = 0; m < n_modes; m++) {
             char mode[16];
-            snprintf(mode, sizeof mode, "B=%d", o->blocks[k]);
-            replay(b, prompt, &ref, o->blocks[k], o->tau[i], 0, &r);
-            cli_progress(NULL, "spec", ++done, n_runs);
-            spec_row(b, rows, o->tau[i], mode, o->blocks[k], &r, classic);
+            if (modes[m] == 1) snprintf(mode, sizeof mode, "classic");
+            else if (modes[m] == 0) snprintf(mode, sizeof mode, "adaptive");
+            else snprintf(mode, sizeof mode, "B=%d", modes[m]);
+            spec_row(b, rows, o->tau[i], mode, modes[m], &best[m], classic);
         }
-        replay(b, prompt, &ref, 0, o->tau[i], 1, &r);
-        cli_progress(NULL, "spec", ++done, n_runs);
-        spec_row(b, rows, o->tau[i], "adaptive", 0, &r, classic);
         if (i == 0) {
-            cJSON *c = cJSON_AddArrayToObject(sp, "calibrated_ms");
+            cJSON *c = cJSON_AddArrayToObject(sp, "cost_table_ms");
             for (int B = 1; B <= o->max_block; B++)
-                cJSON_AddItemToArray(c, cJSON_CreateNumber(r.t_round[B] * 1e3));
+                cJSON_AddItemToArray(c, cJSON_CreateNumber(best[n_modes - 1].t_round[B] * 1e3));
         }
     }
+    free(best);
+    free(r);
     printf("(tok/fwd: tokens committed per target forward; ms/fwd: decode time per round or\n"
            " classic step; ovh/ver: time beyond the verify forwards over their time)\n\n");
-    free(prompt);
     free(ref.ids);
+}
+
+/* ---- rules: the acceptance rules at temperature ---------------------------------- */
+
+static const char *rule_name[] = {"exact", "rejection", "typical"};
+
+typedef struct rule_run {
+    double temp, tau_profile;   /* tau_profile: replayed profile, 0 for a real run */
+    int rule, block;            /* block 1: classic, 0: adaptive */
+    const char *drafter;        /* "none", "replay" or "real" */
+    const dfl_stats *st;
+    int exact;                  /* output equals classic: 1, differs: 0, not checked: -1 */
+} rule_run;
+
+static void rule_row(cJSON *rows, const rule_run *u, double classic_tps) {
+    const dfl_stats *st = u->st;
+    double tps = st->t_decode > 0 ? st->n_gen / st->t_decode : 0;
+    double tau = st->rounds ? (double)(st->accepted + st->rounds) / st->rounds : 1;
+    double acc = st->proposed ? (double)st->accepted / st->proposed : 0;
+    char mode[16], drafter[24];
+    if (u->block == 1) snprintf(mode, sizeof mode, "classic");
+    else if (u->block == 0) snprintf(mode, sizeof mode, "adaptive");
+    else snprintf(mode, sizeof mode, "B=%d", u->block);
+    if (u->tau_profile > 0) snprintf(drafter, sizeof drafter, "replay %.2f", u->tau_profile);
+    else snprintf(drafter, sizeof drafter, "%s", u->drafter);
+    printf("%4.2f %-9s %-11s %-8s %8.2f %8.2f %6.2f %6.1f%% %6s\n", u->temp,
+           u->block == 1 ? "-" : rule_name[u->rule], drafter, mode, tps,
+           classic_tps > 0 ? tps / classic_tps : 1, tau, 100 * acc,
+           u->exact < 0 ? "-" : u->exact ? "yes" : "NO");
+    fflush(stdout);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "temp", u->temp);
+    cJSON_AddStringToObject(o, "rule", u->block == 1 ? "none" : rule_name[u->rule]);
+    cJSON_AddStringToObject(o, "drafter", u->drafter);
+    cJSON_AddNumberToObject(o, "tau_profile", u->tau_profile);
+    cJSON_AddStringToObject(o, "mode", mode);
+    cJSON_AddNumberToObject(o, "block", u->block);
+    cJSON_AddNumberToObject(o, "tok_s", tps);
+    cJSON_AddNumberToObject(o, "x_classic", classic_tps > 0 ? tps / classic_tps : 1);
+    cJSON_AddNumberToObject(o, "tau", tau);
+    cJSON_AddNumberToObject(o, "accept_rate", acc);
+    add_stats(o, st);
+    cJSON_AddNumberToObject(o, "accepted_lossy", (double)st->accepted_lossy);
+    cJSON_AddNumberToObject(o, "resampled", (double)st->resampled);
+    if (u->exact >= 0) cJSON_AddBoolToObject(o, "matches_classic", u->exact);
+    cJSON_AddItemToArray(rows, o);
+}
+
+/* One temperature: the classic reference (also the exact rule's target
+ * output), the exact rule replayed at each profile, then each rule with the
+ * real drafter at the pinned block and adaptive. */
+static void rules_at(bench *b, cJSON *rows, double temp, int *done, int n_runs) {
+    const opts *o = b->o;
+    int block = o->rule_block < b->mi.draft_block ? o->rule_block : b->mi.draft_block;
+    if (block > o->max_block) block = o->max_block;
+    dfl_gen_params gp;
+    dfl_gen_params_default(&gp);
+    gp.temperature = (float)temp, gp.seed = o->seed, gp.typical_d = (float)o->typical_d;
+    gp.block_size = 1;
+    refbuf ref = {malloc(sizeof(int32_t) * (o->n_gen + 128)), 0, o->n_gen + 128};
+    refbuf out = {malloc(sizeof(int32_t) * o->n_gen), 0, o->n_gen};
+    dfl_stats st;
+    gen_ids(b, &gp, o->n_gen + 80, &ref, &st);
+    dfl_bench_replay_result *r = malloc(sizeof *r);
+    replay(b, &ref, 1, 1, 0, &gp, r);
+    cli_progress(NULL, "rules", ++*done, n_runs);
+    double classic = r->st.n_gen / r->st.t_decode;
+    rule_row(rows, &(rule_run){temp, 0, 0, 1, "none", &r->st, -1}, classic);
+    for (int i = 0; i < o->n_tau; i++) {
+        replay(b, &ref, block, o->tau[i], 0, &gp, r);
+        cli_progress(NULL, "rules", ++*done, n_runs);
+        rule_row(rows, &(rule_run){temp, o->tau[i], 0, block, "replay", &r->st,
+                                   r->matches_ref}, classic);
+    }
+    for (int rule = 0; rule < 3; rule++) {
+        if (rule && temp <= 0) break;   /* greedy: every rule is the exact one */
+        int modes[2] = {block, 0};
+        for (int m = 0; m < 2; m++) {
+            gp.spec_accept = rule, gp.block_size = modes[m];
+            gen_ids(b, &gp, o->n_gen, &out, &st);
+            cli_progress(NULL, "rules", ++*done, n_runs);
+            int exact = rule ? -1 : out.n == o->n_gen &&
+                        !memcmp(out.ids, ref.ids, sizeof(int32_t) * o->n_gen);
+            rule_row(rows, &(rule_run){temp, 0, rule, modes[m], "real", &st, exact}, classic);
+        }
+    }
+    free(r);
+    free(ref.ids);
+    free(out.ids);
+}
+
+static void sec_rules(bench *b) {
+    const opts *o = b->o;
+    if (!b->mi.has_draft) {
+        printf("rules: skipped (no --draft)\n\n");
+        return;
+    }
+    cJSON *ru = cJSON_AddObjectToObject(b->root, "rules");
+    cJSON_AddStringToObject(ru, "type", b->mi.dtype);
+    cJSON_AddNumberToObject(ru, "n_gen", o->n_gen);
+    cJSON_AddNumberToObject(ru, "prompt_len", b->n_prompt);
+    cJSON_AddNumberToObject(ru, "typical_d", o->typical_d);
+    cJSON_AddNumberToObject(ru, "seed", (double)o->seed);
+    cJSON *rows = cJSON_AddArrayToObject(ru, "runs");
+    printf("acceptance rules, %s, %d tokens, seed %llu (real: the drafter's own proposals; "
+           "replay: the exact rule at a forced profile; typical d = %g):\n", b->mi.dtype,
+           o->n_gen, (unsigned long long)o->seed, o->typical_d);
+    printf("%4s %-9s %-11s %-8s %8s %8s %6s %7s %6s\n", "T", "rule", "drafter", "mode",
+           "tok/s", "x classic", "tau", "acc", "exact");
+    int n_runs = 0, done = 0;
+    for (int i = 0; i < o->n_temps; i++) n_runs += 1 + o->n_tau + (o->temps[i] > 0 ? 6 : 2);
+    for (int i = 0; i < o->n_temps; i++) rules_at(b, rows, o->temps[i], &done, n_runs);
+    printf("(tau: tokens committed per verify round; acc: drafts accepted over proposed;\n"
+           " exact: output equals classic decode at the same seed -- the exact rule's promise)\n\n");
 }
 
 /* Time to first token for a real prompt of n tokens (prefill + one step). */
@@ -489,7 +669,7 @@ static void sec_ctx(bench *b) {
 /* ---- main ------------------------------------------------------------------------ */
 
 static int ctx_needed(const opts *o) {
-    int need = o->prompt_len + o->n_gen + 256;
+    int need = (o->prompt ? (int)strlen(o->prompt) + 8 : o->prompt_len) + o->n_gen + 256;
     if (o->sections & SEC_CTX)
         for (int i = 0; i < o->n_ctx; i++)
             if (o->ctx[i] + 80 > need) need = o->ctx[i] + 80;
@@ -534,7 +714,7 @@ int cmd_bench(int argc, char **argv) {
     for (int ti = 0; ti < o.n_types; ti++) {
         int first = ti == 0;
         load(&b, o.types[ti], first ? ctx_needed(&o) : 512,
-             first && o.eo.draft_path && (o.sections & SEC_SPEC));
+             first && o.eo.draft_path && (o.sections & (SEC_SPEC | SEC_RULES)));
         if (first) {
             model_json(&b);
             printf("model %s: %s, %d layers, dim %d, ffn %d, vocab %d; %.2f GFLOP per row\n\n",
@@ -549,7 +729,9 @@ int cmd_bench(int argc, char **argv) {
             printf("\n");
         }
         if (o.sections & SEC_VERIFY) sec_verify(&b, ver);
+        if (first) set_prompt(&b);
         if (first && (o.sections & SEC_SPEC)) sec_spec(&b);
+        if (first && (o.sections & SEC_RULES)) sec_rules(&b);
         if (first && (o.sections & SEC_CTX)) sec_ctx(&b);
         double rss = peak_rss_mb();
         printf("peak RSS with %s weights%s: %.0f MB\n\n", b.mi.dtype,
@@ -561,6 +743,8 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddItemToArray(rss_arr, r);
         unload(&b);
         reset_peak_rss();
+        free(b.prompt);
+        b.prompt = NULL;
     }
     if ((o.sections & SEC_DECODE) && o.n_types > 1) decode_table(dec);
     cJSON_AddItemToObject(b.root, "decode", dec);

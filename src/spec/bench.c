@@ -5,6 +5,7 @@
 
 #include "engine.h"
 #include "kernels/machine.h"
+#include "sample/sample.h"
 #include "spec/spec.h"
 
 double dfl_bench_read_bw(const dfl_engine *e) { return dfl_machine_read_bw(e->pool, 0, 5); }
@@ -110,6 +111,9 @@ static int replay_check(const dfl_engine *e, const dfl_session *s, int n_prompt,
     if (o->n_p < 0 || o->n_p > DFL_POLICY_MAX || (o->n_p && !o->p))
         return dfl_fail(err, DFL_EARG, "replay: profile of %d positions (0..%d)", o->n_p,
                         DFL_POLICY_MAX);
+    if (o->sample && o->sample->spec_accept != DFL_ACCEPT_EXACT)
+        return dfl_fail(err, DFL_EARG, "replay: only the exact rule replays a fixed path "
+                        "(rejection and typical: run the real drafter)");
     return 0;
 }
 
@@ -127,13 +131,11 @@ static int replay_gate(dfl_engine *e, const dfl_bench_replay_opts *o, dfl_stats 
     return rc;
 }
 
-int dfl_bench_replay(dfl_session *s, const int32_t *prompt, int n_prompt, const int32_t *ref,
-                     int n_ref, const dfl_bench_replay_opts *o, dfl_bench_replay_result *r,
-                     dfl_error *err) {
+static int replay_run(dfl_session *s, const int32_t *prompt, int n_prompt, const int32_t *ref,
+                      int n_ref, const dfl_bench_replay_opts *o, dfl_sampler *smp,
+                      dfl_bench_replay_result *r, dfl_error *err) {
     dfl_engine *e = s->e;
-    memset(r, 0, sizeof *r);
-    int rc = replay_check(e, s, n_prompt, n_ref, o, err);
-    if (rc) return rc;
+    int rc = 0;
     int spec = o->block != 1;
     if (spec && (rc = replay_gate(e, o, &r->st, err))) return rc;
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
@@ -174,6 +176,8 @@ int dfl_bench_replay(dfl_session *s, const int32_t *prompt, int n_prompt, const 
     }
     dfl_loop_opts lo = {.block = o->block, .costs = &e->costs, .max_tokens = o->max_tokens,
                         .exact = r->st.exact_checked == 1 ? e->probe_state : NULL};
+    dfl_spec_sampling sm;
+    dfl_spec_use_sampler(&lo, &sm, smp, DFL_ACCEPT_EXACT);
     int exact = r->st.exact_checked;
     rc = dfl_spec_generate(&q, &lo, prompt, n_prompt, on_token, &out, &r->st, err);
     r->st.exact_checked = exact;
@@ -186,5 +190,20 @@ int dfl_bench_replay(dfl_session *s, const int32_t *prompt, int n_prompt, const 
     }
     free(seq);
     free(out.ids);
+    return rc;
+}
+
+int dfl_bench_replay(dfl_session *s, const int32_t *prompt, int n_prompt, const int32_t *ref,
+                     int n_ref, const dfl_bench_replay_opts *o, dfl_bench_replay_result *r,
+                     dfl_error *err) {
+    memset(r, 0, sizeof *r);
+    int rc = replay_check(s->e, s, n_prompt, n_ref, o, err);
+    if (rc) return rc;
+    dfl_sampler *smp = NULL;
+    if (o->sample && !dfl_gen_is_greedy(o->sample) &&
+        (rc = dfl_sampler_new(o->sample, s->e->t->c.vocab, &smp, err)))
+        return rc;
+    rc = replay_run(s, prompt, n_prompt, ref, n_ref, o, smp, r, err);
+    dfl_sampler_free(smp);
     return rc;
 }

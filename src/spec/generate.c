@@ -23,15 +23,10 @@ static int is_stop(void *ud, int32_t id) {
 
 /* The sampler's rules behind the acceptance seam, counting what a rule
  * reports beyond the accept length. */
-typedef struct sampled {
-    dfl_sampler *s;
-    uint64_t lossy, resampled;
-} sampled;
-
 static int accept_sampled(void *ud, const float *logits, int vocab, const int32_t *block, int B,
                           int pos, const int32_t *hist, const float *dlogits, int32_t *tgt) {
     (void)vocab;
-    sampled *sm = ud;
+    dfl_spec_sampling *sm = ud;
     if (B == 1) {
         tgt[0] = dfl_sample(sm->s, logits, hist, pos + 1);
         return 0;
@@ -47,11 +42,19 @@ static int accept_sampled(void *ud, const float *logits, int vocab, const int32_
 
 static void redraft_sampled(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
                             int32_t *draft) {
-    dfl_sample_drafts(((sampled *)ud)->s, dlogits, n, hist, pos + 1, draft);
+    dfl_sample_drafts(((dfl_spec_sampling *)ud)->s, dlogits, n, hist, pos + 1, draft);
 }
 
-/* Plain argmax decoding: no temperature, penalties or biases. */
-static int is_greedy(const dfl_gen_params *p) {
+void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *s, int rule) {
+    *sm = (dfl_spec_sampling){s, 0, 0};
+    if (!s) return;
+    o->accept = accept_sampled;
+    o->accept_ud = sm;
+    if (s->temperature > 0 && rule == DFL_ACCEPT_REJECTION)
+        o->need_dlogits = 1, o->redraft = redraft_sampled;
+}
+
+int dfl_gen_is_greedy(const dfl_gen_params *p) {
     return p->temperature <= 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
            p->frequency_penalty == 0 && p->n_bias == 0;
 }
@@ -133,7 +136,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     dfl_target *t = e->t;
 
     dfl_sampler *smp = NULL;
-    if (!is_greedy(p) && (rc = dfl_sampler_new(p, t->c.vocab, &smp, err))) return rc;
+    if (!dfl_gen_is_greedy(p) && (rc = dfl_sampler_new(p, t->c.vocab, &smp, err))) return rc;
     int block = pick_mode(s, p, st, err);
     if (block < 0) {
         dfl_sampler_free(smp);
@@ -161,13 +164,8 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
                        .costs = &e->costs,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL};
-    sampled sm = {smp, 0, 0};
-    if (smp) {
-        o.accept = accept_sampled;
-        o.accept_ud = &sm;
-        if (smp->temperature > 0 && p->spec_accept == DFL_ACCEPT_REJECTION)
-            o.need_dlogits = 1, o.redraft = redraft_sampled;
-    }
+    dfl_spec_sampling sm;
+    dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;
     st->accepted_lossy += sm.lossy;

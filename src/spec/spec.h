@@ -96,6 +96,19 @@ typedef struct dfl_loop_opts {
                              other sizes run as classic steps. NULL: all allowed */
 } dfl_loop_opts;
 
+/* A request's sampler behind the acceptance seam (generate.c): sets o's
+ * accept (and, for the rejection rule at temperature > 0, redraft and
+ * need_dlogits) to use s with rule DFL_ACCEPT_*; s NULL leaves o greedy.
+ * sm, which o then points to, counts what the rule reports. */
+typedef struct dfl_spec_sampling {
+    struct dfl_sampler *s;
+    uint64_t lossy, resampled;   /* typical: kept by the threshold; rejection: residual draws */
+} dfl_spec_sampling;
+void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, struct dfl_sampler *s,
+                          int rule);
+/* Plain argmax decoding: no temperature, penalties or biases. */
+int dfl_gen_is_greedy(const dfl_gen_params *p);
+
 /* Generates after prompt, reusing the longest common prefix of prompt with
  * hist (what kv holds). cb gets every committed token in order; it returning
  * nonzero stops generation (st->stop = DFL_STOP_CANCEL, and 0 is returned).
