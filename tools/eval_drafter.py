@@ -2,20 +2,23 @@
 """eval_drafter.py - a drafter's real acceptance and speed on held-out prompts.
 
     tools/eval_drafter.py --model M --draft D --corpus held.txt --prompts 20 \\
-        --modes classic,8,auto --temps 0,0.8 [--first-doc N] [--json out.json]
+        --modes classic,8,auto --temps 0,0.8 [--rules exact,rejection,typical] \\
+        [--first-doc N] [--json out.json]
 
 Prompts are the first --words words of documents (separated by --sep) from
 --first-doc on: text the drafter was not trained on when the capture used
 --max-docs below it. Each prompt runs through `dflash generate` once per
 mode -- classic (--block-size 1, no drafter), N (a fixed block), auto (the
-adaptive block) -- and temperature, with --stats-json. Reported per mode:
+adaptive block) -- temperature and, above temperature 0, acceptance rule
+(--spec-accept), with --stats-json. Reported per mode:
 tau (tokens committed per verify round, the bonus included), acceptance by
 block position (drafts accepted / proposed, pooled over prompts, each
 prompt's ratios weighted by its rounds), and decode tokens/s (generated
 tokens over decode time, pooled). With --check, every speculative output
-must equal the classic output of the same prompt and temperature (exit 1
-otherwise): the engine's exact acceptance keeps sampled output identical
-too (per-position keyed sampling).
+must equal the classic output of the same prompt and temperature under the
+exact rule (exit 1 otherwise): the engine's exact acceptance keeps sampled
+output identical too (per-position keyed sampling). Rejection and typical
+outputs are not compared (they promise a distribution, or less).
 """
 import argparse
 import json
@@ -36,7 +39,7 @@ def prompts_from(path, sep, first, n, words):
     return out
 
 
-def generate(binary, model, draft, prompt, n, mode, temp, seed, threads):
+def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="exact"):
     """-> (text, stats dict)."""
     with tempfile.TemporaryDirectory(prefix="evald-") as tmp:
         js = os.path.join(tmp, "s.json")
@@ -47,7 +50,7 @@ def generate(binary, model, draft, prompt, n, mode, temp, seed, threads):
         if mode == "classic":
             cmd += ["--draft", "none", "--block-size", "1"]
         else:
-            cmd += ["--draft", draft, "--block-size", mode]
+            cmd += ["--draft", draft, "--block-size", mode, "--spec-accept", rule]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"eval_drafter: {' '.join(cmd)}: {r.stderr.strip()[-1000:]}")
@@ -86,6 +89,8 @@ def main(argv=None):
     ap.add_argument("-n", type=int, default=128, help="tokens per generation")
     ap.add_argument("--modes", default="classic,8,auto")
     ap.add_argument("--temps", default="0")
+    ap.add_argument("--rules", default="exact",
+                    help="acceptance rules tried above temperature 0 (exact,rejection,typical)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--check", action="store_true", help="speculative output must equal classic")
@@ -102,20 +107,27 @@ def main(argv=None):
                    "threads": a.threads, "runs": {}}, 0
     for temp in [float(x) for x in a.temps.split(",")]:
         texts = {}
-        for mode in a.modes.split(","):
-            stats = []
-            for i, p in enumerate(prompts):
-                text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
-                                   a.threads)
-                texts[(mode, i)] = text
-                stats.append(s)
-                if a.check and mode != "classic" and ("classic", i) in texts and \
-                        text != texts[("classic", i)]:
-                    print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}", file=sys.stderr)
-                    bad += 1
-            r = pool(stats)
-            report["runs"][f"temp={temp:g} block={mode}"] = r
-            print(f"temp {temp:g} block {mode:>7}: {json.dumps(r)}", flush=True)
+        rules = a.rules.split(",") if temp > 0 else ["exact"]
+        for rule in rules:
+            for mode in a.modes.split(","):
+                if mode == "classic" and rule != rules[0]:
+                    continue   # classic decode has no acceptance rule
+                stats = []
+                for i, p in enumerate(prompts):
+                    text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
+                                       a.threads, rule)
+                    texts[(mode, i)] = text
+                    stats.append(s)
+                    if a.check and rule == "exact" and mode != "classic" and \
+                            ("classic", i) in texts and text != texts[("classic", i)]:
+                        print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}",
+                              file=sys.stderr)
+                        bad += 1
+                r = pool(stats)
+                key = f"temp={temp:g} block={mode}" + (f" rule={rule}" if mode != "classic" and
+                                                       temp > 0 else "")
+                report["runs"][key] = r
+                print(f"{key}: {json.dumps(r)}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
