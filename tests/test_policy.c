@@ -11,8 +11,10 @@
 static void feed(dfl_policy *p, int B, double a, int n) {
     for (int r = 0; r < n; r++) {
         /* accepted = k with probability a^k (1-a) (truncated at B-1): spread
-         * the n rounds over k by those weights. */
-        double u = (r + 0.5) / n, cum = 0;
+         * the n rounds over k by those weights, in an order that mixes the
+         * lengths evenly through time (the policy weights recent rounds more,
+         * as a text would present them: not sorted). */
+        double u = fmod((r + 0.5) * 0.6180339887498949, 1.0), cum = 0;
         int k = 0;
         for (; k < B - 1; k++) {
             cum += pow(a, k) * (1 - a);
@@ -71,6 +73,36 @@ int main(void) {
     CHECK(dfl_policy_choose(&p) == 2, "a probe round is due");
     dfl_policy_observe(&p, 2, 0);
     CHECK(dfl_policy_choose(&p) == 1, "after the probe, back to classic");
+    /* Failed probes back off: each is twice as far off as the last, up to a bound. */
+    int gaps[12], ng = 0, since = 0;
+    for (int step = 0; step < 6000 && ng < 12; step++) {
+        if (dfl_policy_choose(&p) == 2) {
+            gaps[ng++] = since, since = 0;
+            dfl_policy_observe(&p, 2, 0);
+        } else {
+            dfl_policy_classic_step(&p), since++;
+        }
+    }
+    CHECK(ng >= 7 && gaps[0] == 2 * DFL_REPROBE_MIN, "first backed-off gap %d", gaps[0]);
+    for (int i = 1; i < ng; i++) {
+        int want = 2 * gaps[i - 1] < DFL_REPROBE_MAX ? 2 * gaps[i - 1] : DFL_REPROBE_MAX;
+        CHECK(gaps[i] == want, "probe gap %d: %d, want %d", i, gaps[i], want);
+    }
+    /* A probe that wins resets the interval. */
+    dfl_costs cheap;
+    table(&cheap, 8, 1.0, 0.05);
+    dfl_policy_init(&p, &cheap, 8);
+    p.reprobe_every = DFL_REPROBE_MAX, p.probing = 1;
+    dfl_policy_observe(&p, 2, 1);
+    CHECK(p.reprobe_every == DFL_REPROBE_MIN, "a winning probe resets the interval: %d",
+          p.reprobe_every);
+    /* Old evidence fades: after 500 rounds of full acceptance, 1000 of none
+     * bring position 0's estimate near zero. */
+    dfl_policy_init(&p, &cheap, 8);
+    for (int i = 0; i < 500; i++) dfl_policy_observe(&p, 4, 3);
+    for (int i = 0; i < 1000; i++) dfl_policy_observe(&p, 4, 0);
+    CHECK(dfl_policy_accept_p(&p, 0) < 0.05, "p0 after a change of text %.3f",
+          dfl_policy_accept_p(&p, 0));
 
     /* Zero acceptance: never speculate beyond probes. */
     table(&c, 16, 1.0, 0.05);

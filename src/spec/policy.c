@@ -47,16 +47,31 @@ void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
     memset(p, 0, sizeof *p);
     p->costs = c;
     p->max_block = max_block < c->max_block ? max_block : c->max_block;
-    p->reprobe_every = 16;
+    p->reprobe_every = DFL_REPROBE_MIN;
 }
 
+static int best_block(const dfl_policy *p);
+
 void dfl_policy_observe(dfl_policy *p, int B, int accepted) {
+    for (int i = 0; i < DFL_POLICY_MAX; i++) {
+        p->tries[i] *= DFL_POLICY_DECAY;
+        p->hits[i] *= DFL_POLICY_DECAY;
+    }
     for (int i = 0; i < B - 1 && i < DFL_POLICY_MAX; i++) {
         if (i > accepted) break;   /* positions after the first miss were not tested */
         p->tries[i] += 1;
         if (i < accepted) p->hits[i] += 1;
     }
     p->classic_run = 0;
+    /* A probe that leaves classic ahead makes the next one twice as far
+     * off: on a pair that cannot win, probes then cost a vanishing share. */
+    if (p->probing) {
+        int lost = best_block(p) == 1;
+        p->reprobe_every = lost ? (p->reprobe_every * 2 < DFL_REPROBE_MAX ? p->reprobe_every * 2
+                                                                          : DFL_REPROBE_MAX)
+                                : DFL_REPROBE_MIN;
+        p->probing = 0;
+    }
 }
 
 /* A Beta(1, 1) prior: an untried position counts as a coin flip, which is
@@ -91,11 +106,14 @@ static int best_block(const dfl_policy *p) {
 
 int dfl_policy_choose(dfl_policy *p) {
     int B = best_block(p);
-    if (B > 1) return B;
+    if (B > 1) {
+        p->reprobe_every = DFL_REPROBE_MIN;
+        return B;
+    }
     /* Classic wins on current estimates; probe once in a while with the
      * cheapest speculative block so a changed text can win speculation back. */
-    if (p->max_block >= 2 && p->classic_run >= p->reprobe_every) return 2;
-    return 1;
+    p->probing = p->max_block >= 2 && p->classic_run >= p->reprobe_every;
+    return p->probing ? 2 : 1;
 }
 
 void dfl_policy_classic_step(dfl_policy *p) { p->classic_run++; }

@@ -20,8 +20,16 @@ typedef struct dfl_policy {
     double tries[DFL_POLICY_MAX];       /* drafts seen at position i (0-based) ... */
     double hits[DFL_POLICY_MAX];        /* ... and accepted, given all before accepted */
     int classic_run;                    /* classic steps since the last speculative round */
-    int reprobe_every;                  /* classic steps between probes */
+    int reprobe_every;                  /* classic steps between probes: doubles after each
+                                           probe that does not win speculation back */
+    int probing;                        /* the round just chosen is such a probe */
 } dfl_policy;
+
+enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
+/* Per observed round, old evidence is weighted down by this factor, so the
+ * estimates follow a text whose predictability changes (about the last 200
+ * rounds count). */
+#define DFL_POLICY_DECAY 0.995
 
 void dfl_costs_init(dfl_costs *c, int max_block);
 /* Folds a measured round time into the table (moving average). */
