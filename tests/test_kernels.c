@@ -503,6 +503,16 @@ static void test_attention(void) {
     test_attention_case(9, 16, 8, 128, 300);
     test_attention_case(3, 6, 2, 7, 129);
     test_attention_case(2, 2, 2, 128, 5000);
+    /* Small heads (8..32 dims): the transposed-key scores, GQA, 1..32 rows,
+     * blocks that end inside a group of 8 keys, and a wide row stride (V
+     * packed). */
+    test_attention_case(8, 8, 4, 8, 77);
+    test_attention_case(32, 8, 4, 8, 130);
+    test_attention_case(13, 4, 2, 16, 64);
+    test_attention_case(9, 6, 3, 24, 100);
+    test_attention_case(20, 4, 1, 32, 141);
+    test_attention_case(6, 32, 32, 8, 9);
+    test_attention_case(3, 8, 2, 16, 3);
     /* No keys: zeros. */
     att_case a = att_make(2, 2, 1, 16, 4);
     a.nk[0] = 0;

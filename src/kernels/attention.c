@@ -20,8 +20,9 @@
  * one too, four keys and 32 dims at a time, which keeps many rows of K/V in
  * flight; more units (verify, prefill) run together, each block of K/V packed
  * contiguous once and read from cache by all: the scores as a small units x
- * keys matmul, the values as units x dims register tiles. The arithmetic per
- * element is the twin's in every case. */
+ * keys matmul, the values as units x dims register tiles; with small heads
+ * (8..32 dims) the scores come 8 keys per vector from a transposed K block.
+ * The arithmetic per element is the twin's in every case. */
 #include <math.h>
 #include <string.h>
 
@@ -29,9 +30,11 @@
 #include "kernels/vec.h"
 
 enum {
-    BK = 64,       /* keys per block */
-    UNITS = 32,    /* (row, head) units per task */
-    PACK_HD = 256  /* head dims up to which a K or V block is packed */
+    BK = 64,        /* keys per block */
+    UNITS = 32,     /* (row, head) units per task */
+    PACK_HD = 256,  /* head dims up to which a K or V block is packed */
+    SMALL_HD = 32,  /* head dims (multiples of 8) up to which scores go 8 keys a vector */
+    PACK_LDK = 256  /* row strides (floats) from which a V block is packed */
 };
 
 typedef struct {
@@ -300,6 +303,92 @@ static void pf_some(prefetcher *p) {
     }
 }
 
+/* ---- small heads (hd = 8, 16, 24, 32): a score is only hd/8 multiply-adds,
+ * so a horizontal lane sum per key would cost more than the dot. The block
+ * is packed transposed instead (kt[d * BK + j] = K_j[d]): lane l of the dot
+ * order (dims l, l+8, ...) becomes one vector over 8 keys, and the lane tree
+ * adds whole vectors, so each key's score has the twin's bits. */
+
+static DFL_AVX2_INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      /* r_i[0] r_i+1[0] r_i[1] r_i+1[1] | 4, 5 */
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  /* 2, 3 | 6, 7 */
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);      /* dim 0 | 4 of 4 rows */
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);  /* 1 | 5 */
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* kt[d * BK + j] = K_j[d] for j < nk, zeros up to the next multiple of 8. */
+DFL_AVX2 static void pack_kt(float *kt, const float *K, int ldk, int nk, int hd) {
+    for (int j0 = 0; j0 < nk; j0 += 8)
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = j0 + i < nk ? _mm256_loadu_ps(K + (size_t)(j0 + i) * ldk + d0)
+                                   : _mm256_setzero_ps();
+            transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_store_ps(kt + (d0 + i) * BK + j0, r[i]);
+        }
+}
+
+/* s[j] = dot(q, K_j) * scale for j < nk8 (a multiple of 8), 16 keys per
+ * step where it can (each q[d] broadcast once for both vectors). */
+static DFL_AVX2_INLINE void scores_kt(int hd, const float *q, const float *kt, int nk8,
+                                      float scale, float *s) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    int j = 0;
+    for (; j + 16 <= nk8; j += 16) {
+        __m256 a[8], b[8];
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) {
+            a[l] = b[l] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int d = l; d < hd; d += 8) {
+                __m256 qv = _mm256_broadcast_ss(q + d);
+                a[l] = _mm256_fmadd_ps(qv, _mm256_load_ps(kt + d * BK + j), a[l]);
+                b[l] = _mm256_fmadd_ps(qv, _mm256_load_ps(kt + d * BK + j + 8), b[l]);
+            }
+        }
+        __m256 ta = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                  _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+        __m256 tb = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(b[0], b[4]), _mm256_add_ps(b[2], b[6])),
+                                  _mm256_add_ps(_mm256_add_ps(b[1], b[5]), _mm256_add_ps(b[3], b[7])));
+        _mm256_store_ps(s + j, _mm256_mul_ps(ta, sv));
+        _mm256_store_ps(s + j + 8, _mm256_mul_ps(tb, sv));
+    }
+    for (; j < nk8; j += 8) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) {
+            a[l] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int d = l; d < hd; d += 8)
+                a[l] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), _mm256_load_ps(kt + d * BK + j), a[l]);
+        }
+        __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                 _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+        _mm256_store_ps(s + j, _mm256_mul_ps(t, sv));
+    }
+}
+
+#define SCORES_KT_FN(HD)                                                                   \
+    DFL_AVX2 static void scores_kt##HD(const float *q, const float *kt, int nk8, float scale, \
+                                       float *s) {                                        \
+        scores_kt(HD, q, kt, nk8, scale, s);                                               \
+    }
+SCORES_KT_FN(8) SCORES_KT_FN(16) SCORES_KT_FN(24) SCORES_KT_FN(32)
+typedef void (*scores_kt_fn)(const float *, const float *, int, float, float *);
+static const scores_kt_fn scores_kts[5] = {0, scores_kt8, scores_kt16, scores_kt24, scores_kt32};
+
 /* One key block for units 0..nu (q[u], acc[u] = its slice of out, nk[u] keys
  * of the block, m / l its running max and sum). K, V, and the next block's
  * K and V (nextk, nextv, next_nk rows; NULL when none) are rows ldk apart. */
@@ -310,24 +399,36 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
     _Alignas(32) float s[UNITS * BK], buf[BK * PACK_HD];
     /* Packing pays when several 4-unit groups reread the block. */
     int kmax = 0, ugroups = (nu + 3) / 4, pack = ugroups > 1 && hd <= PACK_HD && hd % 8 == 0;
+    int small = hd % 8 == 0 && hd <= SMALL_HD;
     for (int u = 0; u < nu; u++) kmax = nk[u] > kmax ? nk[u] : kmax;
     prefetcher pf;
     /* Scores for every unit and key below kmax (keys past a unit's own count
-     * exist in K and are computed, then ignored). */
-    const float *kb = K;
-    int ld = ldk;
-    if (pack) {
-        pack_block(buf, K, ldk, kmax, hd);
-        kb = buf, ld = hd;
-    }
-    pf_start(&pf, nextk, ldk, next_nk, hd, ugroups * ((kmax + 2) / 3));
-    for (int u = 0; u < nu; u += 4) {
-        int U = nu - u < 4 ? nu - u : 4, j = 0;
-        for (; j + 3 <= kmax; j += 3) {
+     * exist in K, or are zeros in kt, and are computed, then ignored). */
+    if (small) {
+        int nk8 = (kmax + 7) & ~7;
+        pack_kt(buf, K, ldk, kmax, hd);
+        pf_start(&pf, nextk, ldk, next_nk, hd, nu);
+        for (int u = 0; u < nu; u++) {
             pf_some(&pf);
-            scores[U][1](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
+            scores_kts[hd / 8](q[u], buf, nk8, scale, s + u * BK);
         }
-        for (; j < kmax; j++) scores[U][0](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
+    } else {
+        const float *kb = K;
+        int ld = ldk;
+        if (pack) {
+            pack_block(buf, K, ldk, kmax, hd);
+            kb = buf, ld = hd;
+        }
+        pf_start(&pf, nextk, ldk, next_nk, hd, ugroups * ((kmax + 2) / 3));
+        for (int u = 0; u < nu; u += 4) {
+            int U = nu - u < 4 ? nu - u : 4, j = 0;
+            for (; j + 3 <= kmax; j += 3) {
+                pf_some(&pf);
+                scores[U][1](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
+            }
+            for (; j < kmax; j++)
+                scores[U][0](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
+        }
     }
     /* Softmax bookkeeping per unit, exactly as block_ref. */
     for (int u = 0; u < nu; u++) {
@@ -348,7 +449,8 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
     }
     const float *vb = V;
     int ldv = ldk;
-    if (pack) {
+    /* Small rows close together share few cache sets: read them in place. */
+    if (pack && !(small && ldk < PACK_LDK)) {
         pack_block(buf, V, ldk, kmax, hd);
         vb = buf, ldv = hd;
     }
