@@ -300,7 +300,9 @@ static void test_matmul_case(dfl_type t, int rows, int cols, int full) {
 
 static void test_matmul(void) {
     static const int shapes[][2] = {{4, 0}, {1, 1}, {3, 7}, {5, 8}, {13, 37}, {50, 64}, {97, 130},
-                                    {101, 1029}, {145, 2056}, {48, 2048 + 24}};
+                                    {101, 1029}, {145, 2056}, {48, 2048 + 24},
+                                    /* stories260K's shapes (cache-resident f32) */
+                                    {32, 64}, {172, 64}, {64, 172}, {512, 64}};
     for (int t = DFL_F32; t <= DFL_BF16; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_matmul_case((dfl_type)t, shapes[s][0], shapes[s][1], shapes[s][1] < 200);

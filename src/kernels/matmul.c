@@ -25,7 +25,8 @@
 enum {
     KB = 1024,        /* columns converted per block (3 x 4 KiB of f32) */
     RB = 32,          /* rows per row block */
-    CHUNK = 48        /* outputs per task: a multiple of both tile widths (3, 4) */
+    CHUNK = 48,       /* outputs per task: a multiple of both tile widths (3, 4) */
+    SMALL_BYTES = 256 << 10   /* f32 weights up to which several rows take gemm_small */
 };
 
 static float w_at(dfl_type t, const uint8_t *row, int k) {
@@ -289,6 +290,74 @@ DFL_AVX2 static void gemm_rows(const dfl_mat *W, int o0, int o1, int n, const fl
     }
 }
 
+/* Small f32 matrices (a model whose weights all sit in cache) with several
+ * rows: the blocked path's bookkeeping (column blocks, prefetch lists, sums
+ * carried in memory) costs more than the arithmetic there. Each tile of R
+ * rows by C outputs runs the whole k range in registers, then the lane
+ * trees and the k tail straight to Y; the order per element is the twin's. */
+static DFL_AVX2_INLINE void small_tile(int R, int C, const float *w, size_t ldw, const float *x,
+                                       size_t ldx, int cols, float *y, size_t ldy) {
+    __m256 a[4][3];
+    int k8 = cols & ~7;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
+    for (int k = 0; k < k8; k += 8) {
+        __m256 wv[3];
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) wv[c] = _mm256_loadu_ps(w + c * ldw + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++) a[r][c] = _mm256_fmadd_ps(wv[c], xv, a[r][c]);
+        }
+    }
+    float s[16];
+    const __m256 z = _mm256_setzero_ps();
+#define ACC(i) ((i) < R * C ? a[(i) / C][(i) % C] : z)
+#pragma GCC unroll 3
+    for (int i = 0; i < R * C; i += 4)
+        _mm_storeu_ps(s + i, dfl_hsum8x4(ACC(i), ACC(i + 1), ACC(i + 2), ACC(i + 3)));
+#undef ACC
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            float v = s[r * C + c];
+            for (int k = k8; k < cols; k++) v = fmaf(w[c * ldw + k], x[r * ldx + k], v);
+            y[r * ldy + c] = v;
+        }
+}
+
+#define SMALL_FN(R, C)                                                                      \
+    DFL_AVX2 static void small_##R##x##C(const float *w, size_t ldw, const float *x,         \
+                                         size_t ldx, int cols, float *y, size_t ldy) {      \
+        small_tile(R, C, w, ldw, x, ldx, cols, y, ldy);                                     \
+    }
+SMALL_FN(1, 1) SMALL_FN(2, 1) SMALL_FN(3, 1) SMALL_FN(4, 1)
+SMALL_FN(1, 3) SMALL_FN(2, 3) SMALL_FN(3, 3) SMALL_FN(4, 3)
+typedef void (*small_fn)(const float *, size_t, const float *, size_t, int, float *, size_t);
+static const small_fn smalls[5][2] = {{0, 0}, {small_1x1, small_1x3}, {small_2x1, small_2x3},
+                                      {small_3x1, small_3x3}, {small_4x1, small_4x3}};
+
+static void gemm_small(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
+                       float *Y, int ldy) {
+    size_t ldw = W->row_bytes / sizeof(float);
+    for (int o = o0; o < o1;) {
+        int c = o1 - o >= 3 ? 3 : 1;
+        const float *w = (const float *)W->data + (size_t)o * ldw;
+        for (int r = 0; r < n;) {
+            int R = n - r >= 4 ? 4 : n - r;
+            smalls[R][c == 3](w, ldw, X + (size_t)r * ldx, (size_t)ldx, W->cols,
+                              Y + (size_t)r * ldy + o, (size_t)ldy);
+            r += R;
+        }
+        o += c;
+    }
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 typedef struct {
@@ -305,6 +374,8 @@ static void mm_task(void *ctx, int i, int ntask) {
         matmul_ref_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
     else if (j->n == 1)
         gemv_rows(j->W, o0, o1, j->X, j->Y);
+    else if (j->W->type == DFL_F32 && (size_t)j->W->rows * j->W->row_bytes <= SMALL_BYTES)
+        gemm_small(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
     else
         gemm_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
 }
