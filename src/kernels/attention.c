@@ -311,16 +311,19 @@ static void pf_some(prefetcher *p) {
 
 static DFL_AVX2_INLINE void transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
+#pragma GCC unroll 4
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      /* r_i[0] r_i+1[0] r_i[1] r_i+1[1] | 4, 5 */
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  /* 2, 3 | 6, 7 */
     }
+#pragma GCC unroll 2
     for (int i = 0; i < 8; i += 4) {
         u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);      /* dim 0 | 4 of 4 rows */
         u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);  /* 1 | 5 */
         u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
         u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
         r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
@@ -332,10 +335,12 @@ DFL_AVX2 static void pack_kt(float *kt, const float *K, int ldk, int nk, int hd)
     for (int j0 = 0; j0 < nk; j0 += 8)
         for (int d0 = 0; d0 < hd; d0 += 8) {
             __m256 r[8];
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
                 r[i] = j0 + i < nk ? _mm256_loadu_ps(K + (size_t)(j0 + i) * ldk + d0)
                                    : _mm256_setzero_ps();
             transpose8(r);
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++) _mm256_store_ps(kt + (d0 + i) * BK + j0, r[i]);
         }
 }
