@@ -363,6 +363,12 @@ static void test_rope(void) {
             memcpy(one, x + HD, sizeof one);
             dfl_rope_apply(&r, one, 1, pos);
             CHECK(memcmp(one, y + HD, sizeof one) == 0, "rope: head 1 alone differs");
+            /* cos/sin computed once, then applied: the same bits. */
+            float cs[HD], z[NH * HD];
+            memcpy(z, x, sizeof z);
+            dfl_rope_cs(&r, pos, cs);
+            dfl_rope_apply_cs(&r, z, NH, cs);
+            CHECK(memcmp(z, y, sizeof z) == 0, "rope neox=%d pos=%d: apply_cs differs", neox, pos);
         }
         /* Layout: a vector with only pair 1 set moves only within that pair. */
         float v[HD] = {0};

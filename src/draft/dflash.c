@@ -469,6 +469,7 @@ static void alloc_scratch(dfl_drafter *d) {
     d->logits = dfl_aligned_alloc((size_t)LOGIT_ROWS * c->vocab * sizeof(float));
     d->tok = xcalloc(R, sizeof(int32_t));
     d->n_keys = xcalloc(R, sizeof(int));
+    d->rope_cs = dfl_aligned_alloc((size_t)R * c->head_dim * sizeof(float));
     size_t qs = dfl_matmul_scratch(d->fc.type, R, d->fc.cols);
     qs = fmax_sz(qs, dfl_matmul_scratch(d->t->lm_head.type, LOGIT_ROWS, d->t->lm_head.cols));
     for (int l = 0; l < c->n_layers; l++) {
@@ -543,7 +544,7 @@ void dfl_drafter_free(dfl_drafter *d) {
     }
     free(d->x), free(d->xn), free(d->ctx), free(d->q), free(d->k), free(d->v), free(d->att);
     free(d->h1), free(d->h2), free(d->logits), free(d->tok), free(d->n_keys);
-    free(d->qscratch);
+    free(d->qscratch), free(d->rope_cs);
     free(d);
 }
 
@@ -591,8 +592,15 @@ static float *store_row(const dfl_dstore *s, float *base, int l, int pos) {
     return base + ((size_t)l * s->cap + pos) * s->kv_dim;
 }
 
+/* The RoPE cos/sin of n rows at positions pos0.., for every layer. */
+static void rope_rows(dfl_drafter *d, int n, int pos0) {
+    for (int r = 0; r < n; r++)
+        dfl_rope_cs(&d->rope, pos0 + r, d->rope_cs + (size_t)r * d->c.head_dim);
+}
+
 /* K and V of n rows xs (already normed as the caller wants) at positions
- * pos0.., written straight into the store (norm and RoPE in place). */
+ * pos0.. (their cos/sin in rope_cs), written straight into the store (norm
+ * and RoPE in place). */
 static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, int n, int pos0) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
@@ -601,7 +609,8 @@ static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, in
     matmul(d, &L->wv, n, xs, c->dim, V, s->kv_dim);
     norm_rows(K, K, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     for (int r = 0; r < n; r++)
-        dfl_rope_apply(&d->rope, K + (size_t)r * s->kv_dim, c->n_kv_heads, pos0 + r);
+        dfl_rope_apply_cs(&d->rope, K + (size_t)r * s->kv_dim, c->n_kv_heads,
+                          d->rope_cs + (size_t)r * c->head_dim);
 }
 
 static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, int skip) {
@@ -611,6 +620,7 @@ static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, in
         const float *f = feat + (size_t)skip * d->fc.cols;
         matmul(d, &d->fc, m, f, d->fc.cols, d->ctx, c->dim);
         norm_rows(d->ctx, d->ctx, d->hidden_norm, m, c->dim, c->norm_eps);
+        rope_rows(d, m, pos0);
         for (int l = 0; l < c->n_layers; l++) project_kv(d, s, l, d->ctx, m, pos0);
     }
     s->len += n;
@@ -644,7 +654,8 @@ static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0) {
     norm_rows(d->xn, d->x, L->attn_norm, B, c->dim, c->norm_eps);
     matmul(d, &L->wq, B, d->xn, c->dim, d->q, qd);
     norm_rows(d->q, d->q, L->q_norm, B * c->n_heads, hd, c->norm_eps);
-    for (int r = 0; r < B; r++) dfl_rope_apply(&d->rope, d->q + (size_t)r * qd, c->n_heads, pos0 + r);
+    for (int r = 0; r < B; r++)
+        dfl_rope_apply_cs(&d->rope, d->q + (size_t)r * qd, c->n_heads, d->rope_cs + (size_t)r * hd);
     /* The block's K/V go in the store's slack rows past len; len stays. */
     project_kv(d, s, l, d->xn, B, pos0);
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
@@ -678,6 +689,7 @@ int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, floa
     d->tok[0] = anchor;
     for (int i = 1; i < B; i++) d->tok[i] = d->mask_id;
     dfl_target_embed(d->t, d->tok, B, d->x);
+    rope_rows(d, B, pos0);
     for (int l = 0; l < c->n_layers; l++) block_layer(d, s, l, B, pos0);
     /* Rows 1..B-1 through the final norm and the target's lm_head, in chunks. */
     norm_rows(d->xn, d->x + c->dim, d->out_norm, B - 1, c->dim, c->norm_eps);

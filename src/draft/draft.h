@@ -41,6 +41,7 @@ typedef struct dfl_drafter {
     int32_t *tok;              /* (max_rows) block tokens */
     void *qscratch;
     int *n_keys;
+    float *rope_cs;            /* (max_rows, hd) each row's RoPE cos | sin, once per call */
 } dfl_drafter;
 
 /* Per-sequence side store: context K/V per drafter layer, plus B slack rows. */

@@ -54,6 +54,11 @@ typedef struct dfl_rope {
 
 /* Rotates n_heads heads of x (head_dim each, contiguous) at position pos. */
 void dfl_rope_apply(const dfl_rope *r, float *x, int n_heads, int pos);
+/* The same rotation in two steps, so a forward computes a row's cos/sin once
+ * for all its layers and heads: cs (head_dim floats) gets cos of each pair,
+ * then sin; dfl_rope_apply_cs rotates with them (same bits as dfl_rope_apply). */
+void dfl_rope_cs(const dfl_rope *r, int pos, float *cs);
+void dfl_rope_apply_cs(const dfl_rope *r, float *x, int n_heads, const float *cs);
 
 /* out = silu(gate) * up, n elements. */
 void dfl_swiglu(float *out, const float *gate, const float *up, int n);

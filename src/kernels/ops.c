@@ -37,18 +37,37 @@ void dfl_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
  * cos and sin rounded to f32 from double, times mscale:
  *   a' = a*cos - b*sin,  b' = b*cos + a*sin.
  * neox pairs (i, i + hd/2); interleaved pairs (2i, 2i + 1). */
-void dfl_rope_apply(const dfl_rope *r, float *x, int n_heads, int pos) {
+static void rope_pair(const dfl_rope *r, float *x, int n_heads, int i, float c, float s) {
     int hd = r->head_dim, half = hd / 2;
+    int ia = r->neox ? i : 2 * i, ib = r->neox ? i + half : 2 * i + 1;
+    for (int h = 0; h < n_heads; h++) {
+        float *p = x + (size_t)h * hd;
+        float a = p[ia], b = p[ib];
+        p[ia] = a * c - b * s;
+        p[ib] = b * c + a * s;
+    }
+}
+
+void dfl_rope_cs(const dfl_rope *r, int pos, float *cs) {
+    int half = r->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float ang = (float)pos * r->inv_freq[i];
+        cs[i] = (float)cos((double)ang) * r->mscale;
+        cs[half + i] = (float)sin((double)ang) * r->mscale;
+    }
+}
+
+void dfl_rope_apply_cs(const dfl_rope *r, float *x, int n_heads, const float *cs) {
+    int half = r->head_dim / 2;
+    for (int i = 0; i < half; i++) rope_pair(r, x, n_heads, i, cs[i], cs[half + i]);
+}
+
+void dfl_rope_apply(const dfl_rope *r, float *x, int n_heads, int pos) {
+    int half = r->head_dim / 2;
     for (int i = 0; i < half; i++) {
         float ang = (float)pos * r->inv_freq[i];
         float c = (float)cos((double)ang) * r->mscale, s = (float)sin((double)ang) * r->mscale;
-        int ia = r->neox ? i : 2 * i, ib = r->neox ? i + half : 2 * i + 1;
-        for (int h = 0; h < n_heads; h++) {
-            float *p = x + (size_t)h * hd;
-            float a = p[ia], b = p[ib];
-            p[ia] = a * c - b * s;
-            p[ib] = b * c + a * s;
-        }
+        rope_pair(r, x, n_heads, i, c, s);
     }
 }
 

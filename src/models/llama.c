@@ -139,6 +139,7 @@ static void alloc_scratch(dfl_target *t) {
     t->h1 = dfl_aligned_alloc((size_t)R * c->ffn_dim * sizeof(float));
     t->h2 = dfl_aligned_alloc((size_t)R * c->ffn_dim * sizeof(float));
     t->n_keys = xcalloc(R, sizeof(int));
+    t->rope_cs = dfl_aligned_alloc((size_t)R * c->head_dim * sizeof(float));
     size_t qs = 0;
     const dfl_layer *L = &t->layers[0];
     const dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
@@ -194,7 +195,7 @@ void dfl_target_free(dfl_target *t) {
         free(t->gguf);
     }
     free(t->x), free(t->xn), free(t->q), free(t->k), free(t->v), free(t->att);
-    free(t->h1), free(t->h2), free(t->n_keys), free(t->qscratch);
+    free(t->h1), free(t->h2), free(t->n_keys), free(t->qscratch), free(t->rope_cs);
     free(t);
 }
 
@@ -255,8 +256,9 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, dfl_kv *kv, int l, in
     float *kc = kv->k + ((size_t)l * kv->cap + pos0) * kvd;
     float *vc = kv->v + ((size_t)l * kv->cap + pos0) * kvd;
     for (int r = 0; r < n; r++) {
-        dfl_rope_apply(&t->rope, t->q + (size_t)r * qd, c->n_heads, pos0 + r);
-        dfl_rope_apply(&t->rope, t->k + (size_t)r * kvd, c->n_kv_heads, pos0 + r);
+        const float *cs = t->rope_cs + (size_t)r * hd;
+        dfl_rope_apply_cs(&t->rope, t->q + (size_t)r * qd, c->n_heads, cs);
+        dfl_rope_apply_cs(&t->rope, t->k + (size_t)r * kvd, c->n_kv_heads, cs);
     }
     memcpy(kc, t->k, (size_t)n * kvd * sizeof(float));
     memcpy(vc, t->v, (size_t)n * kvd * sizeof(float));
@@ -303,6 +305,7 @@ static void forward_chunk(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, 
     const dfl_config *c = &t->c;
     int pos0 = kv->len;
     dfl_target_embed(t, tok, n, t->x);
+    for (int r = 0; r < n; r++) dfl_rope_cs(&t->rope, pos0 + r, t->rope_cs + (size_t)r * c->head_dim);
     for (int l = 0; l < c->n_layers; l++) {
         layer_forward(t, l, kv, n, pos0);
         if (n_cap) capture(t, l, cap, n_cap, n, feat);

@@ -81,6 +81,7 @@ typedef struct dfl_target {
     float *h1, *h2;       /* (max_rows, ffn) */
     void *qscratch;       /* quantized activations */
     int *n_keys;          /* (max_rows) */
+    float *rope_cs;       /* (max_rows, hd) each row's RoPE cos | sin, once per forward */
 } dfl_target;
 
 typedef struct dfl_kv {
