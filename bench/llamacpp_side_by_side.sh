@@ -147,11 +147,18 @@ df_generate() { # pair type block(1 = classic)
              --block-size "$3" --stats-json "$s" -p "$PROMPT")
   [ "$3" -gt 1 ] && cmd+=(--draft "$d")
   say "${cmd[*]}"
-  "${cmd[@]}" >/dev/null 2>"$s.err" || { echo "dflash generate failed (see $s.err)" >&2; return 0; }
-  $PY - "$s" "$1" "$2" "$3" "${cmd[*]}" "$RES.lines" <<'EOF'
+  # classic decode: the best of REPS runs, as llama-bench's best repetition is kept
+  local reps=1 i
+  [ "$3" = 1 ] && reps=$REPS
+  for i in $(seq "$reps"); do
+    "${cmd[@]}" >/dev/null 2>"$s.err" || { echo "dflash generate failed (see $s.err)" >&2; return 0; }
+    cp "$s" "$s.$i"
+  done
+  $PY - "$s" "$1" "$2" "$3" "${cmd[*]}" "$RES.lines" "$reps" <<'EOF'
 import json, sys
-f, pair, typ, block, cmd, out = sys.argv[1:]
-s = json.load(open(f))
+f, pair, typ, block, cmd, out, reps = sys.argv[1:]
+runs = [json.load(open(f"{f}.{i}")) for i in range(1, int(reps) + 1)]
+s = max(runs, key=lambda r: r["decode_tok_s"])
 if block == "1":
     recs = [("decode_tok_s", s["decode_tok_s"])]
 else:

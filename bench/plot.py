@@ -90,7 +90,8 @@ def main(argv=None):
     axes = list(axes.flat)
     bars(axes[0], recs, "decode_tok_s", "decode (classic, 128 tokens)", "tok/s")
     bars(axes[1], recs, "prefill_tok_s", "prefill (512 tokens)", "tok/s")
-    ms = sorted({r["metric"] for r in recs if r["metric"].startswith("spec_ms_per_round_b")})
+    ms = sorted({r["metric"] for r in recs if r["metric"].startswith("spec_ms_per_round_b")},
+                key=lambda m: int(m.rsplit("b", 1)[1]))
     bars(axes[2], recs, ms[0] if ms else "none",
          f"DFlash round at zero acceptance, block {ms[0].rsplit('b', 1)[1] if ms else '?'}",
          "ms per round (lower is better)")
