@@ -405,6 +405,8 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
     /* Packing pays when several 4-unit groups reread the block. */
     int kmax = 0, ugroups = (nu + 3) / 4, pack = ugroups > 1 && hd <= PACK_HD && hd % 8 == 0;
     int small = hd % 8 == 0 && hd <= SMALL_HD;
+    /* Small rows close together: the hardware prefetcher keeps up alone. */
+    int close = small && ldk < PACK_LDK;
     for (int u = 0; u < nu; u++) kmax = nk[u] > kmax ? nk[u] : kmax;
     prefetcher pf;
     /* Scores for every unit and key below kmax (keys past a unit's own count
@@ -412,9 +414,9 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
     if (small) {
         int nk8 = (kmax + 7) & ~7;
         pack_kt(buf, K, ldk, kmax, hd);
-        pf_start(&pf, nextk, ldk, next_nk, hd, nu);
+        pf_start(&pf, close ? NULL : nextk, ldk, next_nk, hd, nu);
         for (int u = 0; u < nu; u++) {
-            pf_some(&pf);
+            if (!close) pf_some(&pf);
             scores_kts[hd / 8](q[u], buf, nk8, scale, s + u * BK);
         }
     } else {
@@ -435,34 +437,50 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
                 scores[U][0](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
         }
     }
-    /* Softmax bookkeeping per unit, exactly as block_ref. */
+    /* Softmax bookkeeping, exactly as block_ref: each unit's new maximum,
+     * the rescale factors exp(m - m') eight units per vector (dfl_expf8 gives
+     * dfl_expf_ref's bits), then the unit's exps, the last few keys masked. */
+    _Alignas(32) float alpha[UNITS];
+    for (int u = 0; u < ((nu + 7) & ~7); u++) {
+        alpha[u] = 0.0f;
+        if (u >= nu || nk[u] <= 0) continue;
+        float bm = block_max_avx2(s + u * BK, nk[u]), mn = m[u] > bm ? m[u] : bm;
+        alpha[u] = m[u] - mn;
+        m[u] = mn;
+    }
+    for (int u = 0; u < nu; u += 8) _mm256_store_ps(alpha + u, dfl_expf8(_mm256_load_ps(alpha + u)));
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int u = 0; u < nu; u++) {
-        float *su = s + u * BK, alpha;
+        float *su = s + u * BK;
         if (nk[u] <= 0) continue;
-        float mn = block_max(block_max_avx2(su, nk[u]), m + u, l + u, &alpha);
-        __m256 mv = _mm256_set1_ps(mn);
+        l[u] *= alpha[u];
+        __m256 mv = _mm256_set1_ps(m[u]);
         int j = 0;
         for (; j + 8 <= nk[u]; j += 8)
             _mm256_store_ps(su + j, dfl_expf8(_mm256_sub_ps(_mm256_load_ps(su + j), mv)));
-        for (; j < nk[u]; j++) su[j] = dfl_expf_ref(su[j] - mn);
+        if (j < nk[u]) {
+            __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk[u] - j), lane);
+            __m256 e = dfl_expf8(_mm256_sub_ps(_mm256_maskload_ps(su + j, mask), mv));
+            _mm256_maskstore_ps(su + j, mask, e);
+        }
         l[u] += dfl_sum(su, nk[u]);
-        __m256 av = _mm256_set1_ps(alpha);
+        __m256 av = _mm256_set1_ps(alpha[u]);
         int d = 0;
         for (; d + 8 <= hd; d += 8)
             _mm256_storeu_ps(acc[u] + d, _mm256_mul_ps(_mm256_loadu_ps(acc[u] + d), av));
-        for (; d < hd; d++) acc[u][d] *= alpha;
+        for (; d < hd; d++) acc[u][d] *= alpha[u];
     }
     const float *vb = V;
     int ldv = ldk;
     /* Small rows close together share few cache sets: read them in place. */
-    if (pack && !(small && ldk < PACK_LDK)) {
+    if (pack && !close) {
         pack_block(buf, V, ldk, kmax, hd);
         vb = buf, ldv = hd;
     }
-    pf_start(&pf, nextv, ldk, next_nk, hd, ugroups);
+    pf_start(&pf, close ? NULL : nextv, ldk, next_nk, hd, ugroups);
     for (int u = 0; u < nu; u += 4) {
         int U = nu - u < 4 ? nu - u : 4, common = BK;
-        pf_some(&pf);
+        if (!close) pf_some(&pf);
         for (int i = u; i < u + U; i++) common = nk[i] < common ? nk[i] : common;
         if (common > 0) values_all(U, acc + u, s + u * BK, vb, ldv, hd, 0, common);
         for (int i = u; i < u + U; i++)
