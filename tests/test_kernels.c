@@ -288,6 +288,29 @@ static void test_matmul_case(dfl_type t, int rows, int cols, int full) {
             free(Y);
         }
     CHECK(fails == 0, "type %d %dx%d: %d batches differ from the full batch", t, rows, cols, fails);
+    /* A small matrix's transposed copy (8 outputs per vector): the same bits,
+     * alone or in any batch. */
+    if (dfl_mat_transpose(&c.W)) {
+        for (int th = 1; th <= 3; th++) {
+            float *Y = mm_run(&c, pools[th], N, 0, 0);
+            CHECK(rows_equal(Y, ref, N, rows, ldy, ldy), "type %d %dx%d transposed, threads %d: "
+                  "!= twin", t, rows, cols, th);
+            free(Y);
+        }
+        fails = 0;
+        for (int n = 1; n <= 32; n++)
+            for (int r0 = 0; r0 + n <= N; r0 += full ? 1 : n) {
+                float *Y = mm_run(&c, pools[2], n, r0, 0);
+                fails += !rows_equal(Y, ref + (size_t)r0 * ldy, n, rows, ldy, ldy);
+                free(Y);
+            }
+        CHECK(fails == 0, "type %d %dx%d transposed: %d batches differ", t, rows, cols, fails);
+        free(c.W.wt);
+        c.W.wt = NULL;
+    } else {
+        CHECK(cols > 192 || (size_t)(rows + 23) / 24 * 24 * cols * 4 > (256 << 10) || rows * cols == 0,
+              "type %d %dx%d: small float matrix not transposed", t, rows, cols);
+    }
     /* The twin forced through dfl_matmul (the pool runs twin chunks). */
     dfl_kernels_force_ref(1);
     float *Y = mm_run(&c, pools[3], N, 0, 0);

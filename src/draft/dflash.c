@@ -479,6 +479,13 @@ static void alloc_scratch(dfl_drafter *d) {
             qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
     }
     d->qscratch = dfl_aligned_alloc(qs);
+    /* Cache-resident drafters: the transposed copies several rows read. */
+    dfl_mat_transpose(&d->fc);
+    for (int l = 0; l < c->n_layers; l++) {
+        dfl_dlayer *L = &d->layers[l];
+        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) dfl_mat_transpose(ms[i]);
+    }
 }
 
 static int is_file(const char *path) {
@@ -534,6 +541,12 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
 
 void dfl_drafter_free(dfl_drafter *d) {
     if (!d) return;
+    free(d->fc.wt);
+    for (int l = 0; d->layers && l < d->c.n_layers; l++) {
+        dfl_dlayer *L = &d->layers[l];
+        free(L->wq.wt), free(L->wk.wt), free(L->wv.wt), free(L->wo.wt);
+        free(L->w_gate.wt), free(L->w_up.wt), free(L->w_down.wt);
+    }
     free(d->layers);
     free(d->rope.inv_freq);
     dfl_weights_free_owned(d->owned);

@@ -25,8 +25,9 @@
 enum {
     KB = 1024,        /* columns converted per block (3 x 4 KiB of f32) */
     RB = 32,          /* rows per row block */
-    CHUNK = 48,       /* outputs per task: a multiple of both tile widths (3, 4) */
-    SMALL_BYTES = 256 << 10   /* f32 weights up to which several rows take gemm_small */
+    CHUNK = 48,       /* outputs per task: a multiple of the tile widths (3, 4, 24) */
+    SMALL_BYTES = 256 << 10   /* f32 bytes up to which several rows take gemm_small, and a
+                               * matrix may be transposed */
 };
 
 static float w_at(dfl_type t, const uint8_t *row, int k) {
@@ -358,6 +359,101 @@ static void gemm_small(const dfl_mat *W, int o0, int o1, int n, const float *X, 
     }
 }
 
+/* ---- small matrices, transposed ---------------------------------------------
+ * With the weights stored k-major in panels of 24 outputs (panel p holds
+ * wt[p * cols * 24 + k * 24 + i] = W[24p + i][k], zeros past rows), lane l
+ * of the dot order (k = l, l+8, ...) for 8 outputs is one vector chain of
+ * multiply-adds with x[k] broadcast, and the lane tree adds whole vectors:
+ * every element gets the twin's bits, with no horizontal sums, Y written 8
+ * at a time, and a panel read contiguously. */
+enum {
+    PW = 24,          /* outputs per panel */
+    TRANS_COLS = 192  /* columns up to which a matrix is transposed */
+};
+
+/* a[v] = lane l's chain, b[v] = lane l + 4's, for outputs 8v of the panel. */
+static DFL_AVX2_INLINE void lane_pair(int V, int l, const float *wt, const float *x, int k8,
+                                      __m256 *a, __m256 *b) {
+#pragma GCC unroll 3
+    for (int v = 0; v < V; v++) a[v] = b[v] = _mm256_setzero_ps();
+    for (int k = l; k < k8; k += 8) {
+        __m256 xa = _mm256_broadcast_ss(x + k), xb = _mm256_broadcast_ss(x + k + 4);
+#pragma GCC unroll 3
+        for (int v = 0; v < V; v++) {
+            a[v] = _mm256_fmadd_ps(_mm256_loadu_ps(wt + (size_t)k * PW + 8 * v), xa, a[v]);
+            b[v] = _mm256_fmadd_ps(_mm256_loadu_ps(wt + (size_t)(k + 4) * PW + 8 * v), xb, b[v]);
+        }
+    }
+}
+
+/* y[0 .. 8V) = the first 8V outputs of a panel for one row x: the chains
+ * paired (l, l+4) as the tree ((0+4)+(2+6))+((1+5)+(3+7)) adds them, then
+ * the k tail. */
+static DFL_AVX2_INLINE void trans_tile(int V, const float *wt, const float *x, int cols, float *y) {
+    __m256 s[3], t[3], c[3], d[3];
+    int k8 = cols & ~7;
+    lane_pair(V, 0, wt, x, k8, c, d);
+#pragma GCC unroll 3
+    for (int v = 0; v < V; v++) s[v] = _mm256_add_ps(c[v], d[v]);
+    lane_pair(V, 2, wt, x, k8, c, d);
+#pragma GCC unroll 3
+    for (int v = 0; v < V; v++) s[v] = _mm256_add_ps(s[v], _mm256_add_ps(c[v], d[v]));
+    lane_pair(V, 1, wt, x, k8, c, d);
+#pragma GCC unroll 3
+    for (int v = 0; v < V; v++) t[v] = _mm256_add_ps(c[v], d[v]);
+    lane_pair(V, 3, wt, x, k8, c, d);
+#pragma GCC unroll 3
+    for (int v = 0; v < V; v++)
+        s[v] = _mm256_add_ps(s[v], _mm256_add_ps(t[v], _mm256_add_ps(c[v], d[v])));
+    for (int k = k8; k < cols; k++) {
+        __m256 xk = _mm256_broadcast_ss(x + k);
+#pragma GCC unroll 3
+        for (int v = 0; v < V; v++)
+            s[v] = _mm256_fmadd_ps(_mm256_loadu_ps(wt + (size_t)k * PW + 8 * v), xk, s[v]);
+    }
+#pragma GCC unroll 3
+    for (int v = 0; v < V; v++) _mm256_storeu_ps(y + 8 * v, s[v]);
+}
+
+#define TRANS_FN(V)                                                                         \
+    DFL_AVX2 static void trans_##V(const float *wt, const float *x, int cols, float *y) {     \
+        trans_tile(V, wt, x, cols, y);                                                      \
+    }
+TRANS_FN(1) TRANS_FN(2) TRANS_FN(3)
+typedef void (*trans_fn)(const float *, const float *, int, float *);
+static const trans_fn transs[4] = {0, trans_1, trans_2, trans_3};
+
+/* Outputs [o0, o1) (o0 a multiple of PW) of n rows, a panel at a time for
+ * every row (it stays in L1); outputs past o1 in the last vector are
+ * computed (zero weights) and dropped. */
+static void gemm_trans(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
+                       float *Y, int ldy) {
+    for (int o = o0; o < o1; o += PW) {
+        int m = o1 - o < PW ? o1 - o : PW, V = (m + 7) / 8;
+        const float *panel = W->wt + (size_t)o * W->cols;
+        for (int r = 0; r < n; r++) {
+            float *y = Y + (size_t)r * ldy + o, tmp[PW];
+            transs[V](panel, X + (size_t)r * ldx, W->cols, m == 8 * V ? y : tmp);
+            if (m < 8 * V) memcpy(y, tmp, (size_t)m * sizeof(float));
+        }
+    }
+}
+
+int dfl_mat_transpose(dfl_mat *m) {
+    size_t np = ((size_t)m->rows + PW - 1) / PW, n = np * PW * (size_t)m->cols;
+    /* Longer rows make lane chains too long to hide their latency: measured slower. */
+    if (m->type > DFL_BF16 || m->wt || n == 0 || n * sizeof(float) > SMALL_BYTES ||
+        m->cols > TRANS_COLS)
+        return 0;
+    m->wt = dfl_aligned_alloc(n * sizeof(float));
+    memset(m->wt, 0, n * sizeof(float));
+    for (int o = 0; o < m->rows; o++)
+        for (int k = 0; k < m->cols; k++)
+            m->wt[(size_t)(o / PW) * PW * m->cols + (size_t)k * PW + o % PW] =
+                w_at(m->type, m->data + (size_t)o * m->row_bytes, k);
+    return 1;
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 typedef struct {
@@ -372,6 +468,8 @@ static void mm_task(void *ctx, int i, int ntask) {
     int o0 = i * CHUNK, o1 = o0 + CHUNK < j->W->rows ? o0 + CHUNK : j->W->rows;
     if (!j->simd)
         matmul_ref_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
+    else if (j->W->wt && j->n > 1)
+        gemm_trans(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
     else if (j->n == 1)
         gemv_rows(j->W, o0, o1, j->X, j->Y);
     else if (j->W->type == DFL_F32 && (size_t)j->W->rows * j->W->row_bytes <= SMALL_BYTES)

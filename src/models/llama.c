@@ -149,6 +149,14 @@ static void alloc_scratch(dfl_target *t) {
         if (s > qs) qs = s;
     }
     t->qscratch = dfl_aligned_alloc(qs);
+    /* Cache-resident models: the transposed copies that several-row
+     * products read (verify, prefill); decode keeps reading data. */
+    dfl_mat_transpose(&t->lm_head);
+    for (int l = 0; l < c->n_layers; l++) {
+        dfl_layer *y = &t->layers[l];
+        dfl_mat *ms[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->w_gate, &y->w_up, &y->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) dfl_mat_transpose(ms[i]);
+    }
     t->weight_bytes = mat_bytes(&t->lm_head);
     for (int l = 0; l < c->n_layers; l++) {
         const dfl_layer *y = &t->layers[l];
@@ -186,6 +194,12 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
 void dfl_target_free(dfl_target *t) {
     if (!t) return;
     if (t->x) dfl_ticket_destroy(&t->lock);
+    free(t->lm_head.wt);
+    for (int l = 0; t->layers && l < t->c.n_layers; l++) {
+        dfl_layer *y = &t->layers[l];
+        free(y->wq.wt), free(y->wk.wt), free(y->wv.wt), free(y->wo.wt);
+        free(y->w_gate.wt), free(y->w_up.wt), free(y->w_down.wt);
+    }
     free(t->layers);
     free(t->rope.inv_freq);
     dfl_weights_free_owned(t->owned);
