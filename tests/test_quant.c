@@ -349,10 +349,13 @@ static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, i
 
 static void test_matmul(void) {
     dfl_pool *pools[3] = {dfl_pool_new(1), dfl_pool_new(2), dfl_pool_new(3)};
-    /* the last shape has rows in several L2 groups (quant_avx2.c GROUP_BYTES) */
-    static const int shapes[][2] = {{1, 256}, {13, 512}, {40, 768}, {67, 1024}, {45, 12288}};
+    /* the last two shapes have rows in several L2 groups (quant_avx2.c
+     * GROUP_BYTES); 6144 columns is Qwen3-1.7B's w_down, 8 rows of which
+     * overflow L1 */
+    static const int shapes[][2] = {{1, 256},   {13, 512},   {40, 768},
+                                    {67, 1024}, {29, 6144}, {45, 12288}};
     for (int ti = 0; ti < NTYPES; ti++)
-        for (int s = 0; s < 5; s++)
+        for (int s = 0; s < 6; s++)
             for (int kind = 0; kind < 2; kind++)
                 test_matmul_case(pools, types[ti], shapes[s][0], shapes[s][1], kind);
     for (int p = 0; p < 3; p++) dfl_pool_free(pools[p]);

@@ -126,13 +126,14 @@ INLINE __m256i lanes32(const int q4, __m256i wu, __m256i ws, const int8_t *x, co
 }
 
 /* Per block and row: acc += (w . x per lane of 4) * (dw * dx). The products
- * dw * dx of a chunk of blocks are formed first, 8 rows per vmulps, and
- * stored: broadcasting them from memory costs no ALU pipe, and doing it
- * ahead of use keeps store-to-load forwarding off the hot loop. */
-enum { SCHUNK = 64 };
-
-INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
-                   float *y, int ldy) {
+ * dw * dx of the next block are formed while this one runs, 8 rows per
+ * vmulps, and stored in a ring of two: broadcasting them from memory costs
+ * no ALU pipe, and a block of lead time keeps the store-to-load forwarding
+ * off the critical path. wn is the next weight row, prefetched a block at a
+ * time: with several rows the loop is compute bound, so the hardware
+ * prefetcher alone leaves the first tile of a group waiting on memory. */
+INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *wn, int nb,
+                   const dfl_qact *a, int r0, float *y, int ldy) {
     __m256 acc[TILE];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
@@ -151,23 +152,22 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, int nb, const df
         y[0] = hsum8(acc[0]);
         return;
     }
-    float S[SCHUNK][8] __attribute__((aligned(32)));
-    for (int b0 = 0; b0 < nb; b0 += SCHUNK) {
-        int b1 = b0 + SCHUNK < nb ? b0 + SCHUNK : nb;
-        for (int b = b0; b < b1; b++)
-            _mm256_store_ps(S[b - b0], _mm256_mul_ps(_mm256_set1_ps(f16_load(w + b * bb)),
-                                                     _mm256_load_ps(dx + 8 * b)));
-        for (int b = b0; b < b1; b++) {
-            const uint8_t *wb = w + b * bb;
-            __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
-            __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
-            const float *s = S[b - b0];
+    float S[2][8] __attribute__((aligned(32)));
+    _mm256_store_ps(S[0], _mm256_mul_ps(_mm256_set1_ps(f16_load(w)), _mm256_load_ps(dx)));
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * bb;
+        int bn = b + 1 < nb ? b + 1 : b; /* the last block writes a spare slot */
+        _mm256_store_ps(S[(b + 1) & 1], _mm256_mul_ps(_mm256_set1_ps(f16_load(w + bn * bb)),
+                                                      _mm256_load_ps(dx + 8 * bn)));
+        _mm_prefetch((const char *)wn + b * bb, _MM_HINT_T0);
+        __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
+        __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
+        const float *s = S[b & 1];
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) {
-                __m256i p = lanes32(q4, wu, ws, x + i * xs + 32 * b,
-                                    q4 ? s4 + i * (xs / 4) + 8 * b : NULL);
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
-            }
+        for (int i = 0; i < R; i++) {
+            __m256i p = lanes32(q4, wu, ws, x + i * xs + 32 * b,
+                                q4 ? s4 + i * (xs / 4) + 8 * b : NULL);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
         }
     }
 #pragma GCC unroll 8
@@ -218,8 +218,8 @@ INLINE __m256i q6_K_scale(__m128i sc8, int v) {
         sc8, _mm_set_epi64x(0x0101010101010101ll * (2 * v + 1), 0x0101010101010101ll * (2 * v))));
 }
 
-INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
-                   float *y, int ldy) {
+INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *wn, int nb,
+                   const dfl_qact *a, int r0, float *y, int ldy) {
     __m256 acc[TILE];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
@@ -229,7 +229,9 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
     const int16_t *bsum = a->bsum + (size_t)r0 * ss;
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
     float sd[8] __attribute__((aligned(32))), sm[8] __attribute__((aligned(32)));
-    for (int b = 0; b < nb; b++, w += bb, x += QK_K, bsum += 16, dx += 8) {
+    for (int b = 0; b < nb; b++, w += bb, wn += bb, x += QK_K, bsum += 16, dx += 8) {
+        for (size_t l = 0; R > 1 && l < bb; l += 64) /* as in tile32 */
+            _mm_prefetch((const char *)wn + l, _MM_HINT_T0);
         __m256i corr, sc2 = _mm256_setzero_si256();
         __m128i sc8 = _mm_setzero_si128();
         if (q6) {
@@ -281,32 +283,33 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, int nb, const df
 
 enum { GROUP_BYTES = 96 << 10 };
 
-#define ROWS(name, blk, TILE_FN, Q)                                                            \
-    AVX2 static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, \
-                          int ldy) {                                                           \
-        int nb = W->cols / (blk), g = (int)(GROUP_BYTES / W->row_bytes);                       \
-        if (g < 1) g = 1;                                                                      \
-        for (int g0 = o0; g0 < o1; g0 += g) {                                                  \
-            int g1 = g0 + g < o1 ? g0 + g : o1;                                                \
-            for (int r = 0; r < n;) {                                                          \
-                int rt = n - r < TILE ? n - r : TILE;                                          \
-                for (int o = g0; o < g1; o++) {                                                \
-                    const uint8_t *w = W->data + (size_t)o * W->row_bytes;                    \
-                    float *y = Y + (size_t)r * ldy + o;                                        \
-                    switch (rt) {                                                              \
-                    case 8: TILE_FN(Q, 8, w, nb, a, r, y, ldy); break;                         \
-                    case 7: TILE_FN(Q, 7, w, nb, a, r, y, ldy); break;                         \
-                    case 6: TILE_FN(Q, 6, w, nb, a, r, y, ldy); break;                         \
-                    case 5: TILE_FN(Q, 5, w, nb, a, r, y, ldy); break;                         \
-                    case 4: TILE_FN(Q, 4, w, nb, a, r, y, ldy); break;                         \
-                    case 3: TILE_FN(Q, 3, w, nb, a, r, y, ldy); break;                         \
-                    case 2: TILE_FN(Q, 2, w, nb, a, r, y, ldy); break;                         \
-                    case 1: TILE_FN(Q, 1, w, nb, a, r, y, ldy); break;                         \
-                    }                                                                          \
-                }                                                                              \
-                r += rt;                                                                       \
-            }                                                                                  \
-        }                                                                                      \
+#define ROWS(name, blk, TILE_FN, Q)                                                                \
+    AVX2 static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,    \
+                          int ldy) {                                                               \
+        int nb = W->cols / (blk), g = (int)(GROUP_BYTES / W->row_bytes);                           \
+        if (g < 1) g = 1;                                                                          \
+        for (int g0 = o0; g0 < o1; g0 += g) {                                                      \
+            int g1 = g0 + g < o1 ? g0 + g : o1;                                                    \
+            for (int r = 0; r < n;) {                                                              \
+                int rt = n - r < TILE ? n - r : TILE;                                              \
+                for (int o = g0; o < g1; o++) {                                                    \
+                    const uint8_t *w = W->data + (size_t)o * W->row_bytes;                         \
+                    const uint8_t *wn = o + 1 < o1 ? w + W->row_bytes : w;                         \
+                    float *y = Y + (size_t)r * ldy + o;                                            \
+                    switch (rt) {                                                                  \
+                    case 8: TILE_FN(Q, 8, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 7: TILE_FN(Q, 7, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 6: TILE_FN(Q, 6, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 5: TILE_FN(Q, 5, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 4: TILE_FN(Q, 4, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 3: TILE_FN(Q, 3, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 2: TILE_FN(Q, 2, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 1: TILE_FN(Q, 1, w, wn, nb, a, r, y, ldy); break;                         \
+                    }                                                                              \
+                }                                                                                  \
+                r += rt;                                                                           \
+            }                                                                                      \
+        }                                                                                          \
     }
 ROWS(rows_q8_0, 32, tile32, 0)
 ROWS(rows_q4_0, 32, tile32, 1)
