@@ -193,15 +193,21 @@ DFL_AVX2 static void values_all(int U, float *const *acc, const float *p, const 
  * when one is NaN), -inf if none. It can differ from the twin's scan only in
  * the sign of a zero maximum, which changes no later bit: it is only ever
  * subtracted before exp, where exp(x - 0) == exp(x + 0). */
-DFL_AVX2 static float block_max_avx2(const float *s, int n) {
+static DFL_AVX2_INLINE float block_max_avx2(const float *s, int n) {
     __m256 m = _mm256_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(s + j), m);
-    float t[8], bm = -INFINITY;
-    _mm256_storeu_ps(t, m);
-    for (int l = 0; l < 8; l++) bm = t[l] > bm ? t[l] : bm;
-    for (; j < n; j++) bm = s[j] > bm ? s[j] : bm;
-    return bm;
+    if (j < n) {   /* the last few as one vector, the lanes past n at -inf */
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + j, mask),
+                                    _mm256_castsi256_ps(mask));
+        m = _mm256_max_ps(x, m);
+    }
+    /* No lane holds a NaN (maxps kept m where s was one): a max tree. */
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
 /* Scores of 4 keys at once: four independent dot-order chains. */
@@ -385,12 +391,29 @@ static DFL_AVX2_INLINE void scores_kt(int hd, const float *q, const float *kt, i
     }
 }
 
+/* hd = 8 (tiny models): one product per lane, q's eight values broadcast
+ * once for the whole block. */
+DFL_AVX2 static void scores_kt8(const float *q, const float *kt, int nk8, float scale, float *s) {
+    const __m256 sv = _mm256_set1_ps(scale), z = _mm256_setzero_ps();
+    __m256 qv[8];
+#pragma GCC unroll 8
+    for (int d = 0; d < 8; d++) qv[d] = _mm256_broadcast_ss(q + d);
+    for (int j = 0; j < nk8; j += 8) {
+        __m256 p[8];
+#pragma GCC unroll 8
+        for (int d = 0; d < 8; d++) p[d] = _mm256_fmadd_ps(qv[d], _mm256_load_ps(kt + d * BK + j), z);
+        __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6])),
+                                 _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7])));
+        _mm256_store_ps(s + j, _mm256_mul_ps(t, sv));
+    }
+}
+
 #define SCORES_KT_FN(HD)                                                                   \
     DFL_AVX2 static void scores_kt##HD(const float *q, const float *kt, int nk8, float scale, \
                                        float *s) {                                        \
         scores_kt(HD, q, kt, nk8, scale, s);                                               \
     }
-SCORES_KT_FN(8) SCORES_KT_FN(16) SCORES_KT_FN(24) SCORES_KT_FN(32)
+SCORES_KT_FN(16) SCORES_KT_FN(24) SCORES_KT_FN(32)
 typedef void (*scores_kt_fn)(const float *, const float *, int, float, float *);
 static const scores_kt_fn scores_kts[5] = {0, scores_kt8, scores_kt16, scores_kt24, scores_kt32};
 
