@@ -447,10 +447,13 @@ int dfl_mat_transpose(dfl_mat *m) {
         return 0;
     m->wt = dfl_aligned_alloc(n * sizeof(float));
     memset(m->wt, 0, n * sizeof(float));
-    for (int o = 0; o < m->rows; o++)
-        for (int k = 0; k < m->cols; k++)
-            m->wt[(size_t)(o / PW) * PW * m->cols + (size_t)k * PW + o % PW] =
-                w_at(m->type, m->data + (size_t)o * m->row_bytes, k);
+    float *row = xmalloc((size_t)m->cols * sizeof(float));
+    for (int o = 0; o < m->rows; o++) {
+        dfl_dequant_row(m->type, m->data + (size_t)o * m->row_bytes, row, m->cols);
+        float *dst = m->wt + (size_t)(o / PW) * PW * m->cols + o % PW;
+        for (int k = 0; k < m->cols; k++) dst[(size_t)k * PW] = row[k];
+    }
+    free(row);
     return 1;
 }
 
