@@ -351,6 +351,7 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         uint8_t *p = scratch;
         a->blk = blk;
         a->cols = cols;
+        a->n = n;
         a->q = (int8_t *)p;
         a->d = (float *)(p + nq);
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
@@ -372,11 +373,13 @@ static int8_t act_round(float v) {
     return (int8_t)v;
 }
 
+/* Row r's quant e in dfl_qact.q. */
+static int8_t *qel(const dfl_qact *a, int r, int e) { return dfl_qact_q(a, r, e / 32) + e % 32; }
+
 static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
     int blk = a->blk, nb = a->cols / blk;
     for (int r = 0; r < n; r++) {
         const float *x = X + (size_t)r * ldx;
-        int8_t *q = a->q + (size_t)r * a->cols;
         for (int b = 0; b < nb; b++) {
             float amax = 0;
             for (int i = 0; i < blk; i++) {
@@ -386,18 +389,19 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
             /* below 2^-100 a block counts as zero: 1/d must not overflow */
             float d = amax >= 0x1p-100f ? amax / 127 : 0.0f, id = d != 0 ? 1.0f / d : 0.0f;
             a->d[dfl_qact_di(nb, r, b)] = d;
-            for (int i = 0; i < blk; i++) q[b * blk + i] = act_round(x[b * blk + i] * id);
+            for (int i = b * blk; i < (b + 1) * blk; i++) *qel(a, r, i) = act_round(x[i] * id);
         }
         if (a->bsum)
             for (int g = 0; g < a->cols / 16; g++) {
                 int s = 0;
-                for (int i = 0; i < 16; i++) s += q[16 * g + i];
+                for (int i = 16 * g; i < 16 * g + 16; i++) s += *qel(a, r, i);
                 a->bsum[(size_t)r * (a->cols / 16) + g] = (int16_t)s;
             }
         if (a->sum4)
             for (int g = 0; g < a->cols / 4; g++)
                 a->sum4[(size_t)r * (a->cols / 4) + g] =
-                    8 * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
+                    8 * (*qel(a, r, 4 * g) + *qel(a, r, 4 * g + 1) + *qel(a, r, 4 * g + 2) +
+                         *qel(a, r, 4 * g + 3));
     }
     for (int r = n; r % 8; r++) /* the unused lanes of the last group of 8 */
         for (int b = 0; b < nb; b++) a->d[dfl_qact_di(nb, r, b)] = 0;
@@ -430,16 +434,16 @@ static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s)
     for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
 }
 
-/* xd: the activation scales (dfl_qact.d) of row r. */
-static float dot_q8_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r) {
+/* Each against activation row r of a. */
+static float dot_q8_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0))
-        acc_block32(acc, (const int8_t *)(p + 2), x + 32 * b,
-                    h2f(rd16(p)) * xd[dfl_qact_di(nb, r, b)]);
+        acc_block32(acc, (const int8_t *)(p + 2), dfl_qact_q(a, r, b),
+                    h2f(rd16(p)) * a->d[dfl_qact_di(nb, r, b)]);
     return hsum8(acc);
 }
 
-static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r) {
+static float dot_q4_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_0)) {
         int8_t w[32];
@@ -447,7 +451,7 @@ static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float
             w[i] = (int8_t)((p[2 + i] & 0xf) - 8);
             w[i + 16] = (int8_t)((p[2 + i] >> 4) - 8);
         }
-        acc_block32(acc, w, x + 32 * b, h2f(rd16(p)) * xd[dfl_qact_di(nb, r, b)]);
+        acc_block32(acc, w, dfl_qact_q(a, r, b), h2f(rd16(p)) * a->d[dfl_qact_di(nb, r, b)]);
     }
     return hsum8(acc);
 }
@@ -455,17 +459,17 @@ static float dot_q4_0_ref(const uint8_t *p, int nb, const int8_t *x, const float
 /* Q4_K per super-block: isum[k] = sum_j sc[j] * lane k of group j;
  * msum[k] = mn[k] * (bsum[2k] + bsum[2k+1]);
  * acc[k] = fma(isum[k], d*dx, acc[k]), then acc[k] = fma(msum[k], -(dmin*dx), acc[k]). */
-static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r,
-                          const int16_t *bs) {
+static float dot_q4_K_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, const int16_t *bs) {
     float acc[8] = {0};
-    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), x += QK_K, bs += 16) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), bs += 16) {
         uint8_t sc[8], mn[8], q[QK_K];
         q4k_scales(p + 4, sc, mn);
         q4k_quants(p + 16, q);
         int isum[8] = {0};
         for (int j = 0; j < 8; j++)
-            for (int k = 0; k < 8; k++) isum[k] += sc[j] * lane4u(q + 32 * j, x + 32 * j, k);
-        float dx = xd[dfl_qact_di(nb, r, b)], dd = h2f(rd16(p)) * dx, dm = h2f(rd16(p + 2)) * dx;
+            for (int k = 0; k < 8; k++)
+                isum[k] += sc[j] * lane4u(q + 32 * j, dfl_qact_q(a, r, 8 * b + j), k);
+        float dx = a->d[dfl_qact_di(nb, r, b)], dd = h2f(rd16(p)) * dx, dm = h2f(rd16(p + 2)) * dx;
         for (int k = 0; k < 8; k++) {
             int msum = mn[k] * (bs[2 * k] + bs[2 * k + 1]);
             acc[k] = fmaf((float)isum[k], dd, acc[k]);
@@ -478,18 +482,18 @@ static float dot_q4_K_ref(const uint8_t *p, int nb, const int8_t *x, const float
 /* Q6_K per super-block, quants unsigned: isum[k] = sum_v sc[group of 16] *
  * lane k of group v - 32 * (sc[2k]*bsum[2k] + sc[2k+1]*bsum[2k+1]);
  * acc[k] = fma(isum[k], d*dx, acc[k]). */
-static float dot_q6_K_ref(const uint8_t *p, int nb, const int8_t *x, const float *xd, int r,
-                          const int16_t *bs) {
+static float dot_q6_K_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, const int16_t *bs) {
     float acc[8] = {0};
-    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q6_K), x += QK_K, bs += 16) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q6_K), bs += 16) {
         const int8_t *sc = (const int8_t *)(p + 192);
         uint8_t q[QK_K];
         q6k_quants(p, p + 128, q);
-        float dd = h2f(rd16(p + 208)) * xd[dfl_qact_di(nb, r, b)];
+        float dd = h2f(rd16(p + 208)) * a->d[dfl_qact_di(nb, r, b)];
         for (int k = 0; k < 8; k++) {
             int isum = 0;
             for (int v = 0; v < 8; v++)
-                isum += sc[(32 * v + 4 * k) / 16] * lane4u(q + 32 * v, x + 32 * v, k);
+                isum += sc[(32 * v + 4 * k) / 16] *
+                        lane4u(q + 32 * v, dfl_qact_q(a, r, 8 * b + v), k);
             isum -= 32 * (sc[2 * k] * bs[2 * k] + sc[2 * k + 1] * bs[2 * k + 1]);
             acc[k] = fmaf((float)isum, dd, acc[k]);
         }
@@ -504,14 +508,13 @@ static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1
     for (int o = o0; o < o1; o++) {
         const uint8_t *w = W->data + (size_t)o * W->row_bytes;
         for (int r = 0; r < n; r++) {
-            const int8_t *x = a->q + (size_t)r * W->cols;
             const int16_t *bs = a->bsum ? a->bsum + (size_t)r * (W->cols / 16) : NULL;
             float y = 0;
             switch (W->type) {
-            case DFL_Q8_0: y = dot_q8_0_ref(w, nb, x, a->d, r); break;
-            case DFL_Q4_0: y = dot_q4_0_ref(w, nb, x, a->d, r); break;
-            case DFL_Q4_K: y = dot_q4_K_ref(w, nb, x, a->d, r, bs); break;
-            case DFL_Q6_K: y = dot_q6_K_ref(w, nb, x, a->d, r, bs); break;
+            case DFL_Q8_0: y = dot_q8_0_ref(w, nb, a, r); break;
+            case DFL_Q4_0: y = dot_q4_0_ref(w, nb, a, r); break;
+            case DFL_Q4_K: y = dot_q4_K_ref(w, nb, a, r, bs); break;
+            case DFL_Q6_K: y = dot_q6_K_ref(w, nb, a, r, bs); break;
             default: break;
             }
             Y[(size_t)r * ldy + o] = y;

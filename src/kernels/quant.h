@@ -58,7 +58,10 @@ typedef struct {
 typedef struct dfl_qact {
     int blk;                /* 32 or 256 elements per scale */
     int cols;
-    int8_t *q;              /* [n, cols]: round(x / d), in [-127, 127] */
+    int n;                  /* rows */
+    int8_t *q;              /* n * cols quants round(x / d), in [-127, 127], rows in groups of 8
+                               (the last one smaller), each group [cols / 32, rows, 32]: a tile
+                               reads its rows' 32 quants of a block as one run; see dfl_qact_q */
     float *d;               /* [ceil(n/8), cols / blk, 8]: max|x| / 127 (0 when max|x| <
                                2^-100), 8 rows side by side so that a tile of 8 rows
                                scales its 8 scales in one vector op; see dfl_qact_di */
@@ -71,6 +74,16 @@ typedef struct dfl_qact {
 /* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */
 static inline size_t dfl_qact_di(int nb, int r, int b) {
     return ((size_t)(r / 8) * nb + b) * 8 + r % 8;
+}
+
+/* Rows in row r's group of 8 in dfl_qact.q (fewer in the last group). */
+static inline int dfl_qact_group(const dfl_qact *a, int r) {
+    return a->n - r / 8 * 8 < 8 ? a->n - r / 8 * 8 : 8;
+}
+
+/* Row r's quants c*32 .. c*32+31 in dfl_qact.q. */
+static inline int8_t *dfl_qact_q(const dfl_qact *a, int r, int c) {
+    return a->q + (size_t)(r / 8 * 8) * a->cols + ((size_t)c * dfl_qact_group(a, r) + r % 8) * 32;
 }
 
 /* Internal to quant.c / quant_avx2.c: the AVX2 kernels, each the twin of a

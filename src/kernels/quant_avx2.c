@@ -56,8 +56,9 @@ INLINE __m256i round32(const float *x, __m256 id) {
     return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* One block of blk values: its scale (returned) and quants. */
-AVX2 static float act_block(const float *x, int blk, int8_t *q) {
+/* One block of blk values: its scale (returned) and quants, each 32 of them
+ * qs bytes after the last (the layout of dfl_qact.q). */
+AVX2 static float act_block(const float *x, int blk, int8_t *q, size_t qs) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
     for (int i = 0; i < blk; i += 8) /* |x| first: a NaN |x| leaves m as it was */
@@ -67,7 +68,8 @@ AVX2 static float act_block(const float *x, int blk, int8_t *q) {
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
     float amax = _mm_cvtss_f32(h), d = amax >= 0x1p-100f ? amax / 127 : 0.0f;
     __m256 id = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
-    for (int i = 0; i < blk; i += 32) _mm256_storeu_si256((__m256i *)(q + i), round32(x + i, id));
+    for (int i = 0; i < blk; i += 32, q += qs)
+        _mm256_storeu_si256((__m256i *)q, round32(x + i, id));
     return d;
 }
 
@@ -75,12 +77,13 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
     int blk = a->blk, nb = a->cols / blk;
     for (int r = 0; r < n; r++) {
         const float *x = X + (size_t)r * ldx;
-        int8_t *q = a->q + (size_t)r * a->cols;
+        const size_t qs = (size_t)32 * dfl_qact_group(a, r); /* from one 32 quants to the next */
+        int8_t *q = dfl_qact_q(a, r, 0);
         for (int b = 0; b < nb; b++)
-            a->d[dfl_qact_di(nb, r, b)] = act_block(x + b * blk, blk, q + b * blk);
+            a->d[dfl_qact_di(nb, r, b)] = act_block(x + b * blk, blk, q + b * (blk / 32) * qs, qs);
         if (a->sum4) /* 8 x sums of 4: maddubs by ones, madd by eights */
             for (int i = 0; i < a->cols; i += 32) {
-                __m256i s = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(q + i));
+                __m256i s = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(q + i / 32 * qs));
                 _mm256_storeu_si256((__m256i *)(a->sum4 + (size_t)r * (a->cols / 4) + i / 4),
                                     _mm256_madd_epi16(s, _mm256_set1_epi16(8)));
             }
@@ -89,8 +92,8 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
         int16_t *bs = a->bsum + (size_t)r * (a->cols / 16);
         const __m256i bias = _mm256_set1_epi8((char)0x80);
         for (int i = 0; i < a->cols; i += 32) {
-            __m256i s =
-                _mm256_sad_epu8(_mm256_xor_si256(loadu(q + i), bias), _mm256_setzero_si256());
+            __m256i v = _mm256_xor_si256(loadu(q + i / 32 * qs), bias);
+            __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
             int64_t e[4];
             memcpy(e, &s, sizeof e);
             bs[i / 16] = (int16_t)(e[0] + e[1] - 16 * 128);
@@ -138,7 +141,7 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *w
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     const size_t xs = (size_t)a->cols, bb = q4 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0);
-    const int8_t *x = a->q + (size_t)r0 * xs;
+    const int8_t *x = dfl_qact_q(a, r0, 0); /* [nb][R][32] (the tile is a group of dfl_qact.q) */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
     const int32_t *s4 = q4 ? a->sum4 + (size_t)r0 * (xs / 4) : NULL;
     if (R == 1) { /* one row: its scale product is one scalar multiply */
@@ -165,7 +168,7 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *w
         const float *s = S[b & 1];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            __m256i p = lanes32(q4, wu, ws, x + i * xs + 32 * b,
+            __m256i p = lanes32(q4, wu, ws, x + (b * R + i) * 32,
                                 q4 ? s4 + i * (xs / 4) + 8 * b : NULL);
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
         }
@@ -225,11 +228,11 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *w
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     const size_t xs = (size_t)a->cols, ss = xs / 16;
     const size_t bb = q6 ? sizeof(dfl_block_q6_K) : sizeof(dfl_block_q4_K);
-    const int8_t *x = a->q + (size_t)r0 * xs;
+    const int8_t *x = dfl_qact_q(a, r0, 0); /* [nb * 8][R][32] */
     const int16_t *bsum = a->bsum + (size_t)r0 * ss;
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
     float sd[8] __attribute__((aligned(32))), sm[8] __attribute__((aligned(32)));
-    for (int b = 0; b < nb; b++, w += bb, wn += bb, x += QK_K, bsum += 16, dx += 8) {
+    for (int b = 0; b < nb; b++, w += bb, wn += bb, x += QK_K * R, bsum += 16, dx += 8) {
         for (size_t l = 0; R > 1 && l < bb; l += 64) /* as in tile32 */
             _mm_prefetch((const char *)wn + l, _MM_HINT_T0);
         __m256i corr, sc2 = _mm256_setzero_si256();
@@ -253,7 +256,7 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *w
             __m256i sc = q6 ? q6_K_scale(sc8, v) : q4_K_scale(sc2, v);
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) {
-                __m256i p = _mm256_maddubs_epi16(q, load(x + i * xs + 32 * v));
+                __m256i p = _mm256_maddubs_epi16(q, load(x + (v * R + i) * 32));
                 is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(p, sc));
                 /* keep the sum running: reassociated, all 8R products would be live at once */
                 __asm__("" : "+x"(is[i]));
