@@ -659,32 +659,37 @@ int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, in
     return 0;
 }
 
-/* One drafter layer over the B block rows in d->x at positions pos0... */
-static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0) {
+/* One drafter layer over the B block rows in d->x at positions pos0...
+ * Every row's K/V enter the store; queries and everything after attention
+ * run for rows r0..B-1 only (the last layer passes r0 = 1: the anchor row's
+ * output is never read, and each row's result is the same in any batch). */
+static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
-    int hd = c->head_dim, qd = c->n_heads * hd;
+    int hd = c->head_dim, qd = c->n_heads * hd, n = B - r0;
+    float *x = d->x + (size_t)r0 * c->dim;
     norm_rows(d->xn, d->x, L->attn_norm, B, c->dim, c->norm_eps);
-    matmul(d, &L->wq, B, d->xn, c->dim, d->q, qd);
-    norm_rows(d->q, d->q, L->q_norm, B * c->n_heads, hd, c->norm_eps);
-    for (int r = 0; r < B; r++)
-        dfl_rope_apply_cs(&d->rope, d->q + (size_t)r * qd, c->n_heads, d->rope_cs + (size_t)r * hd);
+    matmul(d, &L->wq, n, d->xn + (size_t)r0 * c->dim, c->dim, d->q, qd);
+    norm_rows(d->q, d->q, L->q_norm, n * c->n_heads, hd, c->norm_eps);
+    for (int r = 0; r < n; r++)
+        dfl_rope_apply_cs(&d->rope, d->q + (size_t)r * qd, c->n_heads,
+                          d->rope_cs + (size_t)(r0 + r) * hd);
     /* The block's K/V go in the store's slack rows past len; len stays. */
     project_kv(d, s, l, d->xn, B, pos0);
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
     if (lo < s->lo) lo = s->lo;
-    for (int r = 0; r < B; r++) d->n_keys[r] = pos0 + B - lo;   /* no mask */
-    dfl_attention(d->t->pool, B, d->q, store_row(s, s->k, l, lo), store_row(s, s->v, l, lo),
+    for (int r = 0; r < n; r++) d->n_keys[r] = pos0 + B - lo;   /* no mask */
+    dfl_attention(d->t->pool, n, d->q, store_row(s, s->k, l, lo), store_row(s, s->v, l, lo),
                   s->kv_dim, d->n_keys, c->n_heads, c->n_kv_heads, hd, 1.0f / sqrtf((float)hd),
                   d->att);
-    matmul(d, &L->wo, B, d->att, qd, d->ctx, c->dim);
-    for (size_t i = 0; i < (size_t)B * c->dim; i++) d->x[i] += d->ctx[i];
-    norm_rows(d->xn, d->x, L->ffn_norm, B, c->dim, c->norm_eps);
-    matmul(d, &L->w_gate, B, d->xn, c->dim, d->h1, c->ffn_dim);
-    matmul(d, &L->w_up, B, d->xn, c->dim, d->h2, c->ffn_dim);
-    dfl_swiglu(d->h1, d->h1, d->h2, B * c->ffn_dim);
-    matmul(d, &L->w_down, B, d->h1, c->ffn_dim, d->ctx, c->dim);
-    for (size_t i = 0; i < (size_t)B * c->dim; i++) d->x[i] += d->ctx[i];
+    matmul(d, &L->wo, n, d->att, qd, d->ctx, c->dim);
+    for (size_t i = 0; i < (size_t)n * c->dim; i++) x[i] += d->ctx[i];
+    norm_rows(d->xn, x, L->ffn_norm, n, c->dim, c->norm_eps);
+    matmul(d, &L->w_gate, n, d->xn, c->dim, d->h1, c->ffn_dim);
+    matmul(d, &L->w_up, n, d->xn, c->dim, d->h2, c->ffn_dim);
+    dfl_swiglu(d->h1, d->h1, d->h2, n * c->ffn_dim);
+    matmul(d, &L->w_down, n, d->h1, c->ffn_dim, d->ctx, c->dim);
+    for (size_t i = 0; i < (size_t)n * c->dim; i++) x[i] += d->ctx[i];
 }
 
 int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
@@ -703,7 +708,7 @@ int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, floa
     for (int i = 1; i < B; i++) d->tok[i] = d->mask_id;
     dfl_target_embed(d->t, d->tok, B, d->x);
     rope_rows(d, B, pos0);
-    for (int l = 0; l < c->n_layers; l++) block_layer(d, s, l, B, pos0);
+    for (int l = 0; l < c->n_layers; l++) block_layer(d, s, l, B, pos0, l == c->n_layers - 1);
     /* Rows 1..B-1 through the final norm and the target's lm_head, in chunks. */
     norm_rows(d->xn, d->x + c->dim, d->out_norm, B - 1, c->dim, c->norm_eps);
     for (int a = 0; a < B - 1; a += LOGIT_ROWS) {
