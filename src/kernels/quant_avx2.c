@@ -128,6 +128,30 @@ INLINE __m256i lanes32(const int q4, __m256i wu, __m256i ws, const int8_t *x, co
     return q4 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
 }
 
+/* The scale products dw * dx of block b for the 8 rows of a tile. */
+INLINE void scales32(float *S, const uint8_t *w, size_t bb, const float *dx, int b) {
+    uint16_t h;
+    memcpy(&h, w + b * bb, 2);
+    __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+    _mm256_store_ps(S, _mm256_mul_ps(dw, _mm256_load_ps(dx + 8 * b)));
+}
+
+/* Block b of a tile: w, wn its weight rows (wn to prefetch), x its R rows of
+ * quants ([nb][R][32]), s4 their sums of 4 (Q4_0), s the scale products. */
+INLINE void block32(const int q4, const int R, const uint8_t *w, const uint8_t *wn, size_t bb,
+                    const int8_t *x, const int32_t *s4, size_t s4s, int b, const float *s,
+                    __m256 *acc) {
+    const uint8_t *wb = w + b * bb;
+    _mm_prefetch((const char *)wn + b * bb, _MM_HINT_T0);
+    __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
+    __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m256i p = lanes32(q4, wu, ws, x + (b * R + i) * 32, q4 ? s4 + i * s4s + 8 * b : NULL);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
+    }
+}
+
 /* Per block and row: acc += (w . x per lane of 4) * (dw * dx). The products
  * dw * dx of the next block are formed while this one runs, 8 rows per
  * vmulps, and stored in a ring of two: broadcasting them from memory costs
@@ -156,23 +180,15 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *w
         return;
     }
     float S[2][8] __attribute__((aligned(32)));
-    _mm256_store_ps(S[0], _mm256_mul_ps(_mm256_set1_ps(f16_load(w)), _mm256_load_ps(dx)));
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * bb;
-        int bn = b + 1 < nb ? b + 1 : b; /* the last block writes a spare slot */
-        _mm256_store_ps(S[(b + 1) & 1], _mm256_mul_ps(_mm256_set1_ps(f16_load(w + bn * bb)),
-                                                      _mm256_load_ps(dx + 8 * bn)));
-        _mm_prefetch((const char *)wn + b * bb, _MM_HINT_T0);
-        __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
-        __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
-        const float *s = S[b & 1];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m256i p = lanes32(q4, wu, ws, x + (b * R + i) * 32,
-                                q4 ? s4 + i * (xs / 4) + 8 * b : NULL);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
-        }
+    scales32(S[0], w, bb, dx, 0);
+    int b = 0;
+    for (; b + 1 < nb; b += 2) { /* two blocks a turn: the ring's slots are fixed */
+        scales32(S[1], w, bb, dx, b + 1);
+        block32(q4, R, w, wn, bb, x, s4, xs / 4, b, S[0], acc);
+        scales32(S[0], w, bb, dx, b + 2 < nb ? b + 2 : b + 1); /* past the end: a spare */
+        block32(q4, R, w, wn, bb, x, s4, xs / 4, b + 1, S[1], acc);
     }
+    if (b < nb) block32(q4, R, w, wn, bb, x, s4, xs / 4, b, S[0], acc);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]);
 }
