@@ -479,7 +479,7 @@ static void alloc_scratch(dfl_drafter *d) {
             qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
     }
     d->qscratch = dfl_aligned_alloc(qs);
-    /* Cache-resident drafters: the transposed copies several rows read. */
+    /* Cache-resident drafters: transposed copies for dfl_matmul. */
     dfl_mat_transpose(&d->fc);
     for (int l = 0; l < c->n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];

@@ -19,8 +19,8 @@ typedef struct dfl_mat {
     const uint8_t *data;   /* rows * row_bytes */
     size_t row_bytes;
     float *wt;             /* NULL, or the f32 transpose of a small matrix in panels of 24
-                              outputs (dfl_mat_transpose), which products of several rows
-                              read instead of data; the owner frees it */
+                              outputs (dfl_mat_transpose), which dfl_matmul reads instead
+                              of data; the owner frees it */
 } dfl_mat;
 
 /* Y[r, o] = sum_i W[o, i] * X[r, i] for r < n, o < W->rows.
@@ -31,8 +31,8 @@ void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx
 size_t dfl_matmul_scratch(dfl_type t, int n, int cols);
 /* Gives a small float matrix (f32 / f16 / bf16, at most 256 KiB as f32 and
  * 192 columns: a model whose weights sit in cache) its transpose in m->wt,
- * so products of several rows compute 8 outputs per vector with no
- * horizontal sums (the same bits). Returns 1 if it made one. Call once the
+ * so products compute 8 outputs per vector with no horizontal sums (the
+ * same bits). Returns 1 if it made one. Call once the
  * data is final. */
 int dfl_mat_transpose(dfl_mat *m);
 /* Plain-C twin, single-threaded. */

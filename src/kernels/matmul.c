@@ -15,7 +15,10 @@
  * then every 4-row tile of X runs against it with a 4x3 register tile (12
  * accumulators + 3 weights + 1 activation = the 16 ymm registers) while the
  * next block is prefetched. Rows go 32 at a time so the accumulators stay
- * small. */
+ * small. Small matrices (a model that sits in cache, where bandwidth is not
+ * the limit) skip the blocking (gemm_small), and those given a transposed
+ * copy at load run 8 outputs per vector with no horizontal sums, one row or
+ * many (gemm_trans). */
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -471,7 +474,7 @@ static void mm_task(void *ctx, int i, int ntask) {
     int o0 = i * CHUNK, o1 = o0 + CHUNK < j->W->rows ? o0 + CHUNK : j->W->rows;
     if (!j->simd)
         matmul_ref_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
-    else if (j->W->wt && j->n > 1)
+    else if (j->W->wt)
         gemm_trans(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
     else if (j->n == 1)
         gemv_rows(j->W, o0, o1, j->X, j->Y);

@@ -149,8 +149,8 @@ static void alloc_scratch(dfl_target *t) {
         if (s > qs) qs = s;
     }
     t->qscratch = dfl_aligned_alloc(qs);
-    /* Cache-resident models: the transposed copies that several-row
-     * products read (verify, prefill); decode keeps reading data. */
+    /* Cache-resident models: transposed copies for dfl_matmul (8 outputs
+     * per vector; the weights are not streamed from memory). */
     dfl_mat_transpose(&t->lm_head);
     for (int l = 0; l < c->n_layers; l++) {
         dfl_layer *y = &t->layers[l];
