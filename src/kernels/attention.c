@@ -536,8 +536,10 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
         int next_nk = max_keys - j0 - BK < BK ? max_keys - j0 - BK : BK;
         const float *nk_ = next_nk > 0 ? a->K + noff : NULL, *nv = next_nk > 0 ? a->V + noff : NULL;
         /* Few units (decode): one at a time, reading the block with many
-         * misses in flight; the others then find it in cache. */
-        if (nu <= 4)
+         * misses in flight; the others then find it in cache. Small heads
+         * with rows close together (a model in cache) take block_units,
+         * whose transposed scores beat a lane sum per key. */
+        if (nu <= 4 && !(a->hd % 8 == 0 && a->hd <= SMALL_HD && a->ldk < PACK_LDK))
             for (int u = 0; u < nu; u++) {
                 if (nk[u] > 0)
                     block_avx2(q[u], a->K + off, a->V + off, a->ldk, nk[u], a->hd, a->scale,
