@@ -20,9 +20,10 @@
  * one too, four keys and 32 dims at a time, which keeps many rows of K/V in
  * flight; more units (verify, prefill) run together, each block of K/V packed
  * contiguous once and read from cache by all: the scores as a small units x
- * keys matmul, the values as units x dims register tiles; with small heads
- * (8..32 dims) the scores come 8 keys per vector from a transposed K block.
- * The arithmetic per element is the twin's in every case. */
+ * keys matmul, the values as units x dims register tiles. Small heads (8..32
+ * dims) with rows close together (a model in cache) take the second way even
+ * for decode, their scores 8 keys per vector from a transposed K block. The
+ * arithmetic per element is the twin's in every case. */
 #include <math.h>
 #include <string.h>
 
