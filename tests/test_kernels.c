@@ -409,6 +409,7 @@ static void test_swiglu(void) {
     float g[N], u[N], a[N], b[N];
     for (int i = 0; i < N; i++) g[i] = rndf() * 20, u[i] = rndf() * 2;
     g[0] = -100; g[1] = 100; g[2] = 0; g[3] = -88.5f; g[4] = 1e-20f;
+    g[N - 1] = -100; g[N - 2] = 100; g[N - 3] = -88.5f;   /* in the masked tail too */
     dfl_kernels_force_ref(1);
     dfl_swiglu(a, g, u, N);
     dfl_kernels_force_ref(0);

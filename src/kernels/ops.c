@@ -90,7 +90,14 @@ DFL_AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up,
         __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
     }
-    swiglu_ref(out + i, gate + i, up + i, n - i);
+    if (i < n) {   /* the last few as one masked vector (the same operations) */
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 g = _mm256_maskload_ps(gate + i, mask);
+        __m256 e = dfl_expf8(_mm256_xor_ps(g, neg));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_maskstore_ps(out + i, mask, _mm256_mul_ps(s, _mm256_maskload_ps(up + i, mask)));
+    }
 }
 
 void dfl_swiglu(float *out, const float *gate, const float *up, int n) {
