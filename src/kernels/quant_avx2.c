@@ -14,6 +14,7 @@
  * madd (which applies the sub-block scale) and keep integer sums in
  * registers across the whole super-block. */
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -21,7 +22,10 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
-enum { TILE = 8 };
+/* TILE: activation rows per register tile. AHEAD: prefetch distance of the
+ * one-row (decode) loop, in bytes of weights; without it that loop reads
+ * about 60% of the bandwidth on Zen 3. */
+enum { TILE = 8, AHEAD = 2048 };
 
 INLINE float f16_load(const uint8_t *p) {
     uint16_t h;
@@ -170,6 +174,9 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *w
     const int32_t *s4 = q4 ? a->sum4 + (size_t)r0 * (xs / 4) : NULL;
     if (R == 1) { /* one row: its scale product is one scalar multiply */
         for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8) {
+            /* memory bound: the weights AHEAD bytes on (rows are contiguous;
+             * past the matrix the hint is dropped) */
+            _mm_prefetch((const char *)((uintptr_t)w + AHEAD), _MM_HINT_T0);
             __m256i ws = q4 ? _mm256_setzero_si256() : loadu(w + 2);
             __m256i wu = q4 ? q4_0_nibbles(w) : _mm256_sign_epi8(ws, ws);
             __m256i p = lanes32(q4, wu, ws, x, q4 ? s4 + 8 * b : NULL);
