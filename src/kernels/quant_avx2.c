@@ -23,8 +23,8 @@
 #define INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
 /* TILE: activation rows per register tile. AHEAD: prefetch distance of the
- * one-row (decode) loop, in bytes of weights; without it that loop reads
- * about 60% of the bandwidth on Zen 3. */
+ * one-row (decode) loops, in bytes of weights; without it they read about
+ * 60% of the bandwidth on Zen 3. */
 enum { TILE = 8, AHEAD = 2048 };
 
 INLINE float f16_load(const uint8_t *p) {
@@ -256,8 +256,9 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *w
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
     float sd[8] __attribute__((aligned(32))), sm[8] __attribute__((aligned(32)));
     for (int b = 0; b < nb; b++, w += bb, wn += bb, x += QK_K * R, bsum += 16, dx += 8) {
-        for (size_t l = 0; R > 1 && l < bb; l += 64) /* as in tile32 */
-            _mm_prefetch((const char *)wn + l, _MM_HINT_T0);
+        /* as in tile32: the next row with several rows, else AHEAD bytes on */
+        const char *pf = R > 1 ? (const char *)wn : (const char *)((uintptr_t)w + AHEAD);
+        for (size_t l = 0; l < bb; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
         __m256i corr, sc2 = _mm256_setzero_si256();
         __m128i sc8 = _mm_setzero_si128();
         if (q6) {
