@@ -1,11 +1,12 @@
 /* bench_quant.c - quantized matmul speed against this machine's read
  * bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_K / Q6_K weights on
- * Qwen3-0.6B shapes: ms per call for 1..32 rows, GB/s of weights at one row,
- * GOP/s (2 * rows * cols * n / time), and the cost of n rows relative to one.
- * Weight copies are cycled (256 MiB in all) so they come from memory, as in
- * decode, not from L3.
+ * Qwen3-0.6B shapes (or 1.7B's: dim 2048, ffn 6144, where w_down's 8-row
+ * activation tiles overflow L1): ms per call for 1..32 rows, GB/s of weights
+ * at one row, GOP/s (2 * rows * cols * n / time), and the cost of n rows
+ * relative to one. Weight copies are cycled (256 MiB in all) so they come
+ * from memory, as in decode and verify, not from L3.
  *
- *   bench_quant [threads] [seconds per measurement] [type]
+ *   bench_quant [threads] [seconds per measurement] [type|all] [0.6b|1.7b]
  */
 #include <immintrin.h>
 #include <string.h>
@@ -129,18 +130,23 @@ int main(int argc, char **argv) {
     nthreads = argc > 1 ? atoi(argv[1]) : 2;
     if (argc > 2) min_time = atof(argv[2]);
     int only = argc > 3 ? dfl_type_from_name(argv[3]) : -1;
+    int big = argc > 4 && strcmp(argv[4], "1.7b") == 0;
     pool = dfl_pool_new(nthreads);
     double bw = read_bandwidth();
     printf("threads %d, read bandwidth %.1f GB/s, pool_run overhead %.1f us\n", nthreads, bw,
            pool_overhead() * 1e6);
-    static const int shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}};
+    static const int shapes06[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}};
+    static const int shapes17[][2] = {{2048, 2048}, {6144, 2048}, {2048, 6144}};
+    const int(*shapes)[2] = big ? shapes17 : shapes06;
+    const int maxcols = big ? 6144 : 3072;
     static const int ns[] = {1, 2, 4, 8, 16, 32};
     static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_K, DFL_Q6_K};
-    float *X = dfl_aligned_alloc(sizeof(float) * 32 * 3072);
-    float *Y = dfl_aligned_alloc(sizeof(float) * 32 * 3072);
-    for (int i = 0; i < 32 * 3072; i++) X[i] = (float)(i % 23) * 0.1f - 1.1f;
-    void *scratch = dfl_aligned_alloc(dfl_qmatmul_scratch(DFL_Q8_0, 32, 3072) +
-                                      dfl_qmatmul_scratch(DFL_Q4_K, 32, 3072));
+    float *X = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);
+    float *Y = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);
+    for (int i = 0; i < 32 * maxcols; i++) X[i] = (float)(i % 23) * 0.1f - 1.1f;
+    void *scratch = dfl_aligned_alloc(dfl_qmatmul_scratch(DFL_Q8_0, 32, maxcols) +
+                                      dfl_qmatmul_scratch(DFL_Q4_K, 32, maxcols) +
+                                      dfl_qmatmul_scratch(DFL_Q4_0, 32, maxcols));
     for (int ti = 0; ti < 4; ti++) {
         if (only >= 0 && types[ti] != (dfl_type)only) continue;
         printf("\n%s    rows x cols : n=1 ms (GB/s, %% of bw) | n: ms (GOP/s, x n=1)\n",
