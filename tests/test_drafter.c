@@ -492,6 +492,21 @@ static void test_incremental(dfl_drafter *d, const float *F, int nctx) {
         CHECK(!memcmp(la, lb, (size_t)(B - 1) * vocab * sizeof(float)),
               "truncate + re-append drafts differently");
     }
+    /* Fewer outputs from the same block: the first rows' logits are the full
+     * draft's (lm_head rows are batch invariant), and the block's width is
+     * what shapes them, so a cut block drafts differently. */
+    for (int n_out = 1; n_out < B - 1; n_out += 3) {
+        dfl_drafter_draft_n(d, b, 42, B, n_out, lb, db, &err);
+        CHECK(!memcmp(la, lb, (size_t)n_out * vocab * sizeof(float)) &&
+              !memcmp(da, db, (size_t)n_out * 4), "draft_n %d of %d differs from the full draft",
+              n_out, B - 1);
+    }
+    dfl_drafter_draft(d, b, 42, 3, lb, db, &err);
+    CHECK(memcmp(la, lb, (size_t)2 * vocab * sizeof(float)) != 0,
+          "a block of 3 drafts like a block of %d (mask rows should matter)", B);
+    CHECK(dfl_drafter_draft_n(d, b, 42, B, 0, lb, db, &err) == DFL_EARG &&
+          dfl_drafter_draft_n(d, b, 42, B, B, lb, db, &err) == DFL_EARG,
+          "draft_n outputs outside 1..B-1 are refused");
     free(la), free(lb);
     dfl_dstore_free(a), dfl_dstore_free(b);
 }
@@ -730,7 +745,8 @@ static int c_draft(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out
         dfl_drafter_add_context(c->dp.d, s, F, pos, err);
         free(F);
     }
-    dfl_drafter_draft(c->dp.d, s, anchor, B, fresh, again, err);
+    dfl_drafter_draft_n(c->dp.d, s, anchor, dfl_dflash_draft_rows(c->dp.d, c->dp.s, B), B - 1,
+                        fresh, again, err);
     c->checked++;
     if (memcmp(live, fresh, (size_t)(B - 1) * vocab * 4) || memcmp(out, again, (B - 1) * 4))
         c->bad++;

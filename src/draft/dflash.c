@@ -694,10 +694,17 @@ static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, i
 
 int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
                       int32_t *draft, dfl_error *err) {
+    return dfl_drafter_draft_n(d, s, anchor, B, B - 1, logits, draft, err);
+}
+
+int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, int n_out,
+                        float *logits, int32_t *draft, dfl_error *err) {
     const dfl_config *c = &d->c;
     int pos0 = s->len, vocab = c->vocab;
     if (B < 2 || B > d->max_rows)
         return dfl_fail(err, DFL_EARG, "draft block %d outside 2..%d", B, d->max_rows);
+    if (n_out < 1 || n_out > B - 1)
+        return dfl_fail(err, DFL_EARG, "draft outputs %d outside 1..%d", n_out, B - 1);
     if (pos0 + B > s->cap)
         return dfl_fail(err, DFL_ECTX, "drafter store full: block at %d + %d rows exceeds %d",
                         pos0, B, s->cap);
@@ -709,10 +716,10 @@ int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, floa
     dfl_target_embed(d->t, d->tok, B, d->x);
     rope_rows(d, B, pos0);
     for (int l = 0; l < c->n_layers; l++) block_layer(d, s, l, B, pos0, l == c->n_layers - 1);
-    /* Rows 1..B-1 through the final norm and the target's lm_head, in chunks. */
-    norm_rows(d->xn, d->x + c->dim, d->out_norm, B - 1, c->dim, c->norm_eps);
-    for (int a = 0; a < B - 1; a += LOGIT_ROWS) {
-        int m = B - 1 - a < LOGIT_ROWS ? B - 1 - a : LOGIT_ROWS;
+    /* Rows 1..n_out through the final norm and the target's lm_head, in chunks. */
+    norm_rows(d->xn, d->x + c->dim, d->out_norm, n_out, c->dim, c->norm_eps);
+    for (int a = 0; a < n_out; a += LOGIT_ROWS) {
+        int m = n_out - a < LOGIT_ROWS ? n_out - a : LOGIT_ROWS;
         float *lg = logits ? logits + (size_t)a * vocab : d->logits;
         dfl_target_lm_head(d->t, d->xn + (size_t)a * c->dim, m, lg, d->qscratch);
         for (int r = 0; r < m; r++) draft[a + r] = dfl_argmax(lg + (size_t)r * vocab, vocab);

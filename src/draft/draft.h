@@ -77,5 +77,11 @@ int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, in
  * i+1 (B-1 tokens). The store is left at its context length. */
 int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
                       int32_t *draft, dfl_error *err);
+/* The same block of B rows, with logits and drafts for its first n_out
+ * (1..B-1) mask rows only: a verify of n_out+1 rows drafted from the
+ * trained block's full width, as the drafter was trained, for the price of
+ * n_out lm_head rows. */
+int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, int n_out,
+                        float *logits, int32_t *draft, dfl_error *err);
 
 #endif

@@ -64,6 +64,7 @@ typedef struct run {
     int gen;              /* tokens committed by this call */
     int32_t anchor;
     int stop;
+    int pending;          /* classic rows whose features wait in feat rows 1.. */
 } run;
 
 /* Commits token id chosen from logits row; returns nonzero when it ends generation. */
@@ -96,6 +97,30 @@ static void count_round(run *r, int B, int a, int emitted) {
     }
 }
 
+/* Classic steps of a speculative run park their row's features behind row 0
+ * of feat, and the proposer gets them in one call before the next draft (or
+ * when the buffer is full, or at the end): one batched drafter pass instead of
+ * one per token, so adaptive decoding that sits in classic mode costs what
+ * classic decode costs. Only classic steps park: a block overwrites rows
+ * 0..B-1, and every block is preceded by a flush. */
+static int flush_pending(run *r, dfl_error *err) {
+    dfl_seq *q = r->q;
+    dfl_proposer *pr = q->pr;
+    if (!r->pending) return 0;
+    size_t fd = (size_t)pr->n_cap * q->t->c.dim;
+    int n = r->pending;
+    r->pending = 0;
+    return pr->add_context(pr, q->feat && fd ? q->feat + fd : NULL, n, err);
+}
+
+static int park_row(run *r, dfl_error *err) {
+    dfl_seq *q = r->q;
+    size_t fd = (size_t)q->pr->n_cap * q->t->c.dim;
+    if (q->feat && fd) memcpy(q->feat + fd * (1 + r->pending), q->feat, fd * sizeof(float));
+    r->pending++;
+    return 1 + r->pending >= q->t->max_rows ? flush_pending(r, err) : 0;
+}
+
 /* Drafts B-1 tokens after the anchor (B > 1), verifies the block with
  * capture, commits, rolls back. Returns 0 or an error code. */
 static int round_step(run *r, int B, int *accepted, dfl_error *err) {
@@ -109,6 +134,7 @@ static int round_step(run *r, int B, int *accepted, dfl_error *err) {
     float *dlog = o->need_dlogits ? q->dlogits : NULL;
     double t0 = dfl_now();
     q->hist[pos] = r->anchor;   /* pos < cap: checked by the caller */
+    if (B > 1 && (rc = flush_pending(r, err))) return rc;
     if (B > 1 && (rc = pr->draft(pr, r->anchor, pos, B, block + 1, dlog, err))) return rc;
     if (B > 1 && o->redraft) o->redraft(o->accept_ud, dlog, B - 1, q->hist, pos, block + 1);
     double t1 = dfl_now();
@@ -132,7 +158,9 @@ static int round_step(run *r, int B, int *accepted, dfl_error *err) {
     memcpy(q->hist + pos, block, (size_t)kept * sizeof(int32_t));
     dfl_kv_truncate(q->kv, pos + kept);
     double t3 = dfl_now();
-    if (r->spec && (rc = pr->add_context(pr, n_cap ? q->feat : NULL, kept, err))) return rc;
+    if (r->spec && B == 1) rc = park_row(r, err);
+    else if (r->spec) rc = pr->add_context(pr, n_cap ? q->feat : NULL, kept, err);
+    if (rc) return rc;
     double t4 = dfl_now();
     r->anchor = tgt[a];
     r->st->t_draft += (t1 - t0) + (t4 - t3);
@@ -222,6 +250,11 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         dfl_costs_update(costs, B, dfl_now() - rs);
         if (B > 1) dfl_policy_observe(&pol, B, a);
         else dfl_policy_classic_step(&pol);
+    }
+    if (!rc) {   /* the proposer catches up, so it is in step with kv for the next call */
+        double f0 = dfl_now();
+        rc = flush_pending(&r, err);
+        st->t_draft += dfl_now() - f0;
     }
     double t2 = dfl_now();
     st->t_decode += t2 - t1;

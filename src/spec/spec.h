@@ -45,6 +45,8 @@ typedef struct dfl_dflash_proposer {
 } dfl_dflash_proposer;
 
 void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s);
+/* Rows of the block the proposer drafts for a verify of B rows (>= B). */
+int dfl_dflash_draft_rows(const dfl_drafter *d, const dfl_dstore *s, int B);
 
 /* ---- the acceptance seam ------------------------------------------------- */
 
