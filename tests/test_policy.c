@@ -70,15 +70,15 @@ int main(void) {
     CHECK(dfl_policy_choose(&p) == 1, "expensive verify must fall back to classic");
     /* ...but re-probes after reprobe_every classic steps. */
     for (int i = 0; i < p.reprobe_every; i++) dfl_policy_classic_step(&p);
-    CHECK(dfl_policy_choose(&p) == 2, "a probe round is due");
-    dfl_policy_observe(&p, 2, 0);
+    CHECK(dfl_policy_choose(&p) == 8, "a probe round (block 8) is due");
+    dfl_policy_observe(&p, 8, 0);
     CHECK(dfl_policy_choose(&p) == 1, "after the probe, back to classic");
     /* Failed probes back off: each is twice as far off as the last, up to a bound. */
     int gaps[12], ng = 0, since = 0;
     for (int step = 0; step < 6000 && ng < 12; step++) {
-        if (dfl_policy_choose(&p) == 2) {
+        if (dfl_policy_choose(&p) > 1) {
             gaps[ng++] = since, since = 0;
-            dfl_policy_observe(&p, 2, 0);
+            dfl_policy_observe(&p, p.probe_block, 0);
         } else {
             dfl_policy_classic_step(&p), since++;
         }
@@ -88,6 +88,10 @@ int main(void) {
         int want = 2 * gaps[i - 1] < DFL_REPROBE_MAX ? 2 * gaps[i - 1] : DFL_REPROBE_MAX;
         CHECK(gaps[i] == want, "probe gap %d: %d, want %d", i, gaps[i], want);
     }
+    /* A fresh policy whose prior favours classic probes at once; with
+     * max block 4 the probe is 4 wide. */
+    dfl_policy_init(&p, &c, 4);
+    CHECK(dfl_policy_choose(&p) == 4 && p.probing, "the first round is a probe of 4");
     /* A probe that wins resets the interval. */
     dfl_costs cheap;
     table(&cheap, 8, 1.0, 0.05);

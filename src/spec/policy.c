@@ -48,6 +48,10 @@ void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
     p->costs = c;
     p->max_block = max_block < c->max_block ? max_block : c->max_block;
     p->reprobe_every = DFL_REPROBE_MIN;
+    p->probe_block = p->max_block < 8 ? p->max_block : 8;
+    /* When the prior alone favours classic, the first round is a probe:
+     * evidence from the start, not after reprobe_every classic steps. */
+    p->classic_run = p->reprobe_every;
 }
 
 static int best_block(const dfl_policy *p);
@@ -110,10 +114,11 @@ int dfl_policy_choose(dfl_policy *p) {
         p->reprobe_every = DFL_REPROBE_MIN;
         return B;
     }
-    /* Classic wins on current estimates; probe once in a while with the
-     * cheapest speculative block so a changed text can win speculation back. */
-    p->probing = p->max_block >= 2 && p->classic_run >= p->reprobe_every;
-    return p->probing ? 2 : 1;
+    /* Classic wins on current estimates; probe once in a while so a changed
+     * text can win speculation back. A block of 2 would only ever test the
+     * first position, which alone rarely pays for a round. */
+    p->probing = p->probe_block >= 2 && p->classic_run >= p->reprobe_every;
+    return p->probing ? p->probe_block : 1;
 }
 
 void dfl_policy_classic_step(dfl_policy *p) { p->classic_run++; }

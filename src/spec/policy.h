@@ -23,6 +23,8 @@ typedef struct dfl_policy {
     int reprobe_every;                  /* classic steps between probes: doubles after each
                                            probe that does not win speculation back */
     int probing;                        /* the round just chosen is such a probe */
+    int probe_block;                    /* a probe's block: wide enough to test several
+                                           positions, not the whole drafter block */
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
