@@ -29,19 +29,7 @@ import drafter_to_gguf as d2g  # noqa: E402
 import gguf_writer as gw  # noqa: E402
 import make_checkpoint as mc  # noqa: E402
 import st  # noqa: E402
-
-CI = os.environ.get("CI") == "true"
-n_pass = n_fail = 0
-
-
-def check(cond, what):
-    global n_pass, n_fail
-    if cond:
-        n_pass += 1
-    else:
-        n_fail += 1
-        print(f"FAIL: {what}", flush=True)
-    return cond
+from testlib import CI, check, finish, missing  # noqa: E402
 
 
 LAYER = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
@@ -140,8 +128,7 @@ def main():
         bad = subprocess.run([sys.executable, os.path.join(SRC, "tools", "drafter_to_gguf.py"), t,
                               t, os.path.join(tmp, "x.gguf")], capture_output=True, text=True)
         check(bad.returncode != 0 and "DFlashDraftModel" in bad.stderr, "a target is refused")
-    print(f"{n_pass} passed, {n_fail} failed")
-    return 1 if n_fail else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -31,27 +31,9 @@ import gguf_writer as gw  # noqa: E402
 import hf_to_gguf  # noqa: E402
 import make_checkpoint as mc  # noqa: E402
 import reference as R  # noqa: E402
+from testlib import CI, check, finish, missing  # noqa: E402
 
-CI = os.environ.get("CI") == "true"
 LLAMA_BIT_EXACT = True  # the engine un-permutes llama q/k rows at load
-n_pass = n_fail = 0
-
-
-def check(cond, what):
-    global n_pass, n_fail
-    if cond:
-        n_pass += 1
-    else:
-        n_fail += 1
-        print(f"FAIL: {what}", flush=True)
-    return cond
-
-
-def missing(what):
-    if CI:
-        check(False, f"{what} is missing (CI=true)")
-    else:
-        print(f"skip: {what} is missing", flush=True)
 
 
 BASE = dict(dim=64, layers=3, ffn=96, vocab=384, max_ctx=256, rope_theta=10000.0, dtype="f32",
@@ -75,7 +57,6 @@ CASES = [  # (name, make_target kwargs, tokenizer asset or None)
                         rope_scaling="llama3", rope_factor=32.0, rope_orig_ctx=8192,
                         rope_theta=500000.0), "llama3"),
 ]
-
 
 
 def hf_weights_from_gguf(tensors):
@@ -225,8 +206,7 @@ def main():
             if binary:
                 test_engine(name, d, path, cfg, binary)
     print(f"test_gguf_vs_hf: {time.time() - t0:.1f} s")
-    print(f"{n_pass} passed, {n_fail} failed")
-    return 1 if n_fail else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -15,18 +15,7 @@ import sys
 import tempfile
 
 import numpy as np
-
-FAILED = 0
-PASSED = 0
-
-
-def check(cond, msg):
-    global FAILED, PASSED
-    if cond:
-        PASSED += 1
-    else:
-        FAILED += 1
-        print("FAIL:", msg, file=sys.stderr)
+from testlib import CI, check, failed, finish  # noqa: E402
 
 
 def find_helper():
@@ -278,7 +267,7 @@ def main():
     helper = find_helper()
     if helper is None:
         msg = "quant_dump helper not built (set DFLASH_BUILD)"
-        if os.environ.get("CI") == "true":
+        if CI:
             print("FAIL:", msg, file=sys.stderr)
             sys.exit(1)
         print("skip:", msg)
@@ -287,8 +276,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="dflash-test-") as tmp:
         test_dequant(helper, tmp, rng)
         test_quant(helper, tmp, rng)
-    print(f"{PASSED} passed, {FAILED} failed")
-    sys.exit(1 if FAILED else 0)
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

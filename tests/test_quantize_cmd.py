@@ -23,18 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("DFLASH_SRC", os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import test_quant_formats as ref  # noqa: E402  (the numpy block reference)
-
-FAILED = 0
-PASSED = 0
-
-
-def check(cond, msg):
-    global FAILED, PASSED
-    if cond:
-        PASSED += 1
-    else:
-        FAILED += 1
-        print("FAIL:", msg, file=sys.stderr)
+from testlib import CI, check, failed, finish, missing  # noqa: E402
 
 
 # ---- a GGUF v3 reader: metadata as (type, value), tensors as raw bytes ------
@@ -173,7 +162,7 @@ def main():
     dflash = os.environ.get("DFLASH_BIN")
     if not dflash or not os.access(dflash, os.X_OK):
         msg = "DFLASH_BIN not set to the dflash binary"
-        if os.environ.get("CI") == "true":
+        if CI:
             print("FAIL:", msg, file=sys.stderr)
             sys.exit(1)
         print("skip:", msg)
@@ -189,7 +178,7 @@ def main():
         r = run([py, os.path.join(SRC, "tools", "hf_to_gguf.py"), hf, f32, "--outtype", "f32",
                  "--quiet"])
         check(r.returncode == 0, f"hf_to_gguf failed: {r.stderr[-2000:]}")
-        if FAILED:
+        if failed():
             sys.exit(1)
         src_meta, src_t = read_gguf(f32)
         ids = "1,5,9,77,300,2,8"
@@ -244,8 +233,7 @@ def main():
             r = run([dflash, "quantize"] + args)
             check(r.returncode == rc and r.stderr.strip(),
                   f"{what}: exit {r.returncode} (want {rc}), message {r.stderr.strip()!r}")
-    print(f"{PASSED} passed, {FAILED} failed")
-    sys.exit(1 if FAILED else 0)
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

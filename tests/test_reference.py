@@ -32,27 +32,7 @@ import dumpcmp  # noqa: E402
 import make_checkpoint as mc  # noqa: E402
 import reference as R  # noqa: E402
 import st  # noqa: E402
-
-CI = os.environ.get("CI") == "true"
-n_pass = n_fail = 0
-
-
-def check(cond, what):
-    global n_pass, n_fail
-    if cond:
-        n_pass += 1
-    else:
-        n_fail += 1
-        print(f"FAIL: {what}", flush=True)
-    return cond
-
-
-def missing(what):
-    """A missing tool or asset: a failure under CI, a skip otherwise."""
-    if CI:
-        check(False, f"{what} is missing (CI=true)")
-    else:
-        print(f"skip: {what} is missing", flush=True)
+from testlib import CI, check, finish, missing  # noqa: E402
 
 
 # ---- 1. tools -------------------------------------------------------------------
@@ -477,8 +457,7 @@ def main():
         test_reference_self(tmp, dirs)
         test_engine(dirs, tmp)
     print(f"test_reference: {time.time() - t0:.1f} s")
-    print(f"{n_pass} passed, {n_fail} failed")
-    return 1 if n_fail else 0
+    return finish()
 
 
 if __name__ == "__main__":

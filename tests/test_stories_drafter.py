@@ -25,28 +25,10 @@ SRC = os.environ.get("DFLASH_SRC") or os.path.dirname(os.path.dirname(os.path.ab
 SHARED = os.environ.get("DFLASH_SHARED") or os.path.join(os.path.dirname(SRC), "shared")
 sys.path.insert(0, os.path.join(SRC, "tools"))
 import eval_drafter  # noqa: E402
+from testlib import CI, check, finish, missing  # noqa: E402
 
-CI = os.environ.get("CI") == "true"
 MIN_TAU_STORIES = 3.0
 MIN_TAU_DEFAULT = 3.0
-n_pass = n_fail = 0
-
-
-def check(cond, what):
-    global n_pass, n_fail
-    if cond:
-        n_pass += 1
-    else:
-        n_fail += 1
-        print(f"FAIL: {what}", flush=True)
-    return cond
-
-
-def missing(what):
-    if CI:
-        check(False, f"{what} is missing (CI=true)")
-    else:
-        print(f"skip: {what} is missing", flush=True)
 
 
 def run_set(binary, model, draft, prompts, n, modes):
@@ -114,8 +96,7 @@ def main():
     else:
         test_stories(binary)
         test_default(binary)
-    print(f"{n_pass} passed, {n_fail} failed")
-    return 1 if n_fail else 0
+    return finish()
 
 
 if __name__ == "__main__":

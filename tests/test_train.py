@@ -30,33 +30,15 @@ import sys
 import tempfile
 
 import numpy as np
+from testlib import CI, check, finish, missing  # noqa: E402
 
 SRC = os.environ.get("DFLASH_SRC") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(SRC, "tools"))
-CI = os.environ.get("CI") == "true"
-n_pass = n_fail = 0
 
 try:
     import torch
 except ImportError:
     torch = None
-
-
-def check(cond, what):
-    global n_pass, n_fail
-    if cond:
-        n_pass += 1
-    else:
-        n_fail += 1
-        print(f"FAIL: {what}", flush=True)
-    return cond
-
-
-def missing(what):
-    if CI:
-        check(False, f"{what} is missing (CI=true)")
-    else:
-        print(f"skip: {what} is missing", flush=True)
 
 
 def close(ref, got, rel, what):
@@ -418,8 +400,7 @@ def test_engine(binary):
 def main():
     if torch is None:
         missing("python3-torch")
-        print(f"{n_pass} passed, {n_fail} failed")
-        return 1 if n_fail else 0
+        return finish()
     torch.set_num_threads(1)
     test_forward_vs_direct()
     test_loss()
@@ -431,8 +412,7 @@ def main():
         test_engine(binary)
     else:
         missing("the dflash binary ($DFLASH_BIN)")
-    print(f"{n_pass} passed, {n_fail} failed")
-    return 1 if n_fail else 0
+    return finish()
 
 
 if __name__ == "__main__":
