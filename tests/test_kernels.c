@@ -249,6 +249,28 @@ static int rows_equal(const float *A, const float *B, int n, int rows, int lda, 
     return 1;
 }
 
+/* The AVX2 path against the twin's rows ref (N of them) for 1..3 threads,
+ * and batch invariance: rows [r0, r0+n) computed together give the rows of
+ * the full batch, for every n and (when full) every start. */
+static void vs_twin(mm_case *c, const float *ref, int N, int full, const char *what) {
+    int rows = c->W.rows, ldy = rows + 2, t = c->W.type, cols = c->W.cols;
+    for (int th = 1; th <= 3; th++) {
+        float *Y = mm_run(c, pools[th], N, 0, 0);
+        CHECK(rows_equal(Y, ref, N, rows, ldy, ldy), "type %d %dx%d%s threads %d: != twin", t,
+              rows, cols, what, th);
+        free(Y);
+    }
+    int fails = 0;
+    for (int n = 1; n <= 32; n++)
+        for (int r0 = 0; r0 + n <= N; r0 += full ? 1 : n) {
+            float *Y = mm_run(c, pools[2], n, r0, 0);
+            fails += !rows_equal(Y, ref + (size_t)r0 * ldy, n, rows, ldy, ldy);
+            free(Y);
+        }
+    CHECK(fails == 0, "type %d %dx%d%s: %d batches differ from the full batch", t, rows, cols,
+          what, fails);
+}
+
 static void test_matmul_case(dfl_type t, int rows, int cols, int full) {
     int N = 33;
     mm_case c = mm_make(t, rows, cols, N);
@@ -271,40 +293,11 @@ static void test_matmul_case(dfl_type t, int rows, int cols, int full) {
         }
     CHECK(worst <= 1.0, "type %d %dx%d: error %.3g of the bound", t, rows, cols, worst);
 
-    /* The AVX2 path against the twin, for 1..3 threads. */
-    for (int th = 1; th <= 3; th++) {
-        float *Y = mm_run(&c, pools[th], N, 0, 0);
-        CHECK(rows_equal(Y, ref, N, rows, ldy, ldy), "type %d %dx%d threads %d: != twin", t,
-              rows, cols, th);
-        free(Y);
-    }
-    /* Batch invariance: rows [r0, r0+n) computed together give the rows of
-     * the full batch, for every n and (when full) every start. */
-    int fails = 0;
-    for (int n = 1; n <= 32; n++)
-        for (int r0 = 0; r0 + n <= N; r0 += full ? 1 : n) {
-            float *Y = mm_run(&c, pools[2], n, r0, 0);
-            fails += !rows_equal(Y, ref + (size_t)r0 * ldy, n, rows, ldy, ldy);
-            free(Y);
-        }
-    CHECK(fails == 0, "type %d %dx%d: %d batches differ from the full batch", t, rows, cols, fails);
+    vs_twin(&c, ref, N, full, "");
     /* A small matrix's transposed copy (8 outputs per vector): the same bits,
      * alone or in any batch. */
     if (dfl_mat_transpose(&c.W)) {
-        for (int th = 1; th <= 3; th++) {
-            float *Y = mm_run(&c, pools[th], N, 0, 0);
-            CHECK(rows_equal(Y, ref, N, rows, ldy, ldy), "type %d %dx%d transposed, threads %d: "
-                  "!= twin", t, rows, cols, th);
-            free(Y);
-        }
-        fails = 0;
-        for (int n = 1; n <= 32; n++)
-            for (int r0 = 0; r0 + n <= N; r0 += full ? 1 : n) {
-                float *Y = mm_run(&c, pools[2], n, r0, 0);
-                fails += !rows_equal(Y, ref + (size_t)r0 * ldy, n, rows, ldy, ldy);
-                free(Y);
-            }
-        CHECK(fails == 0, "type %d %dx%d transposed: %d batches differ", t, rows, cols, fails);
+        vs_twin(&c, ref, N, full, " transposed");
         free(c.W.wt);
         c.W.wt = NULL;
     } else {

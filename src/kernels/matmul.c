@@ -112,6 +112,16 @@ static DFL_AVX2_INLINE void tile_step(int R, int C, dfl_type t, const uint8_t *c
     }
 }
 
+/* s[r * C + c] = the lane tree (vec.h's hsum8 order) of a[r][c], four at a time. */
+static DFL_AVX2_INLINE void lane_trees(int R, int C, __m256 a[4][4], float *s) {
+    const __m256 z = _mm256_setzero_ps();
+#define ACC(i) ((i) < R * C ? a[(i) / C][(i) % C] : z)
+#pragma GCC unroll 4
+    for (int i = 0; i < R * C; i += 4)
+        _mm_storeu_ps(s + i, dfl_hsum8x4(ACC(i), ACC(i + 1), ACC(i + 2), ACC(i + 3)));
+#undef ACC
+}
+
 static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const *w,
                                  const float *x, size_t ldx, int k8, __m256 *acc,
                                  const tile_aux *aux) {
@@ -139,14 +149,9 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const 
             for (int c = 0; c < C; c++) acc[r * C + c] = a[r][c];
         return;
     }
-    /* The lane trees, four at a time, straight to Y. */
+    /* The lane trees straight to Y. */
     float s[16];
-    const __m256 z = _mm256_setzero_ps();
-#define ACC(i) ((i) < R * C ? a[(i) / C][(i) % C] : z)
-#pragma GCC unroll 4
-    for (int i = 0; i < R * C; i += 4)
-        _mm_storeu_ps(s + i, dfl_hsum8x4(ACC(i), ACC(i + 1), ACC(i + 2), ACC(i + 3)));
-#undef ACC
+    lane_trees(R, C, a, s);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -301,7 +306,7 @@ DFL_AVX2 static void gemm_rows(const dfl_mat *W, int o0, int o1, int n, const fl
  * trees and the k tail straight to Y; the order per element is the twin's. */
 static DFL_AVX2_INLINE void small_tile(int R, int C, const float *w, size_t ldw, const float *x,
                                        size_t ldx, int cols, float *y, size_t ldy) {
-    __m256 a[4][3];
+    __m256 a[4][4];
     int k8 = cols & ~7;
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -319,12 +324,7 @@ static DFL_AVX2_INLINE void small_tile(int R, int C, const float *w, size_t ldw,
         }
     }
     float s[16];
-    const __m256 z = _mm256_setzero_ps();
-#define ACC(i) ((i) < R * C ? a[(i) / C][(i) % C] : z)
-#pragma GCC unroll 3
-    for (int i = 0; i < R * C; i += 4)
-        _mm_storeu_ps(s + i, dfl_hsum8x4(ACC(i), ACC(i + 1), ACC(i + 2), ACC(i + 3)));
-#undef ACC
+    lane_trees(R, C, a, s);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
