@@ -67,28 +67,42 @@ void dfl_policy_observe(dfl_policy *p, int B, int accepted) {
         if (i < accepted) p->hits[i] += 1;
     }
     p->classic_run = 0;
-    /* A probe that leaves classic ahead makes the next one twice as far
-     * off: on a pair that cannot win, probes then cost a vanishing share. */
+    /* A probe that leaves classic ahead puts the next one further off (four
+     * times when it accepted nothing at all, twice otherwise): on a pair
+     * that cannot win, probes then cost a vanishing share. */
     if (p->probing) {
-        int lost = best_block(p) == 1;
-        p->reprobe_every = lost ? (p->reprobe_every * 2 < DFL_REPROBE_MAX ? p->reprobe_every * 2
-                                                                          : DFL_REPROBE_MAX)
-                                : DFL_REPROBE_MIN;
+        int grow = accepted > 0 ? 2 : 4;
+        p->reprobe_every = best_block(p) > 1 ? DFL_REPROBE_MIN
+                           : p->reprobe_every * grow < DFL_REPROBE_MAX ? p->reprobe_every * grow
+                                                                       : DFL_REPROBE_MAX;
         p->probing = 0;
     }
 }
 
-/* A Beta(1, 1) prior: an untried position counts as a coin flip, which is
- * optimistic enough to try speculation once but gives way to evidence. */
+/* Position i's rate is shrunk towards the rate pooled over all positions
+ * (itself with a Beta(1, 1) prior), worth DFL_POLICY_PRIOR rounds. Per
+ * position alone, late positions (tested only when all before were
+ * accepted) kept the coin-flip prior for long and the policy stayed at
+ * small blocks; the pooled rate learns from every draft. */
+static double pooled(const dfl_policy *p) {
+    double h = 1, t = 2;
+    for (int j = 0; j < DFL_POLICY_MAX; j++) h += p->hits[j], t += p->tries[j];
+    return h / t;
+}
+
+static double shrunk(const dfl_policy *p, int i, double pool) {
+    return (p->hits[i] + DFL_POLICY_PRIOR * pool) / (p->tries[i] + DFL_POLICY_PRIOR);
+}
+
 double dfl_policy_accept_p(const dfl_policy *p, int i) {
     if (i < 0 || i >= DFL_POLICY_MAX) return 0;
-    return (p->hits[i] + 1.0) / (p->tries[i] + 2.0);
+    return shrunk(p, i, pooled(p));
 }
 
 double dfl_policy_expected(const dfl_policy *p, int B) {
-    double e = 1.0, run = 1.0;
-    for (int i = 0; i < B - 1; i++) {
-        run *= dfl_policy_accept_p(p, i);
+    double e = 1.0, run = 1.0, pool = pooled(p);
+    for (int i = 0; i < B - 1 && i < DFL_POLICY_MAX; i++) {
+        run *= shrunk(p, i, pool);
         e += run;
     }
     return e;

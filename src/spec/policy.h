@@ -20,7 +20,7 @@ typedef struct dfl_policy {
     double tries[DFL_POLICY_MAX];       /* drafts seen at position i (0-based) ... */
     double hits[DFL_POLICY_MAX];        /* ... and accepted, given all before accepted */
     int classic_run;                    /* classic steps since the last speculative round */
-    int reprobe_every;                  /* classic steps between probes: doubles after each
+    int reprobe_every;                  /* classic steps between probes: grows after each
                                            probe that does not win speculation back */
     int probing;                        /* the round just chosen is such a probe */
     int probe_block;                    /* a probe's block: wide enough to test several
@@ -32,6 +32,8 @@ enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
  * estimates follow a text whose predictability changes (about the last 200
  * rounds count). */
 #define DFL_POLICY_DECAY 0.995
+/* Weight, in rounds, of the pooled acceptance rate in each position's estimate. */
+#define DFL_POLICY_PRIOR 4.0
 
 void dfl_costs_init(dfl_costs *c, int max_block);
 /* Folds a measured round time into the table (moving average). */
@@ -42,7 +44,8 @@ double dfl_costs_get(const dfl_costs *c, int B);
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block);
 /* Records a round: B-1 drafts proposed, the first `accepted` of them accepted. */
 void dfl_policy_observe(dfl_policy *p, int B, int accepted);
-/* Probability that draft position i (0-based) is accepted given all before were. */
+/* Probability that draft position i (0-based) is accepted given all before
+ * were: its own evidence, shrunk towards the rate pooled over positions. */
 double dfl_policy_accept_p(const dfl_policy *p, int i);
 /* Expected tokens committed by a round of block B (the bonus counts). */
 double dfl_policy_expected(const dfl_policy *p, int B);
