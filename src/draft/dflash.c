@@ -661,12 +661,13 @@ int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, in
 
 /* One drafter layer over the B block rows in d->x at positions pos0...
  * Every row's K/V enter the store; queries and everything after attention
- * run for rows r0..B-1 only (the last layer passes r0 = 1: the anchor row's
- * output is never read, and each row's result is the same in any batch). */
-static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0) {
+ * run for rows r0..r1-1 only (the last layer passes the rows whose drafts
+ * are read: not the anchor, not the rows past the verify block, which only
+ * had to lend their keys; each row's result is the same in any batch). */
+static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0, int r1) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
-    int hd = c->head_dim, qd = c->n_heads * hd, n = B - r0;
+    int hd = c->head_dim, qd = c->n_heads * hd, n = r1 - r0;
     float *x = d->x + (size_t)r0 * c->dim;
     norm_rows(d->xn, d->x, L->attn_norm, B, c->dim, c->norm_eps);
     matmul(d, &L->wq, n, d->xn + (size_t)r0 * c->dim, c->dim, d->q, qd);
@@ -715,7 +716,8 @@ int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, in
     for (int i = 1; i < B; i++) d->tok[i] = d->mask_id;
     dfl_target_embed(d->t, d->tok, B, d->x);
     rope_rows(d, B, pos0);
-    for (int l = 0; l < c->n_layers; l++) block_layer(d, s, l, B, pos0, l == c->n_layers - 1);
+    for (int l = 0; l < c->n_layers - 1; l++) block_layer(d, s, l, B, pos0, 0, B);
+    block_layer(d, s, c->n_layers - 1, B, pos0, 1, n_out + 1);
     /* Rows 1..n_out through the final norm and the target's lm_head, in chunks. */
     norm_rows(d->xn, d->x + c->dim, d->out_norm, n_out, c->dim, c->norm_eps);
     for (int a = 0; a < n_out; a += LOGIT_ROWS) {
