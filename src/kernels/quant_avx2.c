@@ -14,6 +14,7 @@
  * madd (which applies the sub-block scale) and keep integer sums in
  * registers across the whole super-block. */
 #include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -132,37 +133,71 @@ INLINE __m256i lanes32(const int q4, __m256i wu, __m256i ws, const int8_t *x, co
     return q4 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
 }
 
-/* The scale products dw * dx of block b for the 8 rows of a tile. */
-INLINE void scales32(float *S, const uint8_t *w, size_t bb, const float *dx, int b) {
+/* The scale products dw * dx of weight block wb for the 8 rows of a tile. */
+INLINE void scales32(float *S, const uint8_t *wb, const float *dxb) {
     uint16_t h;
-    memcpy(&h, w + b * bb, 2);
+    memcpy(&h, wb, 2);
     __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
-    _mm256_store_ps(S, _mm256_mul_ps(dw, _mm256_load_ps(dx + 8 * b)));
+    _mm256_store_ps(S, _mm256_mul_ps(dw, _mm256_load_ps(dxb)));
 }
 
-/* Block b of a tile: w, wn its weight rows (wn to prefetch), x its R rows of
- * quants ([nb][R][32]), s4 their sums of 4 (Q4_0), s the scale products. */
-INLINE void block32(const int q4, const int R, const uint8_t *w, const uint8_t *wn, size_t bb,
-                    const int8_t *x, const int32_t *s4, size_t s4s, int b, const float *s,
+/* Row i's scale product as a vector, from s03 / s47 (rows 0-3 / 4-7, each
+ * 4 products twice) by an in-lane shuffle, or with 1-2 rows from s. */
+INLINE __m256 row_scale(const int R, __m256 s03, __m256 s47, const float *s, int i) {
+    __m256 v = i < 4 ? s03 : s47;
+    return R > 2 ? _mm256_shuffle_ps(v, v, (i % 4) * 0x55) : _mm256_broadcast_ss(s + i);
+}
+
+/* One block of a tile: wb the weight block, pf an address to prefetch (or
+ * NULL), xb the R rows' quants of the block ([R][32]), s4b their sums of 4
+ * (Q4_0; s4s from one row to the next), s the scale products.
+ *
+ * Here every instruction costs about alike, loads included: dropping any
+ * one of the 7 per row and block gains ~20%. So the scale products are
+ * broadcast by shuffles of s03 / s47 (two loads a block instead of one a
+ * row; with 1-2 rows the two cost more than they save), and the asm keeps
+ * gcc from folding the shuffles back into broadcast loads. Q8_0 rows go in
+ * pairs, stage by stage, which keeps more loads in flight (~2%). */
+INLINE void block32(const int q4, const int R, const uint8_t *wb, const uint8_t *pf,
+                    const int8_t *xb, const int32_t *s4b, size_t s4s, const float *s,
                     __m256 *acc) {
-    const uint8_t *wb = w + b * bb;
-    _mm_prefetch((const char *)wn + b * bb, _MM_HINT_T0);
+    if (pf) _mm_prefetch((const char *)pf, _MM_HINT_T0);
     __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
     __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
+    __m256 s03 = _mm256_broadcast_ps((const __m128 *)s);
+    __m256 s47 = _mm256_broadcast_ps((const __m128 *)(s + 4));
+    if (R > 2) __asm__("" : "+x"(s03), "+x"(s47));
+    if (!q4 && R % 2 == 0) {
+        const __m256i one = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i += 2) { /* lanes32's steps, two rows at once */
+            __m256i p0 = _mm256_sign_epi8(load(xb + i * 32), ws);
+            __m256i p1 = _mm256_sign_epi8(load(xb + i * 32 + 32), ws);
+            p0 = _mm256_maddubs_epi16(wu, p0), p1 = _mm256_maddubs_epi16(wu, p1);
+            p0 = _mm256_madd_epi16(p0, one), p1 = _mm256_madd_epi16(p1, one);
+            __m256 f0 = _mm256_cvtepi32_ps(p0), f1 = _mm256_cvtepi32_ps(p1);
+            acc[i] = _mm256_fmadd_ps(f0, row_scale(R, s03, s47, s, i), acc[i]);
+            acc[i + 1] = _mm256_fmadd_ps(f1, row_scale(R, s03, s47, s, i + 1), acc[i + 1]);
+        }
+        return;
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        __m256i p = lanes32(q4, wu, ws, x + (b * R + i) * 32, q4 ? s4 + i * s4s + 8 * b : NULL);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(s + i), acc[i]);
+        __m256i p = lanes32(q4, wu, ws, xb + i * 32, q4 ? s4b + i * s4s : NULL);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), row_scale(R, s03, s47, s, i), acc[i]);
     }
 }
 
 /* Per block and row: acc += (w . x per lane of 4) * (dw * dx). The products
  * dw * dx of the next block are formed while this one runs, 8 rows per
- * vmulps, and stored in a ring of two: broadcasting them from memory costs
- * no ALU pipe, and a block of lead time keeps the store-to-load forwarding
- * off the critical path. wn is the next weight row, prefetched a block at a
- * time: with several rows the loop is compute bound, so the hardware
- * prefetcher alone leaves the first tile of a group waiting on memory. */
+ * vmulps, and stored in a ring of two: a block of lead time keeps the
+ * store-to-load forwarding off the critical path. wn is the next weight row,
+ * prefetched a line per two blocks (of Q8_0's 68 bytes, every 17th line is
+ * left to the hardware prefetcher; no loss measured): with several rows the
+ * loop is compute bound, so the hardware prefetcher alone leaves the first
+ * tile of a group waiting on memory. The loop walks pointers and has no
+ * spare-slot branch: with indices gcc spent ~17 instructions a block on
+ * bookkeeping. */
 INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *wn, int nb,
                    const dfl_qact *a, int r0, float *y, int ldy) {
     __m256 acc[TILE];
@@ -186,16 +221,26 @@ INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *w
         y[0] = hsum8(acc[0]);
         return;
     }
+    const ptrdiff_t ahead = wn - w;
     float S[2][8] __attribute__((aligned(32)));
-    scales32(S[0], w, bb, dx, 0);
-    int b = 0;
-    for (; b + 1 < nb; b += 2) { /* two blocks a turn: the ring's slots are fixed */
-        scales32(S[1], w, bb, dx, b + 1);
-        block32(q4, R, w, wn, bb, x, s4, xs / 4, b, S[0], acc);
-        scales32(S[0], w, bb, dx, b + 2 < nb ? b + 2 : b + 1); /* past the end: a spare */
-        block32(q4, R, w, wn, bb, x, s4, xs / 4, b + 1, S[1], acc);
+    scales32(S[0], w, dx);
+    for (int k = 0; k < (nb - 1) / 2; k++) { /* two blocks a turn, one or two left after */
+        float *s = S[0];
+        __asm__("" : "+r"(s)); /* else gcc keeps all 16 slot addresses, spilled */
+        scales32(s + 8, w + bb, dx + 8);
+        block32(q4, R, w, w + ahead, x, s4, xs / 4, s, acc);
+        scales32(s, w + 2 * bb, dx + 16);
+        block32(q4, R, w + bb, NULL, x + 32 * R, q4 ? s4 + 8 : s4, xs / 4, s + 8, acc);
+        w += 2 * bb, x += 64 * R, dx += 16;
+        if (q4) s4 += 16;
     }
-    if (b < nb) block32(q4, R, w, wn, bb, x, s4, xs / 4, b, S[0], acc);
+    if (nb % 2 == 0) {
+        scales32(S[1], w + bb, dx + 8);
+        block32(q4, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
+        block32(q4, R, w + bb, w + bb + ahead, x + 32 * R, q4 ? s4 + 8 : s4, xs / 4, S[1], acc);
+    } else {
+        block32(q4, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]);
 }
