@@ -1,10 +1,12 @@
 /* bench_kernels.c - kernel speed against this machine's own limits, measured
  * in the same run: read bandwidth and FMA peak (src/kernels/machine.c), both
  * on the pool's threads. Prints GB/s for
- * one-row matmuls and GFLOP/s for 1..32 rows on Qwen3-0.6B shapes, each with
- * its ratio to the limit that bounds it.
+ * one-row matmuls and GFLOP/s for 1..32 rows on Qwen3-0.6B (or 1.7B) shapes,
+ * each with its ratio to the limit that bounds it.
  *
- *   bench_kernels [threads] [seconds per measurement]
+ *   bench_kernels [threads] [seconds per measurement] [f32|f16|bf16|all] [0.6b|1.7b]
+ *
+ * A type (or a model) given: only those matmuls, no attention (quicker A/B runs).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -104,15 +106,20 @@ int main(int argc, char **argv) {
     nthreads = argc > 1 ? atoi(argv[1]) : dfl_ncpu();
     if (argc > 2) min_time = atof(argv[2]);
     pool = dfl_pool_new(nthreads);
+    const char *only = argc > 3 ? argv[3] : "all";
+    int big = argc > 4 && !strcmp(argv[4], "1.7b");
     printf("threads %d, avx2 %d\n", nthreads, dfl_cpu_has_avx2());
     double bw = dfl_machine_read_bw(pool, 0, 5), peak = dfl_machine_fma_peak(pool, 0);
     printf("read bandwidth %.1f GB/s, FMA peak %.1f GFLOP/s\n\n", bw, peak);
 
-    static const int shapes[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}};
+    /* q/o projection, MLP up, MLP down, lm head: Qwen3-0.6B, then 1.7B */
+    static const int shapes06[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}};
+    static const int shapes17[][2] = {{2048, 2048}, {6144, 2048}, {2048, 6144}, {151936, 2048}};
+    const int(*shapes)[2] = big ? shapes17 : shapes06;
     static const int ns[] = {1, 2, 4, 8, 16, 32};
-    float *X = dfl_aligned_alloc(sizeof(float) * 32 * 3072);
+    float *X = dfl_aligned_alloc(sizeof(float) * 32 * 6144);
     float *Y = dfl_aligned_alloc(sizeof(float) * 32 * 151936);
-    for (int i = 0; i < 32 * 3072; i++) X[i] = (float)(i % 11) * 0.1f;
+    for (int i = 0; i < 32 * 6144; i++) X[i] = (float)(i % 11) * 0.1f;
     /* Other work on the machine moves both limits; each row's ratios are taken
      * against the limits measured again just before it. */
     printf("matmul: n=1 GB/s (%% of read bw) | GFLOP/s for n rows (%% of FMA peak)\n");
@@ -121,6 +128,7 @@ int main(int argc, char **argv) {
     printf("\n");
     for (int t = DFL_F32; t <= DFL_BF16; t++)
         for (int s = 0; s < 4; s++) {
+            if (strcmp(only, "all") && strcmp(only, dfl_type_name((dfl_type)t))) continue;
             int rows = shapes[s][0], cols = shapes[s][1];
             mats m = make_mats((dfl_type)t, rows, cols);
             char shape[32];
@@ -143,7 +151,7 @@ int main(int argc, char **argv) {
         }
     free(X);
     free(Y);
-    bench_attention();
+    if (argc <= 3) bench_attention();
     dfl_pool_free(pool);
     return 0;
 }
