@@ -10,11 +10,14 @@
  * Fast paths. One row (decode) streams the weights once and is bound by memory
  * bandwidth: 4 outputs at a time, converted in registers, the next 4 rows
  * prefetched meanwhile (one core's bandwidth is bound by misses in flight).
- * Several rows (verify, prefill): per group of 3 outputs, a block of up to KB
- * columns of weights is converted to f32 once (on the stack, L1-resident),
- * then every 4-row tile of X runs against it with a 4x3 register tile (12
+ * Several rows (verify, prefill): per group of 3 outputs and block of up to
+ * KB columns, every 4-row tile of X runs a 4x3 register tile (12
  * accumulators + 3 weights + 1 activation = the 16 ymm registers) while the
- * next block is prefetched. Rows go 32 at a time so the accumulators stay
+ * next block is prefetched. f16 weights are converted in registers (vcvtph2ps
+ * keeps up with the multiply-adds). bf16 needs a widen and a shift, which
+ * compete with the multiply-adds for the vector pipes: with more than
+ * CONVERT_ROWS rows a bf16 block is converted to f32 once (on the stack,
+ * L1-resident) for all row tiles instead. Rows go 32 at a time so the accumulators stay
  * small. Small matrices (a model that sits in cache, where bandwidth is not
  * the limit) skip the blocking (gemm_small), and those given a transposed
  * copy at load run 8 outputs per vector with no horizontal sums, one row or
@@ -29,8 +32,10 @@ enum {
     KB = 1024,        /* columns converted per block (3 x 4 KiB of f32) */
     RB = 32,          /* rows per row block */
     CHUNK = 48,       /* outputs per task: a multiple of the tile widths (3, 4, 24) */
-    SMALL_BYTES = 256 << 10   /* f32 bytes up to which several rows take gemm_small, and a
+    SMALL_BYTES = 256 << 10,  /* f32 bytes up to which several rows take gemm_small, and a
                                * matrix may be transposed */
+    CONVERT_ROWS = 12 /* bf16 rows up to which converting in registers beats a
+                       * conversion pass (measured on Zen 3: 8 and 12 rows 10-20% faster) */
 };
 
 static float w_at(dfl_type t, const uint8_t *row, int k) {
@@ -181,26 +186,23 @@ TILE_FNS(BF16)
 static const tile_fn tiles[3][5][2] = {TILE_ROW(F32), TILE_ROW(F16), TILE_ROW(BF16)};
 static const tile_fn gemv4[3] = {tile_1x4_F32, tile_1x4_F16, tile_1x4_BF16};
 
-/* dst[c * KB + k] = W_c[k] as f32 (exact), k < nk, c < nc: one unrolled pass
- * per block, so every row tile then runs the f32 kernel. */
-#define CONVERT_FN(T)                                                                        \
-    DFL_AVX2 static void convert_##T(const uint8_t *const *w, int nc, int nk, float *dst) {  \
-        for (int c = 0; c < nc; c++) {                                                     \
-            float *d = dst + c * KB;                                                       \
-            int k = 0;                                                                     \
-            for (; k + 32 <= nk; k += 32) {                                                \
-                __m256 a = load8(DFL_##T, w[c], k), b = load8(DFL_##T, w[c], k + 8);       \
-                __m256 e = load8(DFL_##T, w[c], k + 16), f = load8(DFL_##T, w[c], k + 24); \
-                _mm256_store_ps(d + k, a);                                                  \
-                _mm256_store_ps(d + k + 8, b);                                              \
-                _mm256_store_ps(d + k + 16, e);                                             \
-                _mm256_store_ps(d + k + 24, f);                                             \
-            }                                                                              \
-            for (; k < nk; k += 8) _mm256_store_ps(d + k, load8(DFL_##T, w[c], k));        \
-        }                                                                                  \
+/* dst[c * KB + k] = W_c[k] as f32 (exact), k < nk, c < nc, for bf16 rows: one
+ * unrolled pass per block, so every row tile then runs the f32 kernel. */
+DFL_AVX2 static void convert_bf16(const uint8_t *const *w, int nc, int nk, float *dst) {
+    for (int c = 0; c < nc; c++) {
+        float *d = dst + c * KB;
+        int k = 0;
+        for (; k + 32 <= nk; k += 32) {
+            __m256 a = load8(DFL_BF16, w[c], k), b = load8(DFL_BF16, w[c], k + 8);
+            __m256 e = load8(DFL_BF16, w[c], k + 16), f = load8(DFL_BF16, w[c], k + 24);
+            _mm256_store_ps(d + k, a);
+            _mm256_store_ps(d + k + 8, b);
+            _mm256_store_ps(d + k + 16, e);
+            _mm256_store_ps(d + k + 24, f);
+        }
+        for (; k < nk; k += 8) _mm256_store_ps(d + k, load8(DFL_BF16, w[c], k));
     }
-CONVERT_FN(F16)
-CONVERT_FN(BF16)
+}
 
 /* Y values from lane sums acc[0..m) and the k tail, in vec.h's order; w[i %
  * c] is the weight row and x + (i / c) * ldx the input row of acc[i]. */
@@ -242,8 +244,8 @@ DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x,
 }
 
 /* Rows [r0, r0+nr), nr <= RB, against outputs [o, o+c), c <= 3, of a task
- * whose chunk ends at o1. Per column block: with more than one row tile, a
- * 16-bit block is converted to f32 once (exact: the same values) for all;
+ * whose chunk ends at o1. Per column block: with more than CONVERT_ROWS rows,
+ * a bf16 block is converted to f32 once (exact: the same values) for all;
  * the tiles share out the prefetch of the next block (this group's next
  * columns, or the next group's first). */
 DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, int nr,
@@ -251,7 +253,7 @@ DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, 
     _Alignas(32) float wf[3 * KB];
     __m256 acc[RB * 3];
     int cols = W->cols, k8 = cols & ~7, wide = c == 3, t = W->type;
-    int convert = t != DFL_F32 && nr > 4, ntile = (nr + 3) / 4;
+    int convert = t == DFL_BF16 && nr > CONVERT_ROWS, ntile = (nr + 3) / 4;
     size_t es = t == DFL_F32 ? 4 : 2;
     const uint8_t *wrow[3], *wfrow[3];
     for (int i = 0; i < c; i++) {
@@ -268,7 +270,7 @@ DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, 
         else
             for (; nnext < 3 && o + c + nnext < o1; nnext++)
                 next[nnext] = wrow[0] + (size_t)(c + nnext) * W->row_bytes;
-        if (convert) (t == DFL_F16 ? convert_F16 : convert_BF16)(w, c, nk, wf);
+        if (convert) convert_bf16(w, c, nk, wf);
         for (int r = 0, ti = 0; r < nr; ti++) {
             int tr = nr - r >= 4 ? 4 : nr - r;
             const float *x = X + (size_t)(r0 + r) * ldx + kb;
