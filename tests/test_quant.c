@@ -358,6 +358,13 @@ static void test_matmul(void) {
         for (int s = 0; s < 6; s++)
             for (int kind = 0; kind < 2; kind++)
                 test_matmul_case(pools, types[ti], shapes[s][0], shapes[s][1], kind);
+    /* Q8_0 and Q4_0 rows of an odd number of 32-blocks: the AVX2 tiles take
+     * blocks two at a time, and a last single block has its own path. */
+    static const int odd[][2] = {{9, 96}, {17, 160}, {11, 2080}};
+    for (int ti = 0; ti < NTYPES; ti++)
+        if (dfl_type_block(types[ti]) == 32)
+            for (int s = 0; s < 3; s++)
+                test_matmul_case(pools, types[ti], odd[s][0], odd[s][1], 0);
     for (int p = 0; p < 3; p++) dfl_pool_free(pools[p]);
 }
 
