@@ -295,7 +295,7 @@ int dfl_tok_encode(const dfl_tokenizer *t, const char *text, size_t len, int add
     tok_cache_free(c.cache);
     pcre2_match_data_free(c.md);
     int n = c.out.n;
-    if (!c.rc && cap) memcpy(ids, c.out.v, (size_t)(n < cap ? n : cap) * sizeof *ids);
+    if (!c.rc && cap && n > 0) memcpy(ids, c.out.v, (size_t)(n < cap ? n : cap) * sizeof *ids);
     free(c.out.v);
     return c.rc ? c.rc : n;
 }
