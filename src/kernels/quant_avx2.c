@@ -144,8 +144,14 @@ INLINE void scales32(float *S, const uint8_t *wb, const float *dxb) {
 /* Row i's scale product as a vector, from s03 / s47 (rows 0-3 / 4-7, each
  * 4 products twice) by an in-lane shuffle, or with 1-2 rows from s. */
 INLINE __m256 row_scale(const int R, __m256 s03, __m256 s47, const float *s, int i) {
+    if (R <= 2) return _mm256_broadcast_ss(s + i);
     __m256 v = i < 4 ? s03 : s47;
-    return R > 2 ? _mm256_shuffle_ps(v, v, (i % 4) * 0x55) : _mm256_broadcast_ss(s + i);
+    switch (i % 4) { /* immediates written out: an unoptimized build does not fold i */
+    case 0: return _mm256_shuffle_ps(v, v, 0x00);
+    case 1: return _mm256_shuffle_ps(v, v, 0x55);
+    case 2: return _mm256_shuffle_ps(v, v, 0xaa);
+    default: return _mm256_shuffle_ps(v, v, 0xff);
+    }
 }
 
 /* One block of a tile: wb the weight block, pf an address to prefetch (or
