@@ -87,7 +87,7 @@ static void bench_attention(void) {
             int calls = 0;
             while (dfl_now() - start < min_time || calls < 3) {
                 double t = dfl_now();
-                dfl_attention(pool, n, q, K, V, kvd, nk, nh, nkv, hd, 0.088f, out);
+                dfl_attention(pool, n, q, K, V, kvd, (size_t)hd, nk, nh, nkv, hd, 0.088f, out);
                 t = dfl_now() - t;
                 best = t < best ? t : best;
                 calls++;

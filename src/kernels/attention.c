@@ -44,6 +44,7 @@ typedef struct {
     float *out;
     int n, ldk, n_heads, n_kv, hd, g, tpk, simd;
     float scale;
+    size_t hs;   /* floats from one kv head's keys to the next's */
 } att_job;
 
 /* The new running max from the block's largest score bm (NaN scores are
@@ -84,7 +85,7 @@ static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
         memset(o, 0, (size_t)a->hd * sizeof(float));
         for (int j0 = 0; j0 < a->n_keys[r]; j0 += BK) {
             int nk = a->n_keys[r] - j0 < BK ? a->n_keys[r] - j0 : BK;
-            size_t ko = (size_t)j0 * a->ldk + (size_t)kh * a->hd;
+            size_t ko = (size_t)j0 * a->ldk + (size_t)kh * a->hs;
             block_ref(a->q + off, a->K + ko, a->V + ko, a->ldk, nk, a->hd, a->scale, &m, &l, o);
         }
         if (l > 0)
@@ -533,7 +534,7 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
             int left = a->n_keys[(u0 + u) / a->g] - j0;
             nk[u] = left < 0 ? 0 : left < BK ? left : BK;
         }
-        size_t off = (size_t)j0 * a->ldk + (size_t)kh * a->hd, noff = off + (size_t)BK * a->ldk;
+        size_t off = (size_t)j0 * a->ldk + (size_t)kh * a->hs, noff = off + (size_t)BK * a->ldk;
         int next_nk = max_keys - j0 - BK < BK ? max_keys - j0 - BK : BK;
         const float *nk_ = next_nk > 0 ? a->K + noff : NULL, *nv = next_nk > 0 ? a->V + noff : NULL;
         /* Few units (decode): one at a time, reading the block with many
@@ -566,25 +567,26 @@ static void att_task(void *ctx, int i, int ntask) {
 }
 
 static att_job make_job(int n, const float *q, const float *K, const float *V, int ldk,
-                        const int *n_keys, int n_heads, int n_kv, int hd, float scale,
+                        size_t hs, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
                         float *out) {
-    att_job a = {q, K, V, n_keys, out, n, ldk, n_heads, n_kv, hd, n_heads / n_kv, 0, 0, scale};
+    att_job a = {q,  K,     V,   n_keys, out, n, ldk, n_heads, n_kv, hd, n_heads / n_kv, 0, 0,
+                 scale, hs};
     a.tpk = (n * a.g + UNITS - 1) / UNITS;
     return a;
 }
 
 void dfl_attention(dfl_pool *pool, int n, const float *q, const float *K, const float *V,
-                   int ldk, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
-                   float *out) {
+                   int ldk, size_t hs, const int *n_keys, int n_heads, int n_kv, int hd,
+                   float scale, float *out) {
     if (n <= 0) return;
-    att_job a = make_job(n, q, K, V, ldk, n_keys, n_heads, n_kv, hd, scale, out);
+    att_job a = make_job(n, q, K, V, ldk, hs, n_keys, n_heads, n_kv, hd, scale, out);
     a.simd = dfl_kernels_simd();
     dfl_pool_run(pool, att_task, &a, n_kv * a.tpk);
 }
 
-void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk,
+void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk, size_t hs,
                        const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out) {
     if (n <= 0) return;
-    att_job a = make_job(n, q, K, V, ldk, n_keys, n_heads, n_kv, hd, scale, out);
+    att_job a = make_job(n, q, K, V, ldk, hs, n_keys, n_heads, n_kv, hd, scale, out);
     for (int i = 0; i < n_kv * a.tpk; i++) att_task(&a, i, n_kv * a.tpk);
 }

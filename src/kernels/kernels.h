@@ -72,14 +72,16 @@ void dfl_rope_apply_cs(const dfl_rope *r, float *x, int n_heads, const float *cs
 /* out = silu(gate) * up, n elements. */
 void dfl_swiglu(float *out, const float *gate, const float *up, int n);
 
-/* Attention for n query rows. q: [n, n_heads*hd]. K, V: [n_keys_max, n_kv*hd]
- * (rows = positions, ldk floats apart). Row r attends keys [0, n_keys[r]).
+/* Attention for n query rows. q: [n, n_heads*hd]. K, V: kv head h's key j at
+ * K + h * hs + j * ldk (hd floats): interleaved heads (hs = hd, ldk = n_kv*hd)
+ * or one contiguous run per head (hs = rows*hd, ldk = hd). Row r attends keys
+ * [0, n_keys[r]).
  * out: [n, n_heads*hd]. No scratch: bounded stack buffers only.
  * Online softmax in key order, one head per task: batch invariant. */
 void dfl_attention(dfl_pool *pool, int n, const float *q, const float *K, const float *V,
-                   int ldk, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
-                   float *out);
-void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk,
+                   int ldk, size_t hs, const int *n_keys, int n_heads, int n_kv, int hd,
+                   float scale, float *out);
+void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk, size_t hs,
                        const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out);
 
 /* Index of the largest value (first on ties). */

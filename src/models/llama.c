@@ -219,6 +219,8 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     dfl_kv *kv = xcalloc(1, sizeof *kv);
     kv->cap = cap;
     kv->n_layers = t->c.n_layers;
+    kv->n_kv_heads = t->c.n_kv_heads;
+    kv->head_dim = t->c.head_dim;
     kv->kv_dim = t->c.n_kv_heads * t->c.head_dim;
     size_t n = (size_t)kv->n_layers * cap * kv->kv_dim;
     kv->k = xcalloc(n, sizeof(float));
@@ -267,15 +269,18 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, dfl_kv *kv, int l, in
         norm_rows(t->q, t->q, L->q_norm, n * c->n_heads, hd, c->norm_eps);
         norm_rows(t->k, t->k, L->k_norm, n * c->n_kv_heads, hd, c->norm_eps);
     }
-    float *kc = kv->k + ((size_t)l * kv->cap + pos0) * kvd;
-    float *vc = kv->v + ((size_t)l * kv->cap + pos0) * kvd;
     for (int r = 0; r < n; r++) {
         const float *cs = t->rope_cs + (size_t)r * hd;
         dfl_rope_apply_cs(&t->rope, t->q + (size_t)r * qd, c->n_heads, cs);
         dfl_rope_apply_cs(&t->rope, t->k + (size_t)r * kvd, c->n_kv_heads, cs);
     }
-    memcpy(kc, t->k, (size_t)n * kvd * sizeof(float));
-    memcpy(vc, t->v, (size_t)n * kvd * sizeof(float));
+    for (int h = 0; h < c->n_kv_heads; h++) {
+        float *kc = dfl_kv_row(kv, kv->k, l, h, pos0), *vc = dfl_kv_row(kv, kv->v, l, h, pos0);
+        for (int r = 0; r < n; r++) {
+            memcpy(kc + (size_t)r * hd, t->k + (size_t)r * kvd + h * hd, hd * sizeof(float));
+            memcpy(vc + (size_t)r * hd, t->v + (size_t)r * kvd + h * hd, hd * sizeof(float));
+        }
+    }
 }
 
 static void residual_add(float *x, const float *y, size_t n) {
@@ -285,12 +290,12 @@ static void residual_add(float *x, const float *y, size_t n) {
 static void layer_forward(dfl_target *t, int l, dfl_kv *kv, int n, int pos0) {
     const dfl_config *c = &t->c;
     const dfl_layer *L = &t->layers[l];
-    int hd = c->head_dim, qd = c->n_heads * hd, kvd = kv->kv_dim;
+    int hd = c->head_dim, qd = c->n_heads * hd;
     norm_rows(t->xn, t->x, L->attn_norm, n, c->dim, c->norm_eps);
     attn_inputs(t, L, kv, l, n, pos0);
     for (int r = 0; r < n; r++) t->n_keys[r] = pos0 + r + 1;
-    const float *K = kv->k + (size_t)l * kv->cap * kvd, *V = kv->v + (size_t)l * kv->cap * kvd;
-    dfl_attention(t->pool, n, t->q, K, V, kvd, t->n_keys, c->n_heads, c->n_kv_heads, hd,
+    dfl_attention(t->pool, n, t->q, dfl_kv_row(kv, kv->k, l, 0, 0), dfl_kv_row(kv, kv->v, l, 0, 0),
+                  hd, (size_t)kv->cap * hd, t->n_keys, c->n_heads, c->n_kv_heads, hd,
                   1.0f / sqrtf((float)hd), t->att);
     matmul(t, &L->wo, n, t->att, t->xn);
     residual_add(t->x, t->xn, (size_t)n * c->dim);

@@ -87,9 +87,17 @@ typedef struct dfl_target {
 typedef struct dfl_kv {
     int len;              /* committed rows */
     int cap;              /* rows allocated (ctx size) */
-    int n_layers, kv_dim;
-    float *k, *v;         /* (n_layers, cap, kv_dim) each; K after norm and RoPE */
+    int n_layers, n_kv_heads, head_dim, kv_dim;
+    float *k, *v;         /* (n_layers, n_kv_heads, cap, head_dim) each; K after norm and
+                           * RoPE. One contiguous run per head: a decode step streams each
+                           * head's keys, which the hardware prefetcher follows (rows of
+                           * interleaved heads sit kv_dim floats apart, a page each at 1024) */
 } dfl_kv;
+
+/* Row pos of kv head h in layer l of buf (kv->k or kv->v). */
+static inline float *dfl_kv_row(const dfl_kv *kv, float *buf, int l, int h, int pos) {
+    return buf + (((size_t)l * kv->n_kv_heads + h) * kv->cap + pos) * kv->head_dim;
+}
 
 typedef struct dfl_load_opts {
     const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */

@@ -34,13 +34,15 @@ double dfl_bench_row_flops(const dfl_engine *e) {
 static void fill_cache(dfl_session *s, int n) {
     dfl_kv *kv = s->kv;
     for (int l = 0; l < kv->n_layers; l++)
-        for (int r = kv->len; r < n; r++) {
-            size_t o = ((size_t)l * kv->cap + r) * kv->kv_dim;
-            for (int i = 0; i < kv->kv_dim; i++) {
-                kv->k[o + i] = 0.01f * (float)((r * 7 + i * 3) % 17) - 0.08f;
-                kv->v[o + i] = 0.01f * (float)((r * 5 + i) % 13) - 0.06f;
+        for (int h = 0; h < kv->n_kv_heads; h++)
+            for (int r = kv->len; r < n; r++) {
+                float *k = dfl_kv_row(kv, kv->k, l, h, r), *v = dfl_kv_row(kv, kv->v, l, h, r);
+                for (int d = 0; d < kv->head_dim; d++) {
+                    int i = h * kv->head_dim + d;
+                    k[d] = 0.01f * (float)((r * 7 + i * 3) % 17) - 0.08f;
+                    v[d] = 0.01f * (float)((r * 5 + i) % 13) - 0.06f;
+                }
             }
-        }
     for (int r = kv->len; r < n; r++) s->hist[r] = -1;
     kv->len = n;
 }
