@@ -476,10 +476,31 @@ static float *att_run(const att_case *a, dfl_pool *p, int n, int r0, int ref) {
     return out;
 }
 
+/* The same keys with each kv head's rows in one contiguous run (the target's
+ * cache layout): twin and AVX2 must give the interleaved twin's bits. */
+static void att_check_contiguous(const att_case *a, dfl_pool *p, const float *ref) {
+    size_t hs = (size_t)a->ctx * a->hd, qd = (size_t)a->nh * a->hd;
+    float *K = xmalloc(sizeof(float) * hs * a->nkv), *V = xmalloc(sizeof(float) * hs * a->nkv);
+    for (int h = 0; h < a->nkv; h++)
+        for (int j = 0; j < a->ctx; j++)
+            for (int d = 0; d < a->hd; d++) {
+                K[h * hs + (size_t)j * a->hd + d] = a->K[(size_t)j * a->ldk + h * a->hd + d];
+                V[h * hs + (size_t)j * a->hd + d] = a->V[(size_t)j * a->ldk + h * a->hd + d];
+            }
+    float *o1 = xmalloc(sizeof(float) * a->n * qd), *o2 = xmalloc(sizeof(float) * a->n * qd);
+    dfl_attention_ref(a->n, a->q, K, V, a->hd, hs, a->nk, a->nh, a->nkv, a->hd, a->scale, o1);
+    dfl_attention(p, a->n, a->q, K, V, a->hd, hs, a->nk, a->nh, a->nkv, a->hd, a->scale, o2);
+    size_t bytes = sizeof(float) * a->n * qd;
+    CHECK(!memcmp(o1, ref, bytes) && !memcmp(o2, ref, bytes),
+          "attention n=%d hd=%d: per-head contiguous keys differ", a->n, a->hd);
+    free(K), free(V), free(o1), free(o2);
+}
+
 static void test_attention_case(int n, int nh, int nkv, int hd, int ctx) {
     att_case a = att_make(n, nh, nkv, hd, ctx);
     int qd = nh * hd;
     float *ref = att_run(&a, NULL, n, 0, 1);
+    att_check_contiguous(&a, pools[2], ref);
     /* Naive softmax in double. */
     double worst = 0;
     double *s = xmalloc(sizeof(double) * ctx);
