@@ -470,9 +470,11 @@ static float *att_run(const att_case *a, dfl_pool *p, int n, int r0, int ref) {
     for (int i = 0; i < n * qd; i++) out[i] = NAN;   /* must be fully overwritten */
     const float *q = a->q + (size_t)r0 * qd;
     if (ref)
-        dfl_attention_ref(n, q, a->K, a->V, a->ldk, (size_t)a->hd, a->nk + r0, a->nh, a->nkv, a->hd, a->scale, out);
+        dfl_attention_ref(n, q, a->K, a->V, a->ldk, (size_t)a->hd, a->nk + r0, a->nh, a->nkv,
+                          a->hd, a->scale, out);
     else
-        dfl_attention(p, n, q, a->K, a->V, a->ldk, (size_t)a->hd, a->nk + r0, a->nh, a->nkv, a->hd, a->scale, out);
+        dfl_attention(p, n, q, a->K, a->V, a->ldk, (size_t)a->hd, a->nk + r0, a->nh, a->nkv,
+                      a->hd, a->scale, out);
     return out;
 }
 

@@ -569,8 +569,7 @@ static void att_task(void *ctx, int i, int ntask) {
 static att_job make_job(int n, const float *q, const float *K, const float *V, int ldk,
                         size_t hs, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
                         float *out) {
-    att_job a = {q,  K,     V,   n_keys, out, n, ldk, n_heads, n_kv, hd, n_heads / n_kv, 0, 0,
-                 scale, hs};
+    att_job a = {q, K, V, n_keys, out, n, ldk, n_heads, n_kv, hd, n_heads / n_kv, 0, 0, scale, hs};
     a.tpk = (n * a.g + UNITS - 1) / UNITS;
     return a;
 }
