@@ -4,9 +4,10 @@
  * one-row matmuls and GFLOP/s for 1..32 rows on Qwen3-0.6B (or 1.7B) shapes,
  * each with its ratio to the limit that bounds it.
  *
- *   bench_kernels [threads] [seconds per measurement] [f32|f16|bf16|all] [0.6b|1.7b]
+ *   bench_kernels [threads] [seconds per measurement] [f32|f16|bf16|attention|all] [0.6b|1.7b]
  *
- * A type (or a model) given: only those matmuls, no attention (quicker A/B runs).
+ * A type (or a model) given: only those matmuls, no attention (quicker A/B
+ * runs); "attention": attention alone, over f32 and f16 keys.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -71,35 +72,39 @@ static double time_matmul(mats *m, int n, const float *X, float *Y) {
 
 static void bench_attention(void) {
     int nh = 16, nkv = 8, hd = 128, kvd = nkv * hd, ctxs[] = {1024, 8192, 32768}, ns[] = {1, 16};
-    float *K = dfl_aligned_alloc(sizeof(float) * 32768 * kvd);
-    float *V = dfl_aligned_alloc(sizeof(float) * 32768 * kvd);
+    size_t cap = 32768, m = cap * kvd, hs = cap * hd;
+    float *K = dfl_aligned_alloc(sizeof(float) * m), *V = dfl_aligned_alloc(sizeof(float) * m);
+    uint16_t *Kh = dfl_aligned_alloc(2 * m), *Vh = dfl_aligned_alloc(2 * m);
     float *q = dfl_aligned_alloc(sizeof(float) * 16 * nh * hd);
     float *out = dfl_aligned_alloc(sizeof(float) * 16 * nh * hd);
-    for (size_t i = 0; i < (size_t)32768 * kvd; i++) K[i] = V[i] = (float)(i % 13) * 0.01f;
+    for (size_t i = 0; i < m; i++) K[i] = V[i] = (float)(i % 13) * 0.01f;
+    dfl_quant_row(DFL_F16, K, Kh, (int)m);
+    dfl_quant_row(DFL_F16, V, Vh, (int)m);
     for (int i = 0; i < 16 * nh * hd; i++) q[i] = (float)(i % 7) * 0.1f;
-    printf("\nattention (16 heads, 8 kv heads, hd 128; K/V f32): ms per call, K/V read GB/s\n");
-    for (int c = 0; c < 3; c++)
-        for (int ni = 0; ni < 2; ni++) {
-            int n = ns[ni], nk[16];
-            double bw = dfl_machine_read_bw(pool, (size_t)128 << 20, 3);
-            for (int r = 0; r < n; r++) nk[r] = ctxs[c] - n + 1 + r;
-            double best = 1e9, start = dfl_now();
-            int calls = 0;
-            while (dfl_now() - start < min_time || calls < 3) {
-                double t = dfl_now();
-                dfl_attention(pool, n, q, K, V, kvd, (size_t)hd, nk, nh, nkv, hd, 0.088f, out);
-                t = dfl_now() - t;
-                best = t < best ? t : best;
-                calls++;
+    printf("\nattention (16 heads, 8 kv heads, hd 128; one run per kv head as the target's cache):"
+           " ms per call, K/V read GB/s\n");
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 3; c++)
+            for (int ni = 0; ni < 2; ni++) {
+                int n = ns[ni], nk[16];
+                dfl_kv_view kv = {t ? (void *)Kh : K, t ? (void *)Vh : V, t ? DFL_F16 : DFL_F32,
+                                  hd, hs};
+                double bw = dfl_machine_read_bw(pool, (size_t)128 << 20, 3);
+                for (int r = 0; r < n; r++) nk[r] = ctxs[c] - n + 1 + r;
+                double best = 1e9, start = dfl_now();
+                int calls = 0;
+                while (dfl_now() - start < min_time || calls < 3) {
+                    double tm = dfl_now();
+                    dfl_attention(pool, n, q, &kv, nk, nh, nkv, hd, 0.088f, out);
+                    tm = dfl_now() - tm;
+                    best = tm < best ? tm : best;
+                    calls++;
+                }
+                double gb = 2.0 * ctxs[c] * kvd * (t ? 2 : 4) / best / 1e9;
+                printf("  %s ctx %5d  n %2d  %8.3f ms  %6.1f GB/s (%.0f%% of read bw %.1f)\n",
+                       t ? "f16" : "f32", ctxs[c], n, best * 1e3, gb, 100 * gb / bw, bw);
             }
-            double gb = 2.0 * ctxs[c] * kvd * 4 / best / 1e9;
-            printf("  ctx %5d  n %2d  %8.3f ms  %6.1f GB/s (%.0f%% of read bw %.1f)\n", ctxs[c],
-                   n, best * 1e3, gb, 100 * gb / bw, bw);
-        }
-    free(K);
-    free(V);
-    free(q);
-    free(out);
+    free(K), free(V), free(Kh), free(Vh), free(q), free(out);
 }
 
 int main(int argc, char **argv) {
@@ -151,7 +156,7 @@ int main(int argc, char **argv) {
         }
     free(X);
     free(Y);
-    if (argc <= 3) bench_attention();
+    if (argc <= 3 || !strcmp(only, "attention")) bench_attention();
     dfl_pool_free(pool);
     return 0;
 }

@@ -46,6 +46,8 @@ typedef struct dfl_engine_opts {
     const char *model_path;   /* Hugging Face folder or .gguf file */
     const char *draft_path;   /* DFlash drafter folder or .gguf; NULL for none */
     const char *dtype;        /* convert weights at load: NULL/"auto" keeps the file's */
+    const char *kv_type;      /* K/V cache elements: NULL/"f16" (half the memory and the
+                                 bytes a long-context step reads) or "f32" */
     int n_threads;            /* 0: all cores */
     int ctx_size;             /* KV cache rows per session; 0: min(model max, 4096) */
     int max_block;            /* largest verify block; 0: drafter block size or 16 */
@@ -62,6 +64,7 @@ typedef struct dfl_model_info {
     char arch[32];         /* "llama", "qwen2", "qwen3" */
     char name[128];        /* file or folder name */
     char dtype[16];        /* weight type as loaded */
+    char kv_type[8];       /* K/V cache element type: "f16" or "f32" */
     int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab;
     int ctx_size;          /* per session */
     int max_ctx;           /* model's max_position_embeddings */

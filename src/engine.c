@@ -49,8 +49,8 @@ static int load_vocab_only(dfl_engine *e, const char *path, dfl_error *err) {
 
 static int load_models(dfl_engine *e, dfl_error *err) {
     const dfl_engine_opts *o = &e->opts;
-    dfl_load_opts lo = {.dtype = o->dtype, .pool = e->pool, .progress = o->progress,
-                        .progress_ud = o->progress_ud};
+    dfl_load_opts lo = {.dtype = o->dtype, .kv_type = o->kv_type, .pool = e->pool,
+                        .progress = o->progress, .progress_ud = o->progress_ud};
     lo.max_rows = e->max_block > 64 ? e->max_block : 64;
     int rc = dfl_target_load(o->model_path, &lo, &e->t, err);
     if (rc) return rc;
@@ -120,6 +120,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     snprintf(info->arch, sizeof info->arch, "%s", arch[c->arch]);
     snprintf(info->name, sizeof info->name, "%s", base_name(e->opts.model_path));
     snprintf(info->dtype, sizeof info->dtype, "%s", dfl_type_name(e->t->layers[0].wq.type));
+    snprintf(info->kv_type, sizeof info->kv_type, "%s", dfl_type_name(e->t->kv_type));
     info->n_layers = c->n_layers;
     info->dim = c->dim;
     info->n_heads = c->n_heads;

@@ -464,18 +464,68 @@ static att_case att_make(int n, int nh, int nkv, int hd, int ctx) {
 
 static void att_free(att_case *a) { free(a->q); free(a->K); free(a->V); free(a->nk); }
 
-static float *att_run(const att_case *a, dfl_pool *p, int n, int r0, int ref) {
+/* Rows [r0, r0 + n) over kv (the case's own f32 keys when NULL), with the
+ * twin (ref) or the AVX2 kernels on pool p. */
+static float *att_run_kv(const att_case *a, const dfl_kv_view *kv, dfl_pool *p, int n, int r0,
+                         int ref) {
     int qd = a->nh * a->hd;
     float *out = xmalloc(sizeof(float) * n * qd);
     for (int i = 0; i < n * qd; i++) out[i] = NAN;   /* must be fully overwritten */
     const float *q = a->q + (size_t)r0 * qd;
+    dfl_kv_view own = {a->K, a->V, DFL_F32, a->ldk, (size_t)a->hd};
+    if (!kv) kv = &own;
     if (ref)
-        dfl_attention_ref(n, q, a->K, a->V, a->ldk, (size_t)a->hd, a->nk + r0, a->nh, a->nkv,
-                          a->hd, a->scale, out);
+        dfl_attention_ref(n, q, kv, a->nk + r0, a->nh, a->nkv, a->hd, a->scale, out);
     else
-        dfl_attention(p, n, q, a->K, a->V, a->ldk, (size_t)a->hd, a->nk + r0, a->nh, a->nkv,
-                      a->hd, a->scale, out);
+        dfl_attention(p, n, q, kv, a->nk + r0, a->nh, a->nkv, a->hd, a->scale, out);
     return out;
+}
+
+static float *att_run(const att_case *a, dfl_pool *p, int n, int r0, int ref) {
+    return att_run_kv(a, NULL, p, n, r0, ref);
+}
+
+/* f16 keys and values (the target cache's type): the twin and the AVX2
+ * kernels, on 1..3 threads, in every sub-batch, interleaved or one run per
+ * head, must give the bits of the f32 twin over the same rounded values. */
+static void att_check_f16(const att_case *a) {
+    size_t m = (size_t)a->ctx * a->ldk, hs = (size_t)a->ctx * a->hd, qd = (size_t)a->nh * a->hd;
+    uint16_t *Kh = xmalloc(2 * m), *Vh = xmalloc(2 * m);
+    uint16_t *Kc = xmalloc(2 * hs * a->nkv), *Vc = xmalloc(2 * hs * a->nkv);
+    float *Kr = xmalloc(4 * m), *Vr = xmalloc(4 * m);
+    for (size_t i = 0; i < m; i++) {
+        Kh[i] = dfl_f32_to_f16(a->K[i]), Vh[i] = dfl_f32_to_f16(a->V[i]);
+        Kr[i] = dfl_f16_to_f32(Kh[i]), Vr[i] = dfl_f16_to_f32(Vh[i]);
+    }
+    for (int h = 0; h < a->nkv; h++)
+        for (int j = 0; j < a->ctx; j++)
+            for (int d = 0; d < a->hd; d++) {
+                Kc[h * hs + (size_t)j * a->hd + d] = Kh[(size_t)j * a->ldk + h * a->hd + d];
+                Vc[h * hs + (size_t)j * a->hd + d] = Vh[(size_t)j * a->ldk + h * a->hd + d];
+            }
+    dfl_kv_view rounded = {Kr, Vr, DFL_F32, a->ldk, (size_t)a->hd};
+    dfl_kv_view half = {Kh, Vh, DFL_F16, a->ldk, (size_t)a->hd};
+    dfl_kv_view runs = {Kc, Vc, DFL_F16, a->hd, hs};
+    size_t bytes = sizeof(float) * a->n * qd;
+    float *want = att_run_kv(a, &rounded, NULL, a->n, 0, 1);
+    float *o = att_run_kv(a, &half, NULL, a->n, 0, 1);
+    CHECK(!memcmp(o, want, bytes), "attention f16 n=%d hd=%d: twin != f32 twin", a->n, a->hd);
+    free(o);
+    int fails = 0;
+    for (int th = 1; th <= 3; th++) {
+        o = att_run_kv(a, th == 3 ? &runs : &half, pools[th], a->n, 0, 0);
+        fails += memcmp(o, want, bytes) != 0;
+        free(o);
+    }
+    for (int n = 1; n < a->n; n++)
+        for (int r0 = 0; r0 + n <= a->n; r0 += n) {
+            o = att_run_kv(a, (r0 / n) % 2 ? &runs : &half, pools[2], n, r0, 0);
+            fails += memcmp(o, want + (size_t)r0 * qd, sizeof(float) * n * qd) != 0;
+            free(o);
+        }
+    CHECK(fails == 0, "attention f16 n=%d hd=%d ctx=%d: %d runs differ from the twin", a->n,
+          a->hd, a->ctx, fails);
+    free(want), free(Kh), free(Vh), free(Kc), free(Vc), free(Kr), free(Vr);
 }
 
 /* The same keys with each kv head's rows in one contiguous run (the target's
@@ -490,8 +540,9 @@ static void att_check_contiguous(const att_case *a, dfl_pool *p, const float *re
                 V[h * hs + (size_t)j * a->hd + d] = a->V[(size_t)j * a->ldk + h * a->hd + d];
             }
     float *o1 = xmalloc(sizeof(float) * a->n * qd), *o2 = xmalloc(sizeof(float) * a->n * qd);
-    dfl_attention_ref(a->n, a->q, K, V, a->hd, hs, a->nk, a->nh, a->nkv, a->hd, a->scale, o1);
-    dfl_attention(p, a->n, a->q, K, V, a->hd, hs, a->nk, a->nh, a->nkv, a->hd, a->scale, o2);
+    dfl_kv_view kv = {K, V, DFL_F32, a->hd, hs};
+    dfl_attention_ref(a->n, a->q, &kv, a->nk, a->nh, a->nkv, a->hd, a->scale, o1);
+    dfl_attention(p, a->n, a->q, &kv, a->nk, a->nh, a->nkv, a->hd, a->scale, o2);
     size_t bytes = sizeof(float) * a->n * qd;
     CHECK(!memcmp(o1, ref, bytes) && !memcmp(o2, ref, bytes),
           "attention n=%d hd=%d: per-head contiguous keys differ", a->n, a->hd);
@@ -503,6 +554,7 @@ static void test_attention_case(int n, int nh, int nkv, int hd, int ctx) {
     int qd = nh * hd;
     float *ref = att_run(&a, NULL, n, 0, 1);
     att_check_contiguous(&a, pools[2], ref);
+    att_check_f16(&a);
     /* Naive softmax in double. */
     double worst = 0;
     double *s = xmalloc(sizeof(double) * ctx);
@@ -551,6 +603,7 @@ static void test_attention(void) {
     test_attention_case(9, 16, 8, 128, 300);
     test_attention_case(3, 6, 2, 7, 129);
     test_attention_case(2, 2, 2, 128, 5000);
+    test_attention_case(9, 4, 2, 264, 70);   /* too large to pack: units one by one */
     /* Small heads (8..32 dims): the transposed-key scores, GQA, 1..32 rows,
      * blocks that end inside a group of 8 keys, and a wide row stride (V
      * packed). */

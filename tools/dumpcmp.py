@@ -36,14 +36,16 @@ def find_bin():
     return max(cands, key=os.path.getmtime) if cands else None
 
 
-def run_dump(binary, model, ids, vocab, dim, capture=(), draft=None, block=None, timeout=120):
+def run_dump(binary, model, ids, vocab, dim, capture=(), draft=None, block=None, timeout=120,
+             kv_type="f16"):
     """-> (logits (n, vocab), feat (n, n_cap, dim) or None, draft logits (B-1, vocab) or None).
 
     Raises RuntimeError with dump's stderr when it fails or writes the wrong size."""
     n = len(ids)
     with tempfile.TemporaryDirectory(prefix="dumpcmp-") as tmp:
         out, outd = os.path.join(tmp, "logits.bin"), os.path.join(tmp, "draft.bin")
-        cmd = [binary, "dump", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out]
+        cmd = [binary, "dump", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out,
+               "--kv-type", kv_type]
         if capture:
             cmd += ["--capture", ",".join(map(str, capture))]
         if draft:
@@ -101,6 +103,7 @@ def main(argv=None):
     ap.add_argument("--draft")
     ap.add_argument("--draft-block", type=int)
     ap.add_argument("--bin", help="dflash binary (default $DFLASH_BIN or build*/dflash)")
+    ap.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
     a = ap.parse_args(argv)
     binary = a.bin or find_bin()
     if not binary:
@@ -111,8 +114,9 @@ def main(argv=None):
     block = a.draft_block
     if a.draft and not block:
         block = reference.read_config(a.draft).get("block_size", 16)
-    ref = reference.dump(a.model, ids, cap, a.draft, block)
-    got = run_dump(binary, a.model, ids, dm["vocab"], dm["dim"], cap, a.draft, block)
+    ref = reference.dump(a.model, ids, cap, a.draft, block, a.kv_type == "f16")
+    got = run_dump(binary, a.model, ids, dm["vocab"], dm["dim"], cap, a.draft, block,
+                   kv_type=a.kv_type)
     ok = True
     for what, r, g in zip(("logits", "features", "draft logits"), ref, got):
         if r is None:

@@ -171,11 +171,12 @@ def load(d):
     return cfg, w
 
 
-def forward(cfg, W, ids, interleaved=False):
+def forward(cfg, W, ids, interleaved=False, kv_f16=False):
     """-> (logits (n, vocab), hidden (n_layers, n, dim)) for ids at positions 0..n-1.
 
     interleaved=True runs Meta/GGUF-llama RoPE (q/k rows permuted); used to
-    check a converted file's weights."""
+    check a converted file's weights. kv_f16=True rounds K (after RoPE) and V
+    to float16 before attention, as an f16 KV cache stores them."""
     dm = dims(cfg)
     inv, scale = rope_params(cfg)
     H, KV, hd, eps = dm["heads"], dm["kv_heads"], dm["head_dim"], dm["eps"]
@@ -198,6 +199,8 @@ def forward(cfg, W, ids, interleaved=False):
             q = rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rmsnorm(k, W[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q, pos, inv, scale, interleaved), rope(k, pos, inv, scale, interleaved)
+        if kv_f16:
+            k, v = (a.astype(np.float16).astype(np.float64) for a in (k, v))
         x = x + attention(q, k, v, True, pos, pos) @ W[p + "self_attn.o_proj.weight"].T
         if p + "self_attn.o_proj.bias" in W:  # Llama with attention_bias
             x = x + W[p + "self_attn.o_proj.bias"]
@@ -259,12 +262,13 @@ def draft_forward(dcfg, DW, tcfg, TW, feat, ctx_pos, anchor, start, B):
     return (y @ head.T)[1:]
 
 
-def dump(model_dir, ids, capture=(), draft_dir=None, block=None):
+def dump(model_dir, ids, capture=(), draft_dir=None, block=None, kv_f16=False):
     """What `dflash dump` writes: (logits (n, vocab), feat (n, n_cap, dim) or None,
     draft logits (B-1, vocab) or None). The drafter's context is the features
-    of rows 0..n-2, its anchor ids[n-1] at position n-1."""
+    of rows 0..n-2, its anchor ids[n-1] at position n-1. kv_f16: the target's
+    K/V cache holds float16 (dump's default --kv-type)."""
     cfg, W = load(model_dir)
-    logits, hidden = forward(cfg, W, ids)
+    logits, hidden = forward(cfg, W, ids, kv_f16=kv_f16)
     feat = np.stack([hidden[j] for j in capture], axis=1) if capture else None
     dl = None
     if draft_dir:
@@ -286,10 +290,11 @@ def main(argv=None):
     ap.add_argument("--draft")
     ap.add_argument("--draft-block", type=int)
     ap.add_argument("--out-draft")
+    ap.add_argument("--kv-type", choices=("f16", "f32"), default="f16")
     a = ap.parse_args(argv)
     ids = [int(x) for x in a.ids.split(",")]
     cap = [int(x) for x in a.capture.split(",")] if a.capture else []
-    logits, feat, dl = dump(a.model, ids, cap, a.draft, a.draft_block)
+    logits, feat, dl = dump(a.model, ids, cap, a.draft, a.draft_block, a.kv_type == "f16")
     with open(a.out, "wb") as f:
         f.write(logits.astype("<f4").tobytes())
         if feat is not None:

@@ -31,6 +31,7 @@ static void help(void) {
         "                         bf16,q8_0 (default: auto, the file's own); the spec and\n"
         "                         ctx sections use the first\n"
         "  -t, --threads N        threads (default: all cores)\n"
+        "  --kv-type f16|f32      K/V cache elements (default f16)\n"
         "  --sections LIST        any of machine,decode,verify,spec,rules,ctx (default: all)\n"
         "  --max-block N          largest verify block measured (default 16)\n"
         "  --tau LIST             acceptance profiles for the spec section: committed tokens\n"
@@ -155,6 +156,7 @@ static void parse(opts *o, int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = need(argc, argv, &i);
         else if (!strcmp(a, "--types")) o->n_types = split(a, need(argc, argv, &i), (char **)o->types);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
@@ -636,8 +638,9 @@ static void sec_ctx(bench *b) {
     const opts *o = b->o;
     enum { CHUNK = 64 };
     cJSON *arr = cJSON_AddArrayToObject(b->root, "ctx");
-    printf("context ladder, %s (decode: one row; prefill: %d-row chunks at that depth):\n",
-           b->mi.dtype, CHUNK);
+    printf("context ladder, %s, %s K/V (decode: one row; prefill: %d-row chunks at that "
+           "depth):\n", b->mi.dtype, b->mi.kv_type, CHUNK);
+    cJSON_AddStringToObject(b->root, "kv_type", b->mi.kv_type);
     printf("%7s %10s %9s %12s %12s\n", "ctx", "decode ms", "tok/s", "prefill t/s", "TTFT s");
     double prev_ctx = 0, prev_chunk = fwd(b, 0, CHUNK, 0), est = 0;
     for (int i = 0; i < o->n_ctx; i++) {

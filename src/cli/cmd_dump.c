@@ -18,7 +18,7 @@ static void help(void) {
            "  --draft-block B       drafter block size (default: the drafter's)\n"
            "  --out-draft FILE      (B-1) x vocab float32: rows 1..B-1 of a block anchored\n"
            "                        on the last id, with rows 0..n-2 as context\n"
-           "  --dtype T  --threads N\n");
+           "  --dtype T  --threads N  --kv-type f16|f32 (default f16)\n");
 }
 
 static int write_floats(const char *path, const float *a, size_t n, FILE *f) {
@@ -45,6 +45,7 @@ int cmd_dump(int argc, char **argv) {
         if (!strcmp(a, "--model") || !strcmp(a, "-m")) eo.model_path = v;
         else if (!strcmp(a, "--draft")) eo.draft_path = v;
         else if (!strcmp(a, "--dtype")) eo.dtype = v;
+        else if (!strcmp(a, "--kv-type")) eo.kv_type = v;
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) eo.n_threads = cli_int(a, v, 1, 256);
         else if (!strcmp(a, "--ids")) ids_s = v;
         else if (!strcmp(a, "--capture")) cap_s = v;

@@ -18,6 +18,7 @@ static void help(void) {
         "                         when the built-in model is used; 'none' turns it off)\n"
         "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_k q6_k\n"
         "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
+        "  --kv-type f16|f32      K/V cache elements (default f16: half the memory)\n"
         "  -t, --threads N        threads (default: all cores)\n"
         "prompt:\n"
         "  -p, --prompt TEXT      prompt text\n"
@@ -77,6 +78,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
         else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = need(argc, argv, &i);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
             o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))

@@ -31,6 +31,7 @@ static void help(void) {
         "  --ids 1,2,3            prompt as token ids\n"
         "  -n N                   tokens decoded for the drafter diagnostic (default 64)\n"
         "  -c, --ctx-size N       KV cache rows\n"
+        "  --kv-type f16|f32      K/V cache elements (default f16)\n"
         "  -t, --threads N        threads (default: all cores)\n"
         "\n"
         "Exit status: 0 when the path is exact, 1 when it is not or on error.\n");
@@ -59,6 +60,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
         else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = need(argc, argv, &i);
         else if (!strcmp(a, "--block-size")) o->block = cli_int(a, need(argc, argv, &i), 1, 512);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
         else if (!strcmp(a, "--ids")) o->ids = need(argc, argv, &i);

@@ -16,6 +16,7 @@ static void usage(FILE *f) {
             "  --port N                TCP port (default 8080; 0 picks a free one)\n"
             "  -np, --parallel N       slots: requests generating at once (default 1)\n"
             "  -c, --ctx-size N        context tokens per slot (default: min(model, 4096))\n"
+            "  --kv-type f16|f32       K/V cache elements (default f16: half the memory)\n"
             "  -t, --threads N         compute threads (default: all cores)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' (all but /health);\n"
             "                          the environment's DFLASH_API_KEY is read when not given\n"
@@ -66,6 +67,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias")) o.alias = v;
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--dtype")) o.dtype = v;
+        else if (!strcmp(a, "--kv-type")) o.kv_type = v;
         else if (!strcmp(a, "--queue")) o.queue_max = cli_int(a, v, 0, 1 << 16);
         else if (!strcmp(a, "--max-body")) o.max_body = (size_t)cli_int(a, v, 1024, 1L << 30);
         else if (!strcmp(a, "--timeout")) o.conn_timeout_s = cli_int(a, v, 1, 86400);

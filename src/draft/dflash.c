@@ -680,8 +680,9 @@ static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, i
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
     if (lo < s->lo) lo = s->lo;
     for (int r = 0; r < n; r++) d->n_keys[r] = pos0 + B - lo;   /* no mask */
-    dfl_attention(d->t->pool, n, d->q, store_row(s, s->k, l, lo), store_row(s, s->v, l, lo),
-                  s->kv_dim, (size_t)hd, d->n_keys, c->n_heads, c->n_kv_heads, hd,
+    dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), DFL_F32, s->kv_dim,
+                     (size_t)hd};
+    dfl_attention(d->t->pool, n, d->q, &v, d->n_keys, c->n_heads, c->n_kv_heads, hd,
                   1.0f / sqrtf((float)hd), d->att);
     matmul(d, &L->wo, n, d->att, qd, d->ctx, c->dim);
     for (size_t i = 0; i < (size_t)n * c->dim; i++) x[i] += d->ctx[i];

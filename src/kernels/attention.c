@@ -23,7 +23,11 @@
  * keys matmul, the values as units x dims register tiles. Small heads (8..32
  * dims) with rows close together (a model in cache) take the second way even
  * for decode, their scores 8 keys per vector from a transposed K block. The
- * arithmetic per element is the twin's in every case. */
+ * arithmetic per element is the twin's in every case.
+ *
+ * K and V are f32 or f16 (the target's cache). An f16 element is widened
+ * exactly where it is read, so both types share every sum; the decode path
+ * widens in registers, the others while packing a block. */
 #include <math.h>
 #include <string.h>
 
@@ -39,13 +43,22 @@ enum {
 };
 
 typedef struct {
-    const float *q, *K, *V;
+    const float *q;
+    const char *K, *V;
+    dfl_type kt;  /* DFL_F32 or DFL_F16 */
     const int *n_keys;
     float *out;
     int n, ldk, n_heads, n_kv, hd, g, tpk, simd;
     float scale;
-    size_t hs;   /* floats from one kv head's keys to the next's */
+    size_t hs;   /* elements from one kv head's keys to the next's */
 } att_job;
+
+static size_t kv_size(dfl_type t) { return t == DFL_F16 ? 2 : 4; }
+
+/* Element i of a K or V array of type t. */
+static float kv_at(dfl_type t, const char *p, size_t i) {
+    return t == DFL_F16 ? dfl_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
 
 /* The new running max from the block's largest score bm (NaN scores are
  * skipped), the rescale factor alpha, and l rescaled. */
@@ -57,11 +70,12 @@ static float block_max(float bm, float *m, float *l, float *alpha) {
     return mn;
 }
 
-static void block_ref(const float *q, const float *K, const float *V, int ldk, int nk, int hd,
-                      float scale, float *m, float *l, float *acc) {
-    float s[BK], alpha, bm = -INFINITY;
+static void block_ref(const float *q, const char *K, const char *V, dfl_type t, int ldk, int nk,
+                      int hd, float scale, float *m, float *l, float *acc) {
+    float s[BK], key[DFL_MAX_HEAD_DIM], alpha, bm = -INFINITY;
     for (int j = 0; j < nk; j++) {
-        s[j] = dfl_dot_ref(q, K + (size_t)j * ldk, hd) * scale;
+        for (int d = 0; d < hd; d++) key[d] = kv_at(t, K, (size_t)j * ldk + d);
+        s[j] = dfl_dot_ref(q, key, hd) * scale;
         bm = s[j] > bm ? s[j] : bm;
     }
     float mn = block_max(bm, m, l, &alpha);
@@ -69,7 +83,7 @@ static void block_ref(const float *q, const float *K, const float *V, int ldk, i
     *l += dfl_sum_ref(s, nk);
     for (int d = 0; d < hd; d++) {
         float a = acc[d] * alpha;
-        for (int j = 0; j < nk; j++) a = fmaf(s[j], V[(size_t)j * ldk + d], a);
+        for (int j = 0; j < nk; j++) a = fmaf(s[j], kv_at(t, V, (size_t)j * ldk + d), a);
         acc[d] = a;
     }
 }
@@ -85,8 +99,9 @@ static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
         memset(o, 0, (size_t)a->hd * sizeof(float));
         for (int j0 = 0; j0 < a->n_keys[r]; j0 += BK) {
             int nk = a->n_keys[r] - j0 < BK ? a->n_keys[r] - j0 : BK;
-            size_t ko = (size_t)j0 * a->ldk + (size_t)kh * a->hs;
-            block_ref(a->q + off, a->K + ko, a->V + ko, a->ldk, nk, a->hd, a->scale, &m, &l, o);
+            size_t ko = ((size_t)j0 * a->ldk + (size_t)kh * a->hs) * kv_size(a->kt);
+            block_ref(a->q + off, a->K + ko, a->V + ko, a->kt, a->ldk, nk, a->hd, a->scale, &m, &l,
+                      o);
         }
         if (l > 0)
             for (int d = 0; d < a->hd; d++) o[d] = o[d] / l;
@@ -212,36 +227,62 @@ static DFL_AVX2_INLINE float block_max_avx2(const float *s, int n) {
     return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
-/* Scores of 4 keys at once: four independent dot-order chains. */
-DFL_AVX2 static void scores4(const float *q, const float *K, int ldk, int hd, float scale,
-                             float *s) {
-    const float *k0 = K, *k1 = K + ldk, *k2 = K + 2 * (size_t)ldk, *k3 = K + 3 * (size_t)ldk;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+/* One kv head's key block and where the next one is. */
+typedef struct {
+    const char *K, *V;          /* the block's first key and value */
+    const char *nextk, *nextv;  /* the next block's; NULL when none */
+    dfl_type t;
+    int ldk, next_nk;           /* elements between keys; keys in the next block */
+} kv_block;
+
+/* Eight elements of K or V from element i, widened to f32. */
+static DFL_AVX2_INLINE __m256 kv8(dfl_type t, const char *p, size_t i) {
+    if (t == DFL_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* dot(q, K_j) for the K keys at rows K_0 + j * ldk: independent dot-order
+ * chains (dfl_dot's order). */
+static DFL_AVX2_INLINE void scores_k(int NK, dfl_type t, const float *q, const char *K, int ldk,
+                                     int hd, float scale, float *s) {
+    __m256 a[4];
+    size_t ld = (size_t)ldk;
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; j++) a[j] = _mm256_setzero_ps();
     int h8 = hd & ~7;
     for (int d = 0; d < h8; d += 8) {
         __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+#pragma GCC unroll 4
+        for (int j = 0; j < NK; j++) a[j] = _mm256_fmadd_ps(qv, kv8(t, K, j * ld + d), a[j]);
     }
-    float t[4] = {dfl_hsum8(a0), dfl_hsum8(a1), dfl_hsum8(a2), dfl_hsum8(a3)};
-    const float *kk[4] = {k0, k1, k2, k3};
-    for (int i = 0; i < 4; i++) {
-        for (int d = h8; d < hd; d++) t[i] = fmaf(q[d], kk[i][d], t[i]);
-        s[i] = t[i] * scale;
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; j++) {
+        float v = dfl_hsum8(a[j]);
+        for (int d = h8; d < hd; d++) v = fmaf(q[d], kv_at(t, K, j * ld + d), v);
+        s[j] = v * scale;
     }
 }
 
-/* One unit, one block (decode): four keys at a time, values 32 dims at a
- * time over all the block's keys, which keeps many rows in flight. */
-DFL_AVX2 static void block_avx2(const float *q, const float *K, const float *V, int ldk, int nk,
-                                int hd, float scale, float *m, float *l, float *acc) {
+/* One unit, one block (decode): scores four keys at a time, values 32 dims
+ * at a time over all the block's keys, which keeps many rows in flight. */
+static DFL_AVX2_INLINE void block_one(dfl_type t, const float *q, const char *K, const char *V,
+                                      int ldk, int nk, int hd, float scale, float *m, float *l,
+                                      float *acc, const kv_block *pf) {
     _Alignas(32) float s[BK];
     float alpha;
-    int j = 0;
-    for (; j + 4 <= nk; j += 4) scores4(q, K + (size_t)j * ldk, ldk, hd, scale, s + j);
-    for (; j < nk; j++) s[j] = dfl_dot(q, K + (size_t)j * ldk, hd) * scale;
+    size_t ld = (size_t)ldk, es = kv_size(t);
+    int j = 0, rb = hd * (int)es;
+    for (; j + 4 <= nk; j += 4) {
+        /* The next block's rows, a few per step: memory works while this
+         * block computes (the hardware prefetcher alone leaves them apart). */
+        for (int i = j; pf && i < j + 4 && i < pf->next_nk; i++)
+            for (int d = 0; d < rb; d += 64) {
+                _mm_prefetch(pf->nextk + i * ld * es + d, _MM_HINT_T0);
+                _mm_prefetch(pf->nextv + i * ld * es + d, _MM_HINT_T0);
+            }
+        scores_k(4, t, q, K + j * ld * es, ldk, hd, scale, s + j);
+    }
+    for (; j < nk; j++) scores_k(1, t, q, K + j * ld * es, ldk, hd, scale, s + j);
     float mn = block_max(block_max_avx2(s, nk), m, l, &alpha);
     __m256 mv = _mm256_set1_ps(mn);
     for (j = 0; j + 8 <= nk; j += 8)
@@ -257,12 +298,12 @@ DFL_AVX2 static void block_avx2(const float *q, const float *K, const float *V, 
         __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 16), av);
         __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 24), av);
         for (j = 0; j < nk; j++) {
-            const float *v = V + (size_t)j * ldk + d;
+            size_t v = j * ld + d;
             __m256 p = _mm256_set1_ps(s[j]);
-            a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
-            a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
-            a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+            a0 = _mm256_fmadd_ps(p, kv8(t, V, v), a0);
+            a1 = _mm256_fmadd_ps(p, kv8(t, V, v + 8), a1);
+            a2 = _mm256_fmadd_ps(p, kv8(t, V, v + 16), a2);
+            a3 = _mm256_fmadd_ps(p, kv8(t, V, v + 24), a3);
         }
         _mm256_storeu_ps(acc + d, a0);
         _mm256_storeu_ps(acc + d + 8, a1);
@@ -271,43 +312,59 @@ DFL_AVX2 static void block_avx2(const float *q, const float *K, const float *V, 
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), av);
-        for (j = 0; j < nk; j++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_loadu_ps(V + (size_t)j * ldk + d), a);
+        for (j = 0; j < nk; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), kv8(t, V, j * ld + d), a);
         _mm256_storeu_ps(acc + d, a);
     }
     for (; d < hd; d++) {
         float a = acc[d] * alpha;
-        for (j = 0; j < nk; j++) a = fmaf(s[j], V[(size_t)j * ldk + d], a);
+        for (j = 0; j < nk; j++) a = fmaf(s[j], kv_at(t, V, j * ld + d), a);
         acc[d] = a;
     }
 }
 
-/* dst[j * hd + d] = src[j * ldk + d] for j < nk: a block of one kv head made
- * contiguous (rows ldk apart all fall in the same few cache sets). */
-DFL_AVX2 static void pack_block(float *dst, const float *src, int ldk, int nk, int hd) {
-    for (int j = 0; j < nk; j++)
-        for (int d = 0; d < hd; d += 8)
-            _mm256_store_ps(dst + j * hd + d, _mm256_loadu_ps(src + (size_t)j * ldk + d));
+DFL_AVX2 static void block_f32(const float *q, const char *K, const char *V, int ldk, int nk,
+                               int hd, float scale, float *m, float *l, float *acc,
+                               const kv_block *pf) {
+    block_one(DFL_F32, q, K, V, ldk, nk, hd, scale, m, l, acc, pf);
+}
+
+DFL_AVX2 static void block_f16(const float *q, const char *K, const char *V, int ldk, int nk,
+                               int hd, float scale, float *m, float *l, float *acc,
+                               const kv_block *pf) {
+    block_one(DFL_F16, q, K, V, ldk, nk, hd, scale, m, l, acc, pf);
+}
+
+/* dst[j * hd + d] = src[j * ldk + d] as f32 for j < nk: a block of one kv
+ * head made contiguous (rows ldk apart all fall in the same few cache sets)
+ * and, from f16, widened once for every unit that reads it. */
+DFL_AVX2 static void pack_block(float *dst, const char *src, dfl_type t, int ldk, int nk, int hd) {
+    int h8 = hd & ~7;
+    for (int j = 0; j < nk; j++) {
+        size_t r = (size_t)j * ldk;
+        for (int d = 0; d < h8; d += 8) _mm256_storeu_ps(dst + j * hd + d, kv8(t, src, r + d));
+        for (int d = h8; d < hd; d++) dst[j * hd + d] = kv_at(t, src, r + d);
+    }
 }
 
 /* Prefetches the next block's rows a few lines at a time between kernel
  * calls, so their memory latency overlaps arithmetic without a burst of
  * misses stalling the core. */
 typedef struct {
-    const float *row;       /* the row being fetched; NULL: nothing left */
-    int ldk, hd, left;      /* rows ldk apart, hd floats each, rows left */
-    int d, per;             /* next float in the row, lines per call */
+    const char *row;        /* the row being fetched; NULL: nothing left */
+    size_t ld;              /* bytes from one row to the next */
+    int bytes, left;        /* bytes per row, rows left */
+    int d, per;             /* next byte in the row, lines per call */
 } prefetcher;
 
-static void pf_start(prefetcher *p, const float *base, int ldk, int nk, int hd, int calls) {
-    *p = (prefetcher){base, ldk, hd, nk, 0, 0};
-    p->per = (nk * ((hd + 15) / 16) + calls - 1) / (calls > 0 ? calls : 1);
+static void pf_start(prefetcher *p, const char *base, size_t ld, int nk, int bytes, int calls) {
+    *p = (prefetcher){base, ld, bytes, nk, 0, 0};
+    p->per = (nk * ((bytes + 63) / 64) + calls - 1) / (calls > 0 ? calls : 1);
 }
 
 static void pf_some(prefetcher *p) {
     for (int i = 0; i < p->per && p->row && p->left > 0; i++) {
-        _mm_prefetch((const char *)(p->row + p->d), _MM_HINT_T0);
-        if ((p->d += 16) >= p->hd) p->d = 0, p->row += p->ldk, p->left--;
+        _mm_prefetch(p->row + p->d, _MM_HINT_T0);
+        if ((p->d += 64) >= p->bytes) p->d = 0, p->row += p->ld, p->left--;
     }
 }
 
@@ -339,14 +396,13 @@ static DFL_AVX2_INLINE void transpose8(__m256 r[8]) {
 }
 
 /* kt[d * BK + j] = K_j[d] for j < nk, zeros up to the next multiple of 8. */
-DFL_AVX2 static void pack_kt(float *kt, const float *K, int ldk, int nk, int hd) {
+DFL_AVX2 static void pack_kt(float *kt, const char *K, dfl_type t, int ldk, int nk, int hd) {
     for (int j0 = 0; j0 < nk; j0 += 8)
         for (int d0 = 0; d0 < hd; d0 += 8) {
             __m256 r[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
-                r[i] = j0 + i < nk ? _mm256_loadu_ps(K + (size_t)(j0 + i) * ldk + d0)
-                                   : _mm256_setzero_ps();
+                r[i] = j0 + i < nk ? kv8(t, K, (size_t)(j0 + i) * ldk + d0) : _mm256_setzero_ps();
             transpose8(r);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) _mm256_store_ps(kt + (d0 + i) * BK + j0, r[i]);
@@ -420,38 +476,39 @@ typedef void (*scores_kt_fn)(const float *, const float *, int, float, float *);
 static const scores_kt_fn scores_kts[5] = {0, scores_kt8, scores_kt16, scores_kt24, scores_kt32};
 
 /* One key block for units 0..nu (q[u], acc[u] = its slice of out, nk[u] keys
- * of the block, m / l its running max and sum). K, V, and the next block's
- * K and V (nextk, nextv, next_nk rows; NULL when none) are rows ldk apart. */
+ * of the block, m / l its running max and sum). f16 blocks are always packed
+ * (widened once); hd <= PACK_HD then. */
 DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *acc, const int *nk,
-                                 const float *K, const float *V, const float *nextk,
-                                 const float *nextv, int next_nk, int ldk, int hd, float scale,
-                                 float *m, float *l) {
+                                 const kv_block *b, int hd, float scale, float *m, float *l) {
     _Alignas(32) float s[UNITS * BK], buf[BK * PACK_HD];
+    int f16 = b->t == DFL_F16, ldk = b->ldk;
+    size_t es = kv_size(b->t), ldb = (size_t)ldk * es;
     /* Packing pays when several 4-unit groups reread the block. */
-    int kmax = 0, ugroups = (nu + 3) / 4, pack = ugroups > 1 && hd <= PACK_HD && hd % 8 == 0;
+    int kmax = 0, ugroups = (nu + 3) / 4;
+    int pack = f16 || (ugroups > 1 && hd <= PACK_HD && hd % 8 == 0);
     int small = hd % 8 == 0 && hd <= SMALL_HD;
     /* Small rows close together: the hardware prefetcher keeps up alone. */
-    int close = small && ldk < PACK_LDK;
+    int close = small && ldk < PACK_LDK && !f16;
     for (int u = 0; u < nu; u++) kmax = nk[u] > kmax ? nk[u] : kmax;
     prefetcher pf;
     /* Scores for every unit and key below kmax (keys past a unit's own count
      * exist in K, or are zeros in kt, and are computed, then ignored). */
     if (small) {
         int nk8 = (kmax + 7) & ~7;
-        pack_kt(buf, K, ldk, kmax, hd);
-        pf_start(&pf, close ? NULL : nextk, ldk, next_nk, hd, nu);
+        pack_kt(buf, b->K, b->t, ldk, kmax, hd);
+        pf_start(&pf, close ? NULL : b->nextk, ldb, b->next_nk, hd * (int)es, nu);
         for (int u = 0; u < nu; u++) {
             if (!close) pf_some(&pf);
             scores_kts[hd / 8](q[u], buf, nk8, scale, s + u * BK);
         }
     } else {
-        const float *kb = K;
+        const float *kb = (const float *)b->K;
         int ld = ldk;
         if (pack) {
-            pack_block(buf, K, ldk, kmax, hd);
+            pack_block(buf, b->K, b->t, ldk, kmax, hd);
             kb = buf, ld = hd;
         }
-        pf_start(&pf, nextk, ldk, next_nk, hd, ugroups * ((kmax + 2) / 3));
+        pf_start(&pf, b->nextk, ldb, b->next_nk, hd * (int)es, ugroups * ((kmax + 2) / 3));
         for (int u = 0; u < nu; u += 4) {
             int U = nu - u < 4 ? nu - u : 4, j = 0;
             for (; j + 3 <= kmax; j += 3) {
@@ -495,14 +552,14 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
             _mm256_storeu_ps(acc[u] + d, _mm256_mul_ps(_mm256_loadu_ps(acc[u] + d), av));
         for (; d < hd; d++) acc[u][d] *= alpha[u];
     }
-    const float *vb = V;
+    const float *vb = (const float *)b->V;
     int ldv = ldk;
     /* Small rows close together share few cache sets: read them in place. */
     if (pack && !close) {
-        pack_block(buf, V, ldk, kmax, hd);
+        pack_block(buf, b->V, b->t, ldk, kmax, hd);
         vb = buf, ldv = hd;
     }
-    pf_start(&pf, close ? NULL : nextv, ldk, next_nk, hd, ugroups);
+    pf_start(&pf, close ? NULL : b->nextv, ldb, b->next_nk, hd * (int)es, ugroups);
     for (int u = 0; u < nu; u += 4) {
         int U = nu - u < 4 ? nu - u : 4, common = BK;
         if (!close) pf_some(&pf);
@@ -534,22 +591,26 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
             int left = a->n_keys[(u0 + u) / a->g] - j0;
             nk[u] = left < 0 ? 0 : left < BK ? left : BK;
         }
-        size_t off = (size_t)j0 * a->ldk + (size_t)kh * a->hs, noff = off + (size_t)BK * a->ldk;
+        size_t es = kv_size(a->kt), off = ((size_t)j0 * a->ldk + (size_t)kh * a->hs) * es;
+        size_t noff = off + (size_t)BK * a->ldk * es;
         int next_nk = max_keys - j0 - BK < BK ? max_keys - j0 - BK : BK;
-        const float *nk_ = next_nk > 0 ? a->K + noff : NULL, *nv = next_nk > 0 ? a->V + noff : NULL;
+        kv_block b = {a->K + off, a->V + off, next_nk > 0 ? a->K + noff : NULL,
+                      next_nk > 0 ? a->V + noff : NULL, a->kt, a->ldk, next_nk};
         /* Few units (decode): one at a time, reading the block with many
          * misses in flight; the others then find it in cache. Small heads
          * with rows close together (a model in cache) take block_units,
-         * whose transposed scores beat a lane sum per key. */
-        if (nu <= 4 && !(a->hd % 8 == 0 && a->hd <= SMALL_HD && a->ldk < PACK_LDK))
+         * whose transposed scores beat a lane sum per key. Heads too large
+         * to pack stay here too. */
+        int small_close = a->hd % 8 == 0 && a->hd <= SMALL_HD && a->ldk < PACK_LDK;
+        if ((nu <= 4 && !small_close) || a->hd > PACK_HD)
             for (int u = 0; u < nu; u++) {
-                if (nk[u] > 0)
-                    block_avx2(q[u], a->K + off, a->V + off, a->ldk, nk[u], a->hd, a->scale,
-                               m + u, l + u, acc[u]);
+                if (nk[u] <= 0) continue;
+                (a->kt == DFL_F16 ? block_f16 : block_f32)(q[u], b.K, b.V, a->ldk, nk[u], a->hd,
+                                                           a->scale, m + u, l + u, acc[u],
+                                                           u == 0 && b.nextk ? &b : NULL);
             }
         else
-            block_units(nu, q, acc, nk, a->K + off, a->V + off, nk_, nv, next_nk, a->ldk, a->hd,
-                        a->scale, m, l);
+            block_units(nu, q, acc, nk, &b, a->hd, a->scale, m, l);
     }
     for (int u = 0; u < nu; u++)
         if (l[u] > 0)
@@ -566,26 +627,25 @@ static void att_task(void *ctx, int i, int ntask) {
         att_units_ref(a, kh, u0, u1);
 }
 
-static att_job make_job(int n, const float *q, const float *K, const float *V, int ldk,
-                        size_t hs, const int *n_keys, int n_heads, int n_kv, int hd, float scale,
-                        float *out) {
-    att_job a = {q, K, V, n_keys, out, n, ldk, n_heads, n_kv, hd, n_heads / n_kv, 0, 0, scale, hs};
+static att_job make_job(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,
+                        int n_heads, int n_kv, int hd, float scale, float *out) {
+    att_job a = {q, kv->K, kv->V, kv->type, n_keys, out, n, kv->ldk, n_heads, n_kv, hd,
+                 n_heads / n_kv, 0, 0, scale, kv->hs};
     a.tpk = (n * a.g + UNITS - 1) / UNITS;
     return a;
 }
 
-void dfl_attention(dfl_pool *pool, int n, const float *q, const float *K, const float *V,
-                   int ldk, size_t hs, const int *n_keys, int n_heads, int n_kv, int hd,
-                   float scale, float *out) {
+void dfl_attention(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
+                   const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out) {
     if (n <= 0) return;
-    att_job a = make_job(n, q, K, V, ldk, hs, n_keys, n_heads, n_kv, hd, scale, out);
+    att_job a = make_job(n, q, kv, n_keys, n_heads, n_kv, hd, scale, out);
     a.simd = dfl_kernels_simd();
     dfl_pool_run(pool, att_task, &a, n_kv * a.tpk);
 }
 
-void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk, size_t hs,
-                       const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out) {
+void dfl_attention_ref(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,
+                       int n_heads, int n_kv, int hd, float scale, float *out) {
     if (n <= 0) return;
-    att_job a = make_job(n, q, K, V, ldk, hs, n_keys, n_heads, n_kv, hd, scale, out);
+    att_job a = make_job(n, q, kv, n_keys, n_heads, n_kv, hd, scale, out);
     for (int i = 0; i < n_kv * a.tpk; i++) att_task(&a, i, n_kv * a.tpk);
 }

@@ -72,17 +72,28 @@ void dfl_rope_apply_cs(const dfl_rope *r, float *x, int n_heads, const float *cs
 /* out = silu(gate) * up, n elements. */
 void dfl_swiglu(float *out, const float *gate, const float *up, int n);
 
-/* Attention for n query rows. q: [n, n_heads*hd]. K, V: kv head h's key j at
- * K + h * hs + j * ldk (hd floats): interleaved heads (hs = hd, ldk = n_kv*hd)
- * or one contiguous run per head (hs = rows*hd, ldk = hd). Row r attends keys
- * [0, n_keys[r]).
- * out: [n, n_heads*hd]. No scratch: bounded stack buffers only.
- * Online softmax in key order, one head per task: batch invariant. */
-void dfl_attention(dfl_pool *pool, int n, const float *q, const float *K, const float *V,
-                   int ldk, size_t hs, const int *n_keys, int n_heads, int n_kv, int hd,
-                   float scale, float *out);
-void dfl_attention_ref(int n, const float *q, const float *K, const float *V, int ldk, size_t hs,
-                       const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out);
+enum { DFL_MAX_HEAD_DIM = 1024 };   /* the largest head attention takes (configs are checked) */
+
+/* Keys and values for attention, f32 or f16: kv head h's key j starts at
+ * element h * hs + j * ldk of K (its value likewise in V). Interleaved heads
+ * have hs = hd, ldk = n_kv*hd; one contiguous run per head hs = rows*hd,
+ * ldk = hd. */
+typedef struct dfl_kv_view {
+    const void *K, *V;
+    dfl_type type;        /* DFL_F32 or DFL_F16 */
+    int ldk;              /* elements from one key to the next */
+    size_t hs;            /* elements from one kv head's keys to the next's */
+} dfl_kv_view;
+
+/* Attention for n query rows. q: [n, n_heads*hd]; row r attends keys
+ * [0, n_keys[r]) of kv. out: [n, n_heads*hd]. No scratch: bounded stack
+ * buffers only. Online softmax in key order, one head per task: batch
+ * invariant. f16 elements are widened exactly, so an f16 cache gives the
+ * bits of an f32 one holding the same (rounded) values. */
+void dfl_attention(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
+                   const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out);
+void dfl_attention_ref(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,
+                       int n_heads, int n_kv, int hd, float scale, float *out);
 
 /* Index of the largest value (first on ties). */
 int dfl_argmax(const float *x, int n);

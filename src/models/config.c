@@ -12,7 +12,7 @@
 /* Limits: generous for real models, small enough that products of two of
  * them never overflow an int and no allocation they size is absurd. */
 enum {
-    MAX_LAYERS = 1024, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = 1024,
+    MAX_LAYERS = 1024, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
     MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20
 };
 

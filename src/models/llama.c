@@ -166,9 +166,21 @@ static void alloc_scratch(dfl_target *t) {
     }
 }
 
+/* The cache type named by o (NULL: f16). */
+static int kv_type(const dfl_load_opts *o, dfl_type *t, dfl_error *err) {
+    const char *s = o->kv_type ? o->kv_type : "f16";
+    *t = (dfl_type)dfl_type_from_name(s);
+    if (*t != DFL_F16 && *t != DFL_F32)
+        return dfl_fail(err, DFL_EARG, "unknown KV cache type '%s' (expected f16 or f32)", s);
+    return 0;
+}
+
 int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, dfl_error *err) {
-    dfl_target *t = xcalloc(1, sizeof *t);
+    dfl_type kt;
     *out = NULL;
+    if (kv_type(o, &kt, err)) return DFL_EARG;
+    dfl_target *t = xcalloc(1, sizeof *t);
+    t->kv_type = kt;
     int rc = open_source(t, path, err);
     if (!rc) rc = dfl_config_validate(&t->c, path, err);
     if (!rc && !t->c.rope_neox) {
@@ -222,9 +234,10 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     kv->n_kv_heads = t->c.n_kv_heads;
     kv->head_dim = t->c.head_dim;
     kv->kv_dim = t->c.n_kv_heads * t->c.head_dim;
-    size_t n = (size_t)kv->n_layers * cap * kv->kv_dim;
-    kv->k = xcalloc(n, sizeof(float));
-    kv->v = xcalloc(n, sizeof(float));
+    kv->type = t->kv_type;
+    size_t n = (size_t)kv->n_layers * cap * kv->kv_dim, es = kv->type == DFL_F16 ? 2 : 4;
+    kv->k = xcalloc(n, es);
+    kv->v = xcalloc(n, es);
     return kv;
 }
 
@@ -274,13 +287,12 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, dfl_kv *kv, int l, in
         dfl_rope_apply_cs(&t->rope, t->q + (size_t)r * qd, c->n_heads, cs);
         dfl_rope_apply_cs(&t->rope, t->k + (size_t)r * kvd, c->n_kv_heads, cs);
     }
-    for (int h = 0; h < c->n_kv_heads; h++) {
-        float *kc = dfl_kv_row(kv, kv->k, l, h, pos0), *vc = dfl_kv_row(kv, kv->v, l, h, pos0);
+    for (int h = 0; h < c->n_kv_heads; h++)
         for (int r = 0; r < n; r++) {
-            memcpy(kc + (size_t)r * hd, t->k + (size_t)r * kvd + h * hd, hd * sizeof(float));
-            memcpy(vc + (size_t)r * hd, t->v + (size_t)r * kvd + h * hd, hd * sizeof(float));
+            size_t i = (size_t)r * kvd + h * hd;
+            dfl_quant_row(kv->type, t->k + i, dfl_kv_row(kv, kv->k, l, h, pos0 + r), hd);
+            dfl_quant_row(kv->type, t->v + i, dfl_kv_row(kv, kv->v, l, h, pos0 + r), hd);
         }
-    }
 }
 
 static void residual_add(float *x, const float *y, size_t n) {
@@ -294,8 +306,9 @@ static void layer_forward(dfl_target *t, int l, dfl_kv *kv, int n, int pos0) {
     norm_rows(t->xn, t->x, L->attn_norm, n, c->dim, c->norm_eps);
     attn_inputs(t, L, kv, l, n, pos0);
     for (int r = 0; r < n; r++) t->n_keys[r] = pos0 + r + 1;
-    dfl_attention(t->pool, n, t->q, dfl_kv_row(kv, kv->k, l, 0, 0), dfl_kv_row(kv, kv->v, l, 0, 0),
-                  hd, (size_t)kv->cap * hd, t->n_keys, c->n_heads, c->n_kv_heads, hd,
+    dfl_kv_view v = {dfl_kv_row(kv, kv->k, l, 0, 0), dfl_kv_row(kv, kv->v, l, 0, 0), kv->type, hd,
+                     (size_t)kv->cap * hd};
+    dfl_attention(t->pool, n, t->q, &v, t->n_keys, c->n_heads, c->n_kv_heads, hd,
                   1.0f / sqrtf((float)hd), t->att);
     matmul(t, &L->wo, n, t->att, t->xn);
     residual_add(t->x, t->xn, (size_t)n * c->dim);

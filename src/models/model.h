@@ -71,6 +71,7 @@ typedef struct dfl_target {
     dfl_ticket lock;      /* one forward at a time: the pool and scratch are shared by
                              every session (the drafter's forwards take it too) */
     int max_rows;         /* rows per forward call */
+    dfl_type kv_type;     /* element type of every cache made for it */
     uint64_t weight_bytes;/* bytes one decode step reads */
     /* scratch, sized at load for max_rows */
     float *x;             /* (max_rows, dim) residual */
@@ -88,19 +89,22 @@ typedef struct dfl_kv {
     int len;              /* committed rows */
     int cap;              /* rows allocated (ctx size) */
     int n_layers, n_kv_heads, head_dim, kv_dim;
-    float *k, *v;         /* (n_layers, n_kv_heads, cap, head_dim) each; K after norm and
+    dfl_type type;        /* DFL_F16 (half the bytes a long-context step reads) or DFL_F32 */
+    void *k, *v;          /* (n_layers, n_kv_heads, cap, head_dim) each; K after norm and
                            * RoPE. One contiguous run per head: a decode step streams each
                            * head's keys, which the hardware prefetcher follows (rows of
-                           * interleaved heads sit kv_dim floats apart, a page each at 1024) */
+                           * interleaved heads sit kv_dim elements apart, a page each) */
 } dfl_kv;
 
 /* Row pos of kv head h in layer l of buf (kv->k or kv->v). */
-static inline float *dfl_kv_row(const dfl_kv *kv, float *buf, int l, int h, int pos) {
-    return buf + (((size_t)l * kv->n_kv_heads + h) * kv->cap + pos) * kv->head_dim;
+static inline void *dfl_kv_row(const dfl_kv *kv, void *buf, int l, int h, int pos) {
+    size_t es = kv->type == DFL_F16 ? 2 : 4;
+    return (char *)buf + (((size_t)l * kv->n_kv_heads + h) * kv->cap + pos) * kv->head_dim * es;
 }
 
 typedef struct dfl_load_opts {
     const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */
+    const char *kv_type;  /* K/V cache elements: NULL/"f16" or "f32" */
     int max_rows;         /* largest forward batch */
     dfl_pool *pool;
     dfl_progress_fn progress;

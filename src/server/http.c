@@ -494,6 +494,7 @@ static void *load_engine(void *arg) {
     eo.model_path = srv->o.model_path;
     eo.draft_path = srv->o.draft_path;
     eo.dtype = srv->o.dtype;
+    eo.kv_type = srv->o.kv_type;
     eo.n_threads = srv->o.threads;
     eo.ctx_size = srv->o.ctx_size;
     eo.progress = on_progress;
