@@ -71,6 +71,7 @@ for r in ru:
 c = j["ctx"]
 assert [r["ctx"] for r in c] == [128, 256] and c[0]["ttft_measured"] and not c[1]["ttft_measured"]
 assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ttft_s"] > 0 for r in c)
+assert all(r["verify_rows"] == 8 and r["verify_ms"] > 0 for r in c) and j["kv_type"] == "f16"  # --max-block 8
 assert [r["type"] for r in j["peak_rss"]] == ["bf16", "q8_0"] and j["peak_rss"][0]["with_drafter"]
 assert all(r["peak_rss_mb"] > 0 for r in j["peak_rss"])
 PYEOF

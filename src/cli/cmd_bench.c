@@ -638,28 +638,33 @@ static void sec_ctx(bench *b) {
     const opts *o = b->o;
     enum { CHUNK = 64 };
     cJSON *arr = cJSON_AddArrayToObject(b->root, "ctx");
-    printf("context ladder, %s, %s K/V (decode: one row; prefill: %d-row chunks at that "
-           "depth):\n", b->mi.dtype, b->mi.kv_type, CHUNK);
+    int vb = o->max_block;
+    printf("context ladder, %s, %s K/V (decode: one row; verify: a %d-row block with logits; "
+           "prefill: %d-row chunks at that depth):\n", b->mi.dtype, b->mi.kv_type, vb, CHUNK);
     cJSON_AddStringToObject(b->root, "kv_type", b->mi.kv_type);
-    printf("%7s %10s %9s %12s %12s\n", "ctx", "decode ms", "tok/s", "prefill t/s", "TTFT s");
+    printf("%7s %10s %9s %11s %9s %12s %12s\n", "ctx", "decode ms", "tok/s", "verify ms",
+           "/ decode", "prefill t/s", "TTFT s");
     double prev_ctx = 0, prev_chunk = fwd(b, 0, CHUNK, 0), est = 0;
     for (int i = 0; i < o->n_ctx; i++) {
         cli_progress(NULL, "ctx", i + 1, o->n_ctx);
         int c = o->ctx[i];
         double dec = fwd(b, c, 1, DFL_BENCH_LOGITS);
+        double ver = fwd(b, c, vb, DFL_BENCH_LOGITS);
         double chunk = fwd(b, c, CHUNK, 0);
         /* TTFT summed from chunk times, linear in depth between measured points */
         est += (c - prev_ctx) / CHUNK * 0.5 * (prev_chunk + chunk);
         prev_ctx = c, prev_chunk = chunk;
         int real = c <= o->ttft_max;
         double t = real ? ttft(b, c) : est + dec;
-        printf("%7d %10.2f %9.2f %12.1f %11.2f%s\n", c, dec * 1e3, 1 / dec, CHUNK / chunk, t,
-               real ? " " : "*");
+        printf("%7d %10.2f %9.2f %11.2f %8.2fx %12.1f %11.2f%s\n", c, dec * 1e3, 1 / dec,
+               ver * 1e3, ver / dec, CHUNK / chunk, t, real ? " " : "*");
         fflush(stdout);
         cJSON *r = cJSON_CreateObject();
         cJSON_AddNumberToObject(r, "ctx", c);
         cJSON_AddNumberToObject(r, "decode_ms", dec * 1e3);
         cJSON_AddNumberToObject(r, "decode_tok_s", 1 / dec);
+        cJSON_AddNumberToObject(r, "verify_rows", vb);
+        cJSON_AddNumberToObject(r, "verify_ms", ver * 1e3);
         cJSON_AddNumberToObject(r, "prefill_tok_s", CHUNK / chunk);
         cJSON_AddNumberToObject(r, "ttft_s", t);
         cJSON_AddBoolToObject(r, "ttft_measured", real);
