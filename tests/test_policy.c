@@ -26,10 +26,10 @@ static void feed(dfl_policy *p, int B, double a, int n) {
 
 static int brute_best(const dfl_costs *c, double a, int maxB) {
     int best = 1;
-    double rate1 = 1.0 / c->t_round[1], best_rate = rate1;
+    double rate1 = 1.0 / c->t_round[0][1], best_rate = rate1;
     for (int B = 2; B <= maxB; B++) {
         double e = (1 - pow(a, B)) / (1 - a); /* 1 + a + ... + a^(B-1) */
-        double r = e / c->t_round[B];
+        double r = e / c->t_round[0][B];
         if (r > best_rate) best_rate = r, best = B;
     }
     return best;
@@ -37,7 +37,7 @@ static int brute_best(const dfl_costs *c, double a, int maxB) {
 
 static void table(dfl_costs *c, int maxB, double base, double slope) {
     dfl_costs_init(c, maxB);
-    for (int B = 1; B <= maxB; B++) c->t_round[B] = base + slope * (B - 1);
+    for (int B = 1; B <= maxB; B++) c->t_round[0][B] = base + slope * (B - 1);
 }
 
 /* ---- closed loop: the policy drives simulated rounds ------------------------ */
@@ -59,9 +59,9 @@ static double sim_rate(const dfl_costs *c, int block, double a, int n, unsigned 
     int tok = 0;
     double t = 0;
     while (tok < n) {
-        int B = block ? block : dfl_policy_choose(&p), k = 0;
+        int B = block ? block : dfl_policy_choose(&p, 0), k = 0;
         while (B > 1 && k < B - 1 && uniform() < a) k++;
-        tok += k + 1, t += c->t_round[B];
+        tok += k + 1, t += c->t_round[0][B];
         if (B > 1) dfl_policy_observe(&p, B, k);
         else dfl_policy_classic_step(&p);
     }
@@ -83,8 +83,8 @@ static double sim_mean(const dfl_costs *c, int block, double a, int n) {
 static void closed_loop(void) {
     dfl_costs c;
     dfl_costs_init(&c, 16);
-    c.t_round[1] = 1.0;
-    for (int B = 2; B <= 16; B++) c.t_round[B] = 1.0 + 0.2 * (B - 1) + 0.55;
+    c.t_round[0][1] = 1.0;
+    for (int B = 2; B <= 16; B++) c.t_round[0][B] = 1.0 + 0.2 * (B - 1) + 0.55;
     double accs[] = {0.0, 0.5, 0.667, 0.806, 0.86, 0.95};
     for (int ai = 0; ai < 6; ai++) {
         double a = accs[ai], best = 0;
@@ -100,6 +100,32 @@ static void closed_loop(void) {
     }
 }
 
+/* Costs by context depth: each depth keeps its own table; a depth with too
+ * little measured borrows the nearest one's, scaled by the classic steps'
+ * ratio; and the choice follows the depth (a verify that pays at a short
+ * context, where its rows cost little, does not at a long one). */
+static void depths(void) {
+    CHECK(dfl_costs_depth(0) == 0 && dfl_costs_depth(1023) == 0 && dfl_costs_depth(1024) == 1 &&
+          dfl_costs_depth(4095) == 2 && dfl_costs_depth(4096) == 3 &&
+          dfl_costs_depth(1 << 30) == DFL_COST_DEPTHS - 1, "depth buckets double from 1K");
+    dfl_costs c;
+    table(&c, 8, 1.0, 0.1);                        /* short: block 8 costs 1.7 steps */
+    dfl_costs_update(&c, 1, 20000, 4.0);             /* 16K: a step costs 4 */
+    CHECK(fabs(dfl_costs_get(&c, 8, 20000) - 1.7 * 4.0) < 1e-9,
+          "borrowed from depth 0, scaled by the steps' ratio: %g", dfl_costs_get(&c, 8, 20000));
+    CHECK(fabs(dfl_costs_get(&c, 8, 3000) - 1.7) < 1e-9, "unscaled without a step of its own");
+    dfl_costs_update(&c, 8, 20000, 16.0);            /* measured: 4 steps there */
+    dfl_costs_update(&c, 4, 20000, 12.0);
+    CHECK(dfl_costs_get(&c, 8, 20000) == 16.0 && fabs(dfl_costs_get(&c, 6, 20000) - 14) < 1e-9,
+          "measured and interpolated at its own depth: %g", dfl_costs_get(&c, 6, 20000));
+    CHECK(fabs(dfl_costs_get(&c, 8, 100) - 1.7) < 1e-9, "depth 0 untouched");
+    dfl_policy p;
+    dfl_policy_init(&p, &c, 8);
+    feed(&p, 8, 0.6, 4000);           /* E[B] = 1.6, 1.96, 2.18 .. 2.4 for B = 2, 3, 4 .. 8 */
+    CHECK(dfl_policy_choose(&p, 100) > 1, "short context: speculate");
+    CHECK(dfl_policy_choose(&p, 20000) == 1, "16K: classic (t(B) / t(1) = 1.67, 2.33, 3 .. 4)");
+}
+
 int main(void) {
     closed_loop();
     /* Cheap verify rows and good drafts: speculation wins, at the argmax. */
@@ -112,12 +138,12 @@ int main(void) {
             dfl_policy p;
             dfl_policy_init(&p, &c, 16);
             feed(&p, 16, accs[ai], 4000);
-            int want = brute_best(&c, accs[ai], 16), got = dfl_policy_choose(&p);
+            int want = brute_best(&c, accs[ai], 16), got = dfl_policy_choose(&p, 0);
             /* The estimate of a is close but not exact: accept a choice whose
              * true rate is within 2% of the best. */
             double a = accs[ai];
-            double rate_got = (1 - pow(a, got)) / (1 - a) / c.t_round[got];
-            double rate_want = (1 - pow(a, want)) / (1 - a) / c.t_round[want];
+            double rate_got = (1 - pow(a, got)) / (1 - a) / c.t_round[0][got];
+            double rate_want = (1 - pow(a, want)) / (1 - a) / c.t_round[0][want];
             CHECK(rate_got >= 0.98 * rate_want, "slope %.2f acc %.2f: chose %d, best %d",
                   slopes[si], a, got, want);
         }
@@ -128,16 +154,16 @@ int main(void) {
     dfl_policy p;
     dfl_policy_init(&p, &c, 8);
     feed(&p, 8, 0.5, 500);
-    CHECK(dfl_policy_choose(&p) == 1, "expensive verify must fall back to classic");
+    CHECK(dfl_policy_choose(&p, 0) == 1, "expensive verify must fall back to classic");
     /* ...but re-probes after reprobe_every classic steps. */
     for (int i = 0; i < p.reprobe_every; i++) dfl_policy_classic_step(&p);
-    CHECK(dfl_policy_choose(&p) == 8, "a probe round (block 8) is due");
+    CHECK(dfl_policy_choose(&p, 0) == 8, "a probe round (block 8) is due");
     dfl_policy_observe(&p, 8, 0);
-    CHECK(dfl_policy_choose(&p) == 1, "after the probe, back to classic");
+    CHECK(dfl_policy_choose(&p, 0) == 1, "after the probe, back to classic");
     /* Failed probes back off: each is twice as far off as the last, up to a bound. */
     int gaps[12], ng = 0, since = 0;
     for (int step = 0; step < 6000 && ng < 12; step++) {
-        if (dfl_policy_choose(&p) > 1) {
+        if (dfl_policy_choose(&p, 0) > 1) {
             gaps[ng++] = since, since = 0;
             dfl_policy_observe(&p, p.probe_block, 0);
         } else {
@@ -153,12 +179,12 @@ int main(void) {
     /* A fresh policy whose prior favours classic probes at once; with
      * max block 4 the probe is 4 wide. */
     dfl_policy_init(&p, &c, 4);
-    CHECK(dfl_policy_choose(&p) == 4 && p.probing, "the first round is a probe of 4");
+    CHECK(dfl_policy_choose(&p, 0) == 4 && p.probing, "the first round is a probe of 4");
     /* A probe that accepts something and still loses doubles the interval. */
     dfl_policy_init(&p, &c, 8);
     p.reprobe_every = 64, p.probing = 1;
     dfl_policy_observe(&p, 8, 1);
-    CHECK(dfl_policy_choose(&p) == 1 && p.reprobe_every == 128, "partial probe: interval %d",
+    CHECK(dfl_policy_choose(&p, 0) == 1 && p.reprobe_every == 128, "partial probe: interval %d",
           p.reprobe_every);
     /* A probe that wins resets the interval. */
     dfl_costs cheap;
@@ -180,7 +206,7 @@ int main(void) {
     table(&c, 16, 1.0, 0.05);
     dfl_policy_init(&p, &c, 16);
     feed(&p, 16, 0.0, 200);
-    CHECK(dfl_policy_choose(&p) == 1, "zero acceptance must be classic");
+    CHECK(dfl_policy_choose(&p, 0) == 1, "zero acceptance must be classic");
 
     /* Acceptance estimates follow the evidence. */
     dfl_policy_init(&p, &c, 16);
@@ -192,11 +218,13 @@ int main(void) {
 
     /* Interpolation between measured sizes and past the last one. */
     dfl_costs_init(&c, 16);
-    c.t_round[1] = 1.0, c.t_round[4] = 1.6, c.t_round[8] = 2.0;
-    CHECK(fabs(dfl_costs_get(&c, 2) - 1.2) < 1e-9, "interp 2: %g", dfl_costs_get(&c, 2));
-    CHECK(fabs(dfl_costs_get(&c, 6) - 1.8) < 1e-9, "interp 6: %g", dfl_costs_get(&c, 6));
-    CHECK(fabs(dfl_costs_get(&c, 12) - 2.4) < 1e-9, "extrap 12: %g", dfl_costs_get(&c, 12));
-    dfl_costs_update(&c, 4, 2.6);
-    CHECK(fabs(c.t_round[4] - (0.8 * 1.6 + 0.2 * 2.6)) < 1e-9, "moving average");
+    c.t_round[0][1] = 1.0, c.t_round[0][4] = 1.6, c.t_round[0][8] = 2.0;
+    CHECK(fabs(dfl_costs_get(&c, 2, 0) - 1.2) < 1e-9, "interp 2: %g", dfl_costs_get(&c, 2, 0));
+    CHECK(fabs(dfl_costs_get(&c, 6, 0) - 1.8) < 1e-9, "interp 6: %g", dfl_costs_get(&c, 6, 0));
+    CHECK(fabs(dfl_costs_get(&c, 12, 0) - 2.4) < 1e-9, "extrap 12: %g",
+          dfl_costs_get(&c, 12, 0));
+    dfl_costs_update(&c, 4, 100, 2.6);
+    CHECK(fabs(c.t_round[0][4] - (0.8 * 1.6 + 0.2 * 2.6)) < 1e-9, "moving average");
+    depths();
     return test_summary();
 }

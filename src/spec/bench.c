@@ -189,8 +189,8 @@ static int replay_run(dfl_session *s, const int32_t *prompt, int n_prompt, const
         r->n_out = out.n;
         r->matches_ref = out.n <= n_ref && !memcmp(out.ids, ref, (size_t)out.n * sizeof(int32_t));
         if (spec) r->draft_calls = rp.calls, r->forced = rp.forced;
-        for (int b = 1; b <= e->costs.max_block && b <= 64; b++)
-            r->t_round[b] = e->costs.t_round[b];
+        for (int b = 1; b <= e->costs.max_block && b <= 64; b++)   /* short runs: depth 0 */
+            r->t_round[b] = e->costs.t_round[0][b];
     }
     free(seq);
     free(out.ids);

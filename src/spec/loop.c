@@ -175,7 +175,7 @@ static int round_step(run *r, int B, int *accepted, dfl_error *err) {
 static int pick_block(run *r, dfl_policy *pol) {
     dfl_seq *q = r->q;
     int B = 1;
-    if (r->spec) B = r->o->block == 0 ? dfl_policy_choose(pol) : r->o->block;
+    if (r->spec) B = r->o->block == 0 ? dfl_policy_choose(pol, q->kv->len) : r->o->block;
     B = imin(B, r->o->max_tokens - r->gen);
     B = imin(B, q->kv->cap - q->kv->len);
     B = imin(B, imin(q->max_block, q->t->max_rows));
@@ -244,10 +244,10 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (r.gen >= o->max_tokens) r.stop = DFL_STOP_LENGTH;
         else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
         if (r.stop) break;
-        int B = pick_block(&r, &pol), a = 0;
+        int B = pick_block(&r, &pol), a = 0, ctx = q->kv->len;
         double rs = dfl_now();
         if ((rc = round_step(&r, B, &a, err))) break;
-        dfl_costs_update(costs, B, dfl_now() - rs);
+        dfl_costs_update(costs, B, ctx, dfl_now() - rs);
         if (B > 1) dfl_policy_observe(&pol, B, a);
         else dfl_policy_classic_step(&pol);
     }

@@ -16,31 +16,54 @@ static double load(const double *p) {
     return v;
 }
 
-void dfl_costs_update(dfl_costs *c, int B, double seconds) {
-    if (B < 1 || B > c->max_block || !(seconds > 0)) return;
-    double t = load(&c->t_round[B]);
-    t = t > 0 ? 0.8 * t + 0.2 * seconds : seconds;
-    __atomic_store(&c->t_round[B], &t, __ATOMIC_RELAXED);
+int dfl_costs_depth(int ctx) {
+    int d = 0;
+    for (int c = 1024; ctx >= c && d < DFL_COST_DEPTHS - 1; c *= 2) d++;
+    return d;
 }
 
-double dfl_costs_get(const dfl_costs *cs, int B) {
-    dfl_costs snap, *c = &snap;
-    c->max_block = cs->max_block;
-    for (int i = 0; i <= c->max_block; i++) c->t_round[i] = load(&cs->t_round[i]);
-    if (c->t_round[B] > 0) return c->t_round[B];
+void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
+    if (B < 1 || B > c->max_block || !(seconds > 0)) return;
+    double *p = &c->t_round[dfl_costs_depth(ctx)][B], t = load(p);
+    t = t > 0 ? 0.8 * t + 0.2 * seconds : seconds;
+    __atomic_store(p, &t, __ATOMIC_RELAXED);
+}
+
+/* B's cost from one depth's row: measured, else interpolated between the
+ * nearest measured sizes, else extended along the slope of the last two.
+ * 0 when the row has too little; unless strict, one measured size alone is
+ * extended flat. */
+static double row_get(const double *t, int max_block, int B, int strict) {
+    if (t[B] > 0) return t[B];
     int lo = B - 1, hi = B + 1;
-    while (lo >= 1 && !(c->t_round[lo] > 0)) lo--;
-    while (hi <= c->max_block && !(c->t_round[hi] > 0)) hi++;
-    if (lo >= 1 && hi <= c->max_block)
-        return c->t_round[lo] + (c->t_round[hi] - c->t_round[lo]) * (B - lo) / (hi - lo);
-    if (lo >= 1) {
-        /* Past the largest measured size: extend the last measured slope. */
-        int lo2 = lo - 1;
-        while (lo2 >= 1 && !(c->t_round[lo2] > 0)) lo2--;
-        double slope = lo2 >= 1 ? (c->t_round[lo] - c->t_round[lo2]) / (lo - lo2) : 0;
-        return c->t_round[lo] + slope * (B - lo);
-    }
-    return 0;
+    while (lo >= 1 && !(t[lo] > 0)) lo--;
+    while (hi <= max_block && !(t[hi] > 0)) hi++;
+    if (lo >= 1 && hi <= max_block) return t[lo] + (t[hi] - t[lo]) * (B - lo) / (hi - lo);
+    if (lo < 1) return 0;
+    int lo2 = lo - 1;
+    while (lo2 >= 1 && !(t[lo2] > 0)) lo2--;
+    if (lo2 < 1 && strict) return 0;
+    double slope = lo2 >= 1 ? (t[lo] - t[lo2]) / (lo - lo2) : 0;
+    return t[lo] + slope * (B - lo);
+}
+
+double dfl_costs_get(const dfl_costs *cs, int B, int ctx) {
+    double t[DFL_COST_DEPTHS][DFL_POLICY_MAX + 1];
+    int mb = cs->max_block, d = dfl_costs_depth(ctx);
+    if (B < 1 || B > mb) return 0;
+    for (int j = 0; j < DFL_COST_DEPTHS; j++)
+        for (int i = 0; i <= mb; i++) t[j][i] = load(&cs->t_round[j][i]);
+    double v = row_get(t[d], mb, B, 1);
+    if (v > 0) return v;
+    /* Too little measured at this depth yet: the nearest depth that has it
+     * (shallower first). Scaling by the steps' ratio errs cheap for verify,
+     * whose cost grows faster with depth; the first round here corrects it. */
+    for (int k = 1; k < DFL_COST_DEPTHS; k++)
+        for (int j = d - k; j <= d + k; j += 2 * k) {
+            if (j < 0 || j >= DFL_COST_DEPTHS || !((v = row_get(t[j], mb, B, 1)) > 0)) continue;
+            return t[d][1] > 0 && t[j][1] > 0 ? v * t[d][1] / t[j][1] : v;
+        }
+    return row_get(t[d], mb, B, 0);
 }
 
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
@@ -54,7 +77,7 @@ void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
     p->classic_run = p->reprobe_every;
 }
 
-static int best_block(const dfl_policy *p);
+static int best_block(const dfl_policy *p, int ctx);
 
 void dfl_policy_observe(dfl_policy *p, int B, int accepted) {
     for (int i = 0; i < DFL_POLICY_MAX; i++) {
@@ -72,7 +95,7 @@ void dfl_policy_observe(dfl_policy *p, int B, int accepted) {
      * that cannot win, probes then cost a vanishing share. */
     if (p->probing) {
         int grow = accepted > 0 ? 2 : 4;
-        p->reprobe_every = best_block(p) > 1 ? DFL_REPROBE_MIN
+        p->reprobe_every = best_block(p, p->ctx) > 1 ? DFL_REPROBE_MIN
                            : p->reprobe_every * grow < DFL_REPROBE_MAX ? p->reprobe_every * grow
                                                                        : DFL_REPROBE_MAX;
         p->probing = 0;
@@ -108,13 +131,13 @@ double dfl_policy_expected(const dfl_policy *p, int B) {
     return e;
 }
 
-static int best_block(const dfl_policy *p) {
+static int best_block(const dfl_policy *p, int ctx) {
     int best = 1;
-    double t1 = dfl_costs_get(p->costs, 1);
+    double t1 = dfl_costs_get(p->costs, 1, ctx);
     if (!(t1 > 0)) return 1;
     double best_rate = 1.0 / t1;
     for (int B = 2; B <= p->max_block; B++) {
-        double t = dfl_costs_get(p->costs, B);
+        double t = dfl_costs_get(p->costs, B, ctx);
         if (!(t > 0)) continue;
         double rate = dfl_policy_expected(p, B) / t;
         if (rate > best_rate) best_rate = rate, best = B;
@@ -122,8 +145,8 @@ static int best_block(const dfl_policy *p) {
     return best;
 }
 
-int dfl_policy_choose(dfl_policy *p) {
-    int B = best_block(p);
+int dfl_policy_choose(dfl_policy *p, int ctx) {
+    int B = best_block(p, p->ctx = ctx);
     if (B > 1) {
         p->reprobe_every = DFL_REPROBE_MIN;
         return B;

@@ -7,11 +7,17 @@
 #define DFL_POLICY_H
 
 enum { DFL_POLICY_MAX = 64 };
+/* Context depths costs are kept for: [0, 1K), [1K, 2K), [2K, 4K) ... [64K, ...). A B-row
+ * verify's attention is arithmetic over every key for every row while a step's is one
+ * read of the cache, so their ratio grows with depth (0.6B: 4.4x at 128, 7.3x at 16K for
+ * B = 16); one table for all depths would mix short and long sessions. */
+enum { DFL_COST_DEPTHS = 8 };
 
 typedef struct dfl_costs {
     int max_block;
-    double t_round[DFL_POLICY_MAX + 1]; /* seconds per round of block B (verify + draft + rest);
-                                           [1] is one classic step; 0 = not measured */
+    double t_round[DFL_COST_DEPTHS][DFL_POLICY_MAX + 1];
+                         /* seconds per round of block B at depth d (verify + draft + rest);
+                            [d][1] is one classic step; 0 = not measured */
 } dfl_costs;
 
 typedef struct dfl_policy {
@@ -25,6 +31,7 @@ typedef struct dfl_policy {
     int probing;                        /* the round just chosen is such a probe */
     int probe_block;                    /* a probe's block: wide enough to test several
                                            positions, not the whole drafter block */
+    int ctx;                            /* cache rows when the last round was chosen */
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
@@ -36,10 +43,14 @@ enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
 #define DFL_POLICY_PRIOR 4.0
 
 void dfl_costs_init(dfl_costs *c, int max_block);
-/* Folds a measured round time into the table (moving average). */
-void dfl_costs_update(dfl_costs *c, int B, double seconds);
-/* Cost of block B: measured, else interpolated linearly between measured sizes. */
-double dfl_costs_get(const dfl_costs *c, int B);
+/* The depth index of a round that starts with ctx rows in the cache. */
+int dfl_costs_depth(int ctx);
+/* Folds a measured round time at context ctx into the table (moving average). */
+void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds);
+/* Cost of block B at context ctx: measured at that depth, else interpolated
+ * or extended from two sizes measured there; else the nearest depth's, scaled
+ * by the ratio of the two depths' classic steps when both are known. */
+double dfl_costs_get(const dfl_costs *c, int B, int ctx);
 
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block);
 /* Records a round: B-1 drafts proposed, the first `accepted` of them accepted. */
@@ -49,8 +60,9 @@ void dfl_policy_observe(dfl_policy *p, int B, int accepted);
 double dfl_policy_accept_p(const dfl_policy *p, int i);
 /* Expected tokens committed by a round of block B (the bonus counts). */
 double dfl_policy_expected(const dfl_policy *p, int B);
-/* The block size for the next round (1 = classic decode step). */
-int dfl_policy_choose(dfl_policy *p);
+/* The block size for the next round (1 = classic decode step), which starts
+ * with ctx rows in the cache. */
+int dfl_policy_choose(dfl_policy *p, int ctx);
 /* Tells the policy a classic step was taken. */
 void dfl_policy_classic_step(dfl_policy *p);
 
