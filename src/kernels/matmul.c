@@ -10,18 +10,16 @@
  * Fast paths. One row (decode) streams the weights once and is bound by memory
  * bandwidth: 4 outputs at a time, converted in registers, the next 4 rows
  * prefetched meanwhile (one core's bandwidth is bound by misses in flight).
- * Several rows (verify, prefill): per group of 3 outputs and block of up to
- * KB columns, every 4-row tile of X runs a 4x3 register tile (12
- * accumulators + 3 weights + 1 activation = the 16 ymm registers) while the
- * next block is prefetched. f16 weights are converted in registers (vcvtph2ps
- * keeps up with the multiply-adds). bf16 needs a widen and a shift, which
- * compete with the multiply-adds for the vector pipes: with more than
- * CONVERT_ROWS rows a bf16 block is converted to f32 once (on the stack,
- * L1-resident) for all row tiles instead. Rows go 32 at a time so the accumulators stay
- * small. Small matrices (a model that sits in cache, where bandwidth is not
- * the limit) skip the blocking (gemm_small), and those given a transposed
- * copy at load run 8 outputs per vector with no horizontal sums, one row or
- * many (gemm_trans). */
+ * Several rows (verify, prefill): per group of 3 outputs, every 4-row tile
+ * of X runs a 4x3 register tile (12 accumulators + 3 weights + 1 activation
+ * = the 16 ymm registers) over whole rows, converting f16 / bf16 weights in
+ * registers, while the next group's rows are prefetched. Whole rows stream
+ * best: blocks of columns (acc carried in memory between them, a bf16 block
+ * converted to f32 once on the stack) measured 5-25% slower on Zen 3. Rows go
+ * 32 at a time so the accumulators stay small. Small matrices (a model that
+ * sits in cache, where bandwidth is not the limit) skip the prefetch lists
+ * (gemm_small), and those given a transposed copy at load run 8 outputs per
+ * vector with no horizontal sums, one row or many (gemm_trans). */
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -29,13 +27,10 @@
 #include "kernels/vec.h"
 
 enum {
-    KB = 1024,        /* columns converted per block (3 x 4 KiB of f32) */
     RB = 32,          /* rows per row block */
     CHUNK = 48,       /* outputs per task: a multiple of the tile widths (3, 4, 24) */
-    SMALL_BYTES = 256 << 10,  /* f32 bytes up to which several rows take gemm_small, and a
+    SMALL_BYTES = 256 << 10   /* f32 bytes up to which several rows take gemm_small, and a
                                * matrix may be transposed */
-    CONVERT_ROWS = 12 /* bf16 rows up to which converting in registers beats a
-                       * conversion pass (measured on Zen 3: 8 and 12 rows 10-20% faster) */
 };
 
 static float w_at(dfl_type t, const uint8_t *row, int k) {
@@ -85,21 +80,18 @@ static DFL_AVX2_INLINE __m256 load8(dfl_type t, const uint8_t *p, int k) {
     return _mm256_loadu_ps((const float *)p + k);
 }
 
-/* acc[r*C + c] += lane sums of W_c[k] * X_r[k] for k in [0, k8), R rows by C
- * outputs; w[c] points at W_c's first column, x at X_0's. acc is in memory
- * between calls (it carries across column blocks); the loop keeps it in
- * registers. Meanwhile rows pf[0..np) are prefetched over the same columns:
- * weights a later call reads from memory, so their latency overlaps this
- * call's arithmetic (callers spread them, a few rows per call, to keep few
- * misses in flight). */
+/* acc[r*C + c] = lane sums of W_c[k] * X_r[k] for k in [0, k8), R rows by C
+ * outputs; w[c] points at W_c's first column, x at X_0's. Meanwhile rows
+ * pf[0..np) are prefetched over the same columns: weights a later call reads
+ * from memory, so their latency overlaps this call's arithmetic (callers
+ * spread them, a few rows per call, to keep few misses in flight). */
 
 typedef struct {
     const uint8_t *pf[4];   /* rows to prefetch */
     int np;
     size_t pes;             /* their bytes per element */
-    int first;              /* start from zero instead of acc */
-    float *y;               /* not NULL: the last block of a row with no k tail, so
-                             * write the finished sums to y[r * ldy + c], not acc */
+    float *y;               /* not NULL: rows with no k tail, so write the finished
+                             * sums to y[r * ldy + c], not acc */
     size_t ldy;
 } tile_aux;
 
@@ -134,7 +126,7 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const 
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) a[r][c] = aux->first ? _mm256_setzero_ps() : acc[r * C + c];
+        for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
     int k = 0;
     /* 32 columns per iteration: one prefetch per 64-byte line of 16-bit rows. */
     for (; k + 32 <= k8; k += 32) {
@@ -186,24 +178,6 @@ TILE_FNS(BF16)
 static const tile_fn tiles[3][5][2] = {TILE_ROW(F32), TILE_ROW(F16), TILE_ROW(BF16)};
 static const tile_fn gemv4[3] = {tile_1x4_F32, tile_1x4_F16, tile_1x4_BF16};
 
-/* dst[c * KB + k] = W_c[k] as f32 (exact), k < nk, c < nc, for bf16 rows: one
- * unrolled pass per block, so every row tile then runs the f32 kernel. */
-DFL_AVX2 static void convert_bf16(const uint8_t *const *w, int nc, int nk, float *dst) {
-    for (int c = 0; c < nc; c++) {
-        float *d = dst + c * KB;
-        int k = 0;
-        for (; k + 32 <= nk; k += 32) {
-            __m256 a = load8(DFL_BF16, w[c], k), b = load8(DFL_BF16, w[c], k + 8);
-            __m256 e = load8(DFL_BF16, w[c], k + 16), f = load8(DFL_BF16, w[c], k + 24);
-            _mm256_store_ps(d + k, a);
-            _mm256_store_ps(d + k + 8, b);
-            _mm256_store_ps(d + k + 16, e);
-            _mm256_store_ps(d + k + 24, f);
-        }
-        for (; k < nk; k += 8) _mm256_store_ps(d + k, load8(DFL_BF16, w[c], k));
-    }
-}
-
 /* Y values from lane sums acc[0..m) and the k tail, in vec.h's order; w[i %
  * c] is the weight row and x + (i / c) * ldx the input row of acc[i]. */
 DFL_AVX2 static void finish(const __m256 *acc, int m, int c, dfl_type t, const uint8_t *const *w,
@@ -228,7 +202,7 @@ DFL_AVX2 static void finish(const __m256 *acc, int m, int c, dfl_type t, const u
  * time while the next 4 rows (within the task's chunk) are prefetched. */
 DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x, float *y) {
     int cols = W->cols, k8 = cols & ~7;
-    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2, 1, NULL, 0};
+    tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2, NULL, 0};
     for (int o = o0; o < o1;) {
         int c = o1 - o >= 4 ? 4 : 1;
         const uint8_t *w[4];
@@ -244,48 +218,27 @@ DFL_AVX2 static void gemv_rows(const dfl_mat *W, int o0, int o1, const float *x,
 }
 
 /* Rows [r0, r0+nr), nr <= RB, against outputs [o, o+c), c <= 3, of a task
- * whose chunk ends at o1. Per column block: with more than CONVERT_ROWS rows,
- * a bf16 block is converted to f32 once (exact: the same values) for all;
- * the tiles share out the prefetch of the next block (this group's next
- * columns, or the next group's first). */
+ * whose chunk ends at o1: one register tile per 4 rows over the whole row,
+ * the tiles sharing out the prefetch of the next group's rows. */
 DFL_AVX2 static void gemm_group(const dfl_mat *W, int o, int c, int o1, int r0, int nr,
                                 const float *X, int ldx, float *Y, int ldy) {
-    _Alignas(32) float wf[3 * KB];
     __m256 acc[RB * 3];
-    int cols = W->cols, k8 = cols & ~7, wide = c == 3, t = W->type;
-    int convert = t == DFL_BF16 && nr > CONVERT_ROWS, ntile = (nr + 3) / 4;
-    size_t es = t == DFL_F32 ? 4 : 2;
-    const uint8_t *wrow[3], *wfrow[3];
-    for (int i = 0; i < c; i++) {
-        wrow[i] = W->data + (size_t)(o + i) * W->row_bytes;
-        wfrow[i] = (const uint8_t *)(wf + i * KB);
+    int cols = W->cols, k8 = cols & ~7, ntile = (nr + 3) / 4, nnext = 0;
+    const uint8_t *w[3], *next[3];
+    for (int i = 0; i < c; i++) w[i] = W->data + (size_t)(o + i) * W->row_bytes;
+    for (; nnext < 3 && o + c + nnext < o1; nnext++)
+        next[nnext] = w[0] + (size_t)(c + nnext) * W->row_bytes;
+    for (int r = 0, ti = 0; r < nr; ti++) {
+        int tr = nr - r >= 4 ? 4 : nr - r;
+        tile_aux aux = {{0}, 0, W->type == DFL_F32 ? 4 : 2, NULL, (size_t)ldy};
+        if (k8 == cols) aux.y = Y + (size_t)(r0 + r) * ldy + o;
+        for (int i = ti; i < nnext; i += ntile) aux.pf[aux.np++] = next[i];
+        const float *x = X + (size_t)(r0 + r) * ldx;
+        tiles[W->type][tr][c == 3](w, x, (size_t)ldx, k8, acc + r * c, &aux);
+        r += tr;
     }
-    for (int kb = 0; kb < k8; kb += KB) {
-        int nk = k8 - kb < KB ? k8 - kb : KB;
-        const uint8_t *w[3], *next[3];
-        int nnext = 0;
-        for (int i = 0; i < c; i++) w[i] = wrow[i] + kb * es;
-        if (kb + KB < k8)
-            for (; nnext < c; nnext++) next[nnext] = w[nnext] + KB * es;
-        else
-            for (; nnext < 3 && o + c + nnext < o1; nnext++)
-                next[nnext] = wrow[0] + (size_t)(c + nnext) * W->row_bytes;
-        if (convert) convert_bf16(w, c, nk, wf);
-        for (int r = 0, ti = 0; r < nr; ti++) {
-            int tr = nr - r >= 4 ? 4 : nr - r;
-            const float *x = X + (size_t)(r0 + r) * ldx + kb;
-            tile_aux aux = {{0}, 0, es, kb == 0, NULL, (size_t)ldy};
-            if (kb + KB >= k8 && k8 == cols) aux.y = Y + (size_t)(r0 + r) * ldy + o;
-            for (int i = ti; i < nnext; i += ntile) aux.pf[aux.np++] = next[i];
-            tiles[convert ? DFL_F32 : t][tr][wide](convert ? wfrow : w, x, (size_t)ldx, nk,
-                                                   acc + r * c, &aux);
-            r += tr;
-        }
-    }
-    if (k8 == 0)
-        for (int i = 0; i < nr * c; i++) acc[i] = _mm256_setzero_ps();
-    if (k8 < cols || k8 == 0)
-        finish(acc, nr * c, c, W->type, wrow, X + (size_t)r0 * ldx, (size_t)ldx, k8, cols,
+    if (k8 < cols)
+        finish(acc, nr * c, c, W->type, w, X + (size_t)r0 * ldx, (size_t)ldx, k8, cols,
                Y + (size_t)r0 * ldy + o, (size_t)ldy);
 }
 
