@@ -7,10 +7,11 @@
 #define DFL_POLICY_H
 
 enum { DFL_POLICY_MAX = 64 };
-/* Context depths costs are kept for: [0, 1K), [1K, 2K), [2K, 4K) ... [64K, ...). A B-row
- * verify's attention is arithmetic over every key for every row while a step's is one
- * read of the cache, so their ratio grows with depth (0.6B: 4.4x at 128, 7.3x at 16K for
- * B = 16); one table for all depths would mix short and long sessions. */
+/* Context depths costs are kept for: [0, 1K), [1K, 2K), [2K, 4K) ... [64K, ...). Every
+ * round gets dearer with depth (0.6B Q8_0: a step 44 ms at 1K, 441 ms at 32K) and not
+ * all sizes alike (a B-row verify's attention is arithmetic over every key per row, a
+ * step's one read of the cache: 16 rows cost 3.5-5.1 steps over 1K..32K); one table
+ * would mix the rounds of short and long sessions of one engine. */
 enum { DFL_COST_DEPTHS = 8 };
 
 typedef struct dfl_costs {
