@@ -87,9 +87,9 @@ static DFL_AVX2_INLINE __m256 load8(dfl_type t, const uint8_t *p, int k) {
  * spread them, a few rows per call, to keep few misses in flight). */
 
 typedef struct {
-    const uint8_t *pf[4];   /* rows to prefetch */
+    const uint8_t *pf[4];   /* rows (or lines of one block) to prefetch */
     int np;
-    size_t pes;             /* their bytes per element */
+    size_t pes;             /* bytes each advances per column */
     float *y;               /* not NULL: rows with no k tail, so write the finished
                              * sums to y[r * ldy + c], not acc */
     size_t ldy;
