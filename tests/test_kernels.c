@@ -604,6 +604,7 @@ static void test_attention(void) {
     test_attention_case(3, 6, 2, 7, 129);
     test_attention_case(2, 2, 2, 128, 5000);
     test_attention_case(9, 4, 2, 264, 70);   /* too large to pack: units one by one */
+    test_attention_case(5, 16, 2, 128, 150); /* GQA 8: 3-unit groups and a 2-unit tail */
     /* Small heads (8..32 dims): the transposed-key scores, GQA, 1..32 rows,
      * blocks that end inside a group of 8 keys, and a wide row stride (V
      * packed). */

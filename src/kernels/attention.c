@@ -113,34 +113,45 @@ static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
  * matmul (units x keys, each in the dot order), values as units x dims tiles
  * (each element acc * alpha then fma over keys in order). */
 
-/* s[u * BK + j] = dot(q[u], K_j) * scale for U units by J keys. */
+/* s[u * BK + j] = dot(q[u], K_j) * scale for U <= 3 units by J <= 4 keys:
+ * q read from memory into each fma, so 12 sums and 4 keys fit the 16
+ * registers; each unit's four sums reduced by one hsum8x4 (the dot order's
+ * tree), the dims past hd & ~7 added per lane with fma, and stored as one
+ * vector. Lanes past J compute on key 0 and are dropped. */
 static DFL_AVX2_INLINE void score_tile(int U, int J, const float *const *q, const float *K,
                                        int ldk, int hd, float scale, float *s) {
-    __m256 a[4][3];
+    __m256 a[3][4];
+    const float *k[4];
 #pragma GCC unroll 4
-    for (int u = 0; u < U; u++)
+    for (int j = 0; j < 4; j++) k[j] = K + (j < J ? (size_t)j * ldk : 0);
 #pragma GCC unroll 3
-        for (int j = 0; j < J; j++) a[u][j] = _mm256_setzero_ps();
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) a[u][j] = _mm256_setzero_ps();
     int h8 = hd & ~7;
     for (int d = 0; d < h8; d += 8) {
-        __m256 kv[3];
-#pragma GCC unroll 3
-        for (int j = 0; j < J; j++) kv[j] = _mm256_loadu_ps(K + (size_t)j * ldk + d);
+        __m256 kv[4];
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) {
-            __m256 qv = _mm256_loadu_ps(q[u] + d);
+        for (int j = 0; j < 4; j++) kv[j] = _mm256_loadu_ps(k[j] + d);
 #pragma GCC unroll 3
-            for (int j = 0; j < J; j++) a[u][j] = _mm256_fmadd_ps(qv, kv[j], a[u][j]);
+        for (int u = 0; u < U; u++) {
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) a[u][j] = _mm256_fmadd_ps(kv[j], _mm256_loadu_ps(q[u] + d), a[u][j]);
         }
     }
-#pragma GCC unroll 4
+    const __m128 sv = _mm_set1_ps(scale);
+#pragma GCC unroll 3
     for (int u = 0; u < U; u++) {
-        float t[4];
-        __m256 z = _mm256_setzero_ps();
-        _mm_storeu_ps(t, dfl_hsum8x4(a[u][0], J > 1 ? a[u][1] : z, J > 2 ? a[u][2] : z, z));
-        for (int j = 0; j < J; j++) {
-            for (int d = h8; d < hd; d++) t[j] = fmaf(q[u][d], K[(size_t)j * ldk + d], t[j]);
-            s[u * BK + j] = t[j] * scale;
+        __m128 t = dfl_hsum8x4(a[u][0], a[u][1], a[u][2], a[u][3]);
+        for (int d = h8; d < hd; d++)
+            t = _mm_fmadd_ps(_mm_set1_ps(q[u][d]), _mm_setr_ps(k[0][d], k[1][d], k[2][d], k[3][d]), t);
+        t = _mm_mul_ps(t, sv);
+        if (J == 4) {
+            _mm_storeu_ps(s + u * BK, t);
+        } else {
+            float o[4];
+            _mm_storeu_ps(o, t);
+            for (int j = 0; j < J; j++) s[u * BK + j] = o[j];
         }
     }
 }
@@ -181,14 +192,14 @@ static DFL_AVX2_INLINE void value_tile(int U, int D, float *const *acc, const fl
                                          int ldk, int d, int j0, int j1) {                 \
         value_tile(U, D, acc, p, V, ldk, d, j0, j1);                                        \
     }
-SCORE_FN(1, 1) SCORE_FN(2, 1) SCORE_FN(3, 1) SCORE_FN(4, 1)
-SCORE_FN(1, 3) SCORE_FN(2, 3) SCORE_FN(3, 3) SCORE_FN(4, 3)
+SCORE_FN(1, 1) SCORE_FN(2, 1) SCORE_FN(3, 1)
+SCORE_FN(1, 4) SCORE_FN(2, 4) SCORE_FN(3, 4)
 VALUE_FN(1, 1) VALUE_FN(2, 1) VALUE_FN(3, 1) VALUE_FN(4, 1)
 VALUE_FN(1, 3) VALUE_FN(2, 3) VALUE_FN(3, 3) VALUE_FN(4, 3)
 typedef void (*score_fn)(const float *const *, const float *, int, int, float, float *);
 typedef void (*value_fn)(float *const *, const float *, const float *, int, int, int, int);
-static const score_fn scores[5][2] = {{0, 0}, {score_1x1, score_1x3}, {score_2x1, score_2x3},
-                                      {score_3x1, score_3x3}, {score_4x1, score_4x3}};
+static const score_fn scores[4][2] = {{0, 0}, {score_1x1, score_1x4}, {score_2x1, score_2x4},
+                                      {score_3x1, score_3x4}};
 static const value_fn values[5][2] = {{0, 0}, {value_1x1, value_1x3}, {value_2x1, value_2x3},
                                       {value_3x1, value_3x3}, {value_4x1, value_4x3}};
 
@@ -483,9 +494,10 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
     _Alignas(32) float s[UNITS * BK], buf[BK * PACK_HD];
     int f16 = b->t == DFL_F16, ldk = b->ldk;
     size_t es = kv_size(b->t), ldb = (size_t)ldk * es;
-    /* Packing pays when several 4-unit groups reread the block. */
+    /* Packing pays when several unit groups reread a block whose rows are
+     * apart (f32 rows already contiguous are read in place). */
     int kmax = 0, ugroups = (nu + 3) / 4;
-    int pack = f16 || (ugroups > 1 && hd <= PACK_HD && hd % 8 == 0);
+    int pack = f16 || (ugroups > 1 && hd <= PACK_HD && hd % 8 == 0 && ldk != hd);
     int small = hd % 8 == 0 && hd <= SMALL_HD;
     /* Small rows close together: the hardware prefetcher keeps up alone. */
     int close = small && ldk < PACK_LDK && !f16;
@@ -508,10 +520,10 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
             pack_block(buf, b->K, b->t, ldk, kmax, hd);
             kb = buf, ld = hd;
         }
-        pf_start(&pf, b->nextk, ldb, b->next_nk, hd * (int)es, ugroups * ((kmax + 2) / 3));
-        for (int u = 0; u < nu; u += 4) {
-            int U = nu - u < 4 ? nu - u : 4, j = 0;
-            for (; j + 3 <= kmax; j += 3) {
+        pf_start(&pf, b->nextk, ldb, b->next_nk, hd * (int)es, (nu + 2) / 3 * ((kmax + 3) / 4));
+        for (int u = 0; u < nu; u += 3) {
+            int U = nu - u < 3 ? nu - u : 3, j = 0;
+            for (; j + 4 <= kmax; j += 4) {
                 pf_some(&pf);
                 scores[U][1](q + u, kb + (size_t)j * ld, ld, hd, scale, s + u * BK + j);
             }
