@@ -136,7 +136,8 @@ static DFL_AVX2_INLINE void score_tile(int U, int J, const float *const *q, cons
 #pragma GCC unroll 3
         for (int u = 0; u < U; u++) {
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) a[u][j] = _mm256_fmadd_ps(kv[j], _mm256_loadu_ps(q[u] + d), a[u][j]);
+            for (int j = 0; j < 4; j++)
+                a[u][j] = _mm256_fmadd_ps(kv[j], _mm256_loadu_ps(q[u] + d), a[u][j]);
         }
     }
     const __m128 sv = _mm_set1_ps(scale);
@@ -144,7 +145,8 @@ static DFL_AVX2_INLINE void score_tile(int U, int J, const float *const *q, cons
     for (int u = 0; u < U; u++) {
         __m128 t = dfl_hsum8x4(a[u][0], a[u][1], a[u][2], a[u][3]);
         for (int d = h8; d < hd; d++)
-            t = _mm_fmadd_ps(_mm_set1_ps(q[u][d]), _mm_setr_ps(k[0][d], k[1][d], k[2][d], k[3][d]), t);
+            t = _mm_fmadd_ps(_mm_set1_ps(q[u][d]), _mm_setr_ps(k[0][d], k[1][d], k[2][d], k[3][d]),
+                             t);
         t = _mm_mul_ps(t, sv);
         if (J == 4) {
             _mm_storeu_ps(s + u * BK, t);
@@ -323,7 +325,8 @@ static DFL_AVX2_INLINE void block_one(dfl_type t, const float *q, const char *K,
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), av);
-        for (j = 0; j < nk; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), kv8(t, V, j * ld + d), a);
+        for (j = 0; j < nk; j++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), kv8(t, V, j * ld + d), a);
         _mm256_storeu_ps(acc + d, a);
     }
     for (; d < hd; d++) {
