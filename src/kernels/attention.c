@@ -53,6 +53,7 @@ typedef struct {
     size_t hs;   /* elements from one kv head's keys to the next's */
 } att_job;
 
+/* Element bytes; a literal the inlined kernels fold (dfl_type_block_bytes is a table). */
 static size_t kv_size(dfl_type t) { return t == DFL_F16 ? 2 : 4; }
 
 /* Element i of a K or V array of type t. */

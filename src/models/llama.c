@@ -235,9 +235,9 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     kv->head_dim = t->c.head_dim;
     kv->kv_dim = t->c.n_kv_heads * t->c.head_dim;
     kv->type = t->kv_type;
-    size_t n = (size_t)kv->n_layers * cap * kv->kv_dim, es = kv->type == DFL_F16 ? 2 : 4;
-    kv->k = xcalloc(n, es);
-    kv->v = xcalloc(n, es);
+    size_t n = (size_t)kv->n_layers * cap * kv->kv_dim;
+    kv->k = xcalloc(n, dfl_type_block_bytes(kv->type));
+    kv->v = xcalloc(n, dfl_type_block_bytes(kv->type));
     return kv;
 }
 

@@ -98,8 +98,8 @@ typedef struct dfl_kv {
 
 /* Row pos of kv head h in layer l of buf (kv->k or kv->v). */
 static inline void *dfl_kv_row(const dfl_kv *kv, void *buf, int l, int h, int pos) {
-    size_t es = kv->type == DFL_F16 ? 2 : 4;
-    return (char *)buf + (((size_t)l * kv->n_kv_heads + h) * kv->cap + pos) * kv->head_dim * es;
+    size_t row = (size_t)kv->head_dim * dfl_type_block_bytes(kv->type);
+    return (char *)buf + (((size_t)l * kv->n_kv_heads + h) * kv->cap + pos) * row;
 }
 
 typedef struct dfl_load_opts {

@@ -72,10 +72,10 @@ int dfl_spec_calibrate(dfl_engine *e, int bmax, dfl_error *err) {
     if (!e->t || !e->d) return 0;
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
     bmax = cal_cap(e, bmax);
+    double *t_round = e->costs.t_round[dfl_costs_depth(CAL_CTX)];   /* the rounds' depth */
     int todo[sizeof cal_sizes / sizeof cal_sizes[0]], n = 0;
     for (size_t i = 0; i < sizeof cal_sizes / sizeof cal_sizes[0]; i++)
-        if (cal_sizes[i] <= bmax && !(e->costs.t_round[dfl_costs_depth(CAL_CTX)][cal_sizes[i]] > 0))
-            todo[n++] = cal_sizes[i];
+        if (cal_sizes[i] <= bmax && !(t_round[cal_sizes[i]] > 0)) todo[n++] = cal_sizes[i];
     if (!n) return 0;
 
     dfl_target *t = e->t;
@@ -103,7 +103,7 @@ int dfl_spec_calibrate(dfl_engine *e, int bmax, dfl_error *err) {
             rc = cal_round(&c, todo[i], &sec, err);
             if (!rc && (best == 0 || sec < best)) best = sec;
         }
-        if (!rc && best > 0) e->costs.t_round[dfl_costs_depth(CAL_CTX)][todo[i]] = best;
+        if (!rc && best > 0) t_round[todo[i]] = best;
     }
     cal_free(&c);
     return rc ? rc : n;

@@ -56,8 +56,8 @@ double dfl_costs_get(const dfl_costs *cs, int B, int ctx) {
     double v = row_get(t[d], mb, B, 1);
     if (v > 0) return v;
     /* Too little measured at this depth yet: the nearest depth that has it
-     * (shallower first). Scaling by the steps' ratio errs cheap for verify,
-     * whose cost grows faster with depth; the first round here corrects it. */
+     * (shallower first), scaled as if every size grew with depth as a step
+     * does; the first round measured here replaces the guess. */
     for (int k = 1; k < DFL_COST_DEPTHS; k++)
         for (int j = d - k; j <= d + k; j += 2 * k) {
             if (j < 0 || j >= DFL_COST_DEPTHS || !((v = row_get(t[j], mb, B, 1)) > 0)) continue;
