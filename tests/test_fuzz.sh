@@ -6,7 +6,7 @@ src="${DFLASH_SRC:-$(cd "$(dirname "$0")/.." && pwd)}"
 if ! command -v clang >/dev/null; then
   if [ "${CI:-}" = true ]; then echo "FAIL: clang missing (required under CI)"; exit 1; fi
   echo "skip: clang not installed"
-  exit 0
+  exit 77
 fi
 out="${DFLASH_BUILD:-$src/build}/fuzz"
 FUZZ_SECONDS="${FUZZ_SECONDS:-15}" FUZZ_OUT="$out" "$src/scripts/fuzz.sh"

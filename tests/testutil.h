@@ -1,11 +1,12 @@
 /* testutil.h - a tiny harness: CHECK records a failure and goes on; main
- * returns test_summary(), which prints "N passed, N failed". */
+ * returns test_summary(), which prints "N passed, N failed, N skipped" and
+ * exits 77 (ctest's skip) when a missing asset left part of the test out. */
 #ifndef DFL_TESTUTIL_H
 #define DFL_TESTUTIL_H
 
 #include <stdio.h>
 
-extern int test_passed, test_failed;
+extern int test_passed, test_failed, test_skipped;
 
 #define CHECK(cond, ...)                                                   \
     do {                                                                   \
