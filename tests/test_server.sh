@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_server.sh - dflash serve end to end through the official openai npm
+# test_server.sh - dflash serve end to end through the official openai Python
 # client, on a small random Qwen3 target + DFlash drafter: chat and
 # completions, streaming and not, stop strings, usage, logprobs; greedy output
 # equals `dflash generate` with and without the drafter; every documented 4xx
@@ -10,13 +10,12 @@ set -uo pipefail
 
 need_tools
 need_promtool
-install_client
 make_models
 
 KEY=test-key-$$
 for mode in draft none; do
   say "=== server with drafter: $mode"
-  $PY "$NODE_DIR/expect.py" "$BIN" "$WORK/target" \
+  $PY "$CLIENT_DIR/expect.py" "$BIN" "$WORK/target" \
     "$([ $mode = draft ] && echo "$WORK/draft" || echo none)" "$WORK/expect-$mode.json" ||
     die "dflash generate (expected outputs)"
   args=(-m "$WORK/target" -c 512 --parallel 2 --max-body 1048576)
@@ -24,7 +23,7 @@ for mode in draft none; do
   start_server "$WORK/server-$mode.log" "${args[@]}"
   key=""; [ $mode = draft ] && key=$KEY
   SERVER_URL=$SERVER_URL SERVER_API_KEY=$key EXPECT="$WORK/expect-$mode.json" MAX_BODY=1048576 \
-    timeout 600 node "$NODE_DIR/api.mjs" || { tail -50 "$WORK/server-$mode.log"; die "api.mjs ($mode)"; }
+    timeout 600 "$PY" "$CLIENT_DIR/api.py" || { tail -50 "$WORK/server-$mode.log"; die "api.py ($mode)"; }
   curl -sf -H "Authorization: Bearer $key" "$SERVER_URL/metrics" >"$WORK/metrics-$mode.txt" ||
     die "GET /metrics"
   promtool check metrics <"$WORK/metrics-$mode.txt" || die "promtool check metrics ($mode)"
@@ -36,8 +35,8 @@ done
 
 say "=== a full server: 503 when the queue is full; SIGTERM refuses the queued, cancels the running"
 start_server "$WORK/server-busy.log" -m "$WORK/target" -c 2048 --parallel 1 --queue 1 --shutdown-grace 1
-SERVER_URL=$SERVER_URL SERVER_PID=$SERVER_PID timeout 300 node "$NODE_DIR/busy.mjs" ||
-  { tail -30 "$WORK/server-busy.log"; die "busy.mjs"; }
+SERVER_URL=$SERVER_URL SERVER_PID=$SERVER_PID timeout 300 "$PY" "$CLIENT_DIR/busy.py" ||
+  { tail -30 "$WORK/server-busy.log"; die "busy.py"; }
 stop_server TERM
 [ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server-busy.log"; die "exit status $SERVER_RC after SIGTERM with work in flight"; }
 grep -q "dflash serve: stopped" "$WORK/server-busy.log" || die "no clean stop in the log"

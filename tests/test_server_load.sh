@@ -12,7 +12,6 @@ set -uo pipefail
 
 need_tools
 need_promtool
-install_client
 make_models
 
 CLIENTS=${CLIENTS:-8} REQUESTS=${REQUESTS:-30} MAX_TOKENS=${MAX_TOKENS:-8}
@@ -36,11 +35,11 @@ sys.exit(0 if found == ["0100007F"] else f"listening sockets on port {port}: {fo
 PY
 
 run_load() {   # name clients requests
-  SERVER_URL=$SERVER_URL CLIENTS=$2 REQUESTS=$3 SEED=$RANDOM timeout 900 node "$NODE_DIR/load.mjs" \
+  SERVER_URL=$SERVER_URL CLIENTS=$2 REQUESTS=$3 SEED=$RANDOM timeout 900 "$PY" "$CLIENT_DIR/load.py" \
     >"$WORK/$1.out" 2>&1
   local rc=$?
   cat "$WORK/$1.out"
-  [ $rc = 0 ] || { tail -40 "$WORK/server.log"; die "load.mjs ($1)"; }
+  [ $rc = 0 ] || { tail -40 "$WORK/server.log"; die "load.py ($1)"; }
 }
 
 curl -sf "$SERVER_URL/metrics" >"$WORK/metrics0.txt" || die "GET /metrics"
@@ -90,7 +89,7 @@ PY
 
 # SIGTERM with requests in flight: running ones finish (or are cancelled after
 # the grace period), the process exits 0 and stops listening.
-SERVER_URL=$SERVER_URL CLIENTS=4 REQUESTS=1000 timeout 120 node "$NODE_DIR/load.mjs" >"$WORK/term.out" 2>&1 &
+SERVER_URL=$SERVER_URL CLIENTS=4 REQUESTS=1000 timeout 120 "$PY" "$CLIENT_DIR/load.py" >"$WORK/term.out" 2>&1 &
 load_pid=$!
 sleep 2
 stop_server TERM

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""expect.py - greedy `dflash generate` outputs for the prompts api.mjs sends.
+"""expect.py - greedy `dflash generate` outputs for the prompts api.py sends.
 
 usage: expect.py DFLASH_BIN TARGET [DRAFT|none] OUT.json
 Writes {chat_prompt, completion_prompt, max_tokens, ctx_size, with_draft,

@@ -1,13 +1,13 @@
-# lib.sh - shared by tests/test_server*.sh: tool checks, the openai client
-# install, a small random model pair, starting and stopping a server.
+# lib.sh - shared by tests/test_server*.sh: tool checks (the openai Python
+# client in the project venv), a small random model pair, starting and
+# stopping a server.
 # Everything talks to 127.0.0.1 only and ends by itself (timeouts everywhere).
 
 SRC=${DFLASH_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 BIN=${DFLASH_BIN:-$SRC/build/dflash}
 SHARED=${DFLASH_SHARED:-$SRC/../shared}
-BUILD=${DFLASH_BUILD:-$SRC/build}
-NODE_DIR=$SRC/tests/server
-PY=/usr/bin/python3
+CLIENT_DIR=$SRC/tests/server
+PY=${DFLASH_PYTHON:-$SRC/build/venv/bin/python}
 SERVER_PID=
 WORK=$(mktemp -d /tmp/dflash-server-test.XXXXXX)
 trap 'stop_server KILL; rm -rf "$WORK"' EXIT
@@ -18,12 +18,11 @@ die() { echo "FAIL: $*" >&2; exit 1; }
 missing() {
   if [ "${CI:-}" = true ]; then die "$*"; fi
   echo "SKIP: $*"
-  exit 0
+  exit 77  # ctest SKIP_RETURN_CODE
 }
 
 need_tools() {
-  command -v node >/dev/null || missing "node is not installed"
-  command -v npm >/dev/null || missing "npm is not installed"
+  "$PY" -c "import openai" 2>/dev/null || missing "no openai Python package in $PY (scripts/deps.sh)"
   [ -x "$BIN" ] || die "no dflash binary at $BIN"
   "$BIN" serve --help >/dev/null 2>&1 || die "dflash serve is not in this build (libmicrohttpd-dev?)"
   [ -f "$SHARED/assets/tokenizers/qwen3/tokenizer.json" ] || missing "qwen3 tokenizer asset missing"
@@ -31,17 +30,6 @@ need_tools() {
 
 need_promtool() {
   command -v promtool >/dev/null || missing "promtool is not installed (Debian package prometheus)"
-}
-
-# The openai npm client, pinned by package-lock.json, installed beside the tests.
-install_client() {
-  local want have
-  want=$(node -e "console.log(require('$NODE_DIR/package-lock.json').packages['node_modules/openai'].version)")
-  have=$(node -e "try{console.log(require('$NODE_DIR/node_modules/openai/package.json').version)}catch{}" 2>/dev/null)
-  [ "$want" = "$have" ] && return 0
-  say "npm ci (openai $want)"
-  ( cd "$NODE_DIR" && flock "$BUILD/.server-npm.lock" timeout 300 npm ci --no-audit --no-fund --loglevel=error ) ||
-    missing "npm ci failed (no npm registry?)"
 }
 
 # A tiny random Qwen3 target with the real Qwen3 tokenizer, and a DFlash drafter for
