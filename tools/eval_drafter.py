@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """eval_drafter.py - a drafter's real acceptance and speed on held-out prompts.
 
     tools/eval_drafter.py --model M --draft D --corpus held.txt --prompts 20 \\
@@ -39,12 +39,18 @@ def prompts_from(path, sep, first, n, words):
     return out
 
 
-def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="exact"):
-    """-> (text, stats dict)."""
+def prompts_jsonl(path, n):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["prompt"] for line in f if line.strip()][:n]
+
+
+def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="exact", extra=()):
+    """-> (text and ids as printed, stats dict)."""
     with tempfile.TemporaryDirectory(prefix="evald-") as tmp:
         js = os.path.join(tmp, "s.json")
         cmd = [binary, "generate", "-m", model, "-p", prompt, "-n", str(n), "-q",
-               "--temp", str(temp), "--seed", str(seed), "--stats-json", js]
+               "--temp", str(temp), "--seed", str(seed), "--stats-json", js,
+               "--print-token-ids", *extra]
         if threads:
             cmd += ["-t", str(threads)]
         if mode == "classic":
@@ -54,8 +60,9 @@ def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="e
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"eval_drafter: {' '.join(cmd)}: {r.stderr.strip()[-1000:]}")
+        ids = [ln for ln in r.stderr.splitlines() if ln.startswith(("prompt ids", "generated ids"))]
         with open(js) as f:
-            return r.stdout, json.load(f)
+            return r.stdout + "\n".join(ids), json.load(f)
 
 
 def pool(stats):
@@ -81,7 +88,11 @@ def main(argv=None):
     ap.add_argument("--bin", help="dflash binary (default: $DFLASH_BIN or the newest build*/dflash)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft", required=True)
-    ap.add_argument("--corpus", required=True, help="text with held-out documents")
+    ap.add_argument("--corpus", help="text with held-out documents")
+    ap.add_argument("--prompts-jsonl", help='held-out prompts, JSON lines {"prompt": ...} '
+                    "(tools/chat_prompts.py), instead of --corpus")
+    ap.add_argument("--chat", action="store_true", help="render prompts with the chat template")
+    ap.add_argument("--dtype", help="convert the weights at load (generate's --dtype)")
     ap.add_argument("--sep", default="<|endoftext|>")
     ap.add_argument("--first-doc", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=20)
@@ -102,7 +113,13 @@ def main(argv=None):
         binary = dumpcmp.find_bin()
     if not binary:
         raise SystemExit("eval_drafter: no dflash binary (--bin or $DFLASH_BIN)")
-    prompts = prompts_from(a.corpus, a.sep, a.first_doc, a.prompts, a.words)
+    if a.prompts_jsonl:
+        prompts = prompts_jsonl(a.prompts_jsonl, a.prompts)
+    elif a.corpus:
+        prompts = prompts_from(a.corpus, a.sep, a.first_doc, a.prompts, a.words)
+    else:
+        raise SystemExit("eval_drafter: --corpus or --prompts-jsonl")
+    extra = (["--chat"] if a.chat else []) + (["--dtype", a.dtype] if a.dtype else [])
     report, bad = {"model": a.model, "draft": a.draft, "prompts": prompts, "n": a.n,
                    "threads": a.threads, "runs": {}}, 0
     for temp in [float(x) for x in a.temps.split(",")]:
@@ -115,7 +132,7 @@ def main(argv=None):
                 stats = []
                 for i, p in enumerate(prompts):
                     text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
-                                       a.threads, rule)
+                                       a.threads, rule, extra)
                     texts[(mode, i)] = text
                     stats.append(s)
                     if a.check and rule == "exact" and mode != "classic" and \

@@ -26,6 +26,7 @@ static void help(void) {
         "  lm_head.f32    its lm_head (vocab, dim); absent when tied to the embedding\n"
         "\n"
         "  -m, --model PATH        target: Hugging Face folder or .gguf\n"
+        "  --dtype T               convert the weights at load (as generate's --dtype)\n"
         "  --corpus FILE           UTF-8 text (repeat for several files)\n"
         "  --out DIR               output folder (created)\n"
         "  --layers auto|all|i,j   target layers to capture, 0-based (default auto: z-lab's\n"
@@ -42,6 +43,9 @@ static void help(void) {
         "                          document's first --prompt-tokens ids and capture the\n"
         "                          prompt plus up to N tokens the target generates\n"
         "  --prompt-tokens A[:B]   prompt rows (BOS included), uniform in A..B (default 4:24)\n"
+        "  --chat                  with --generate: each document is a user message, rendered\n"
+        "                          with the model's chat template; the whole rendered prompt\n"
+        "                          is the prompt and the target's answer is captured\n"
         "  --temp T  --seed S      sampling for --generate (default 0: greedy)\n"
         "  --max-rows N            stop after N rows in all\n"
         "  -c, --ctx-size N        KV cache rows (default: min(model context, 4096))\n"
@@ -54,7 +58,7 @@ typedef struct opts {
     const char *corpus[64];
     int n_corpus;
     const char *out, *layers, *sep;
-    int draft_layers, first_doc, max_docs, seq_len, generate, p_lo, p_hi, quiet;
+    int draft_layers, first_doc, max_docs, seq_len, generate, p_lo, p_hi, quiet, chat;
     long max_rows;
     float temp;
     uint64_t seed;
@@ -114,6 +118,8 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
+        else if (!strcmp(a, "--chat")) o->chat = 1;
+        else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
         else {
             fprintf(stderr, "dflash capture: unknown option '%s' (see --help)\n", a);
             exit(2);
@@ -378,7 +384,7 @@ static void run_text(job *j, const int32_t *ids, int n, int bos) {
 static void run_generate(job *j, const int32_t *ids, int n, int doc_index) {
     const opts *o = j->o;
     int P = o->p_lo + (int)(splitmix(&j->rng) % (uint64_t)(o->p_hi - o->p_lo + 1));
-    if (P > n) P = n;
+    if (P > n || o->chat) P = n;
     if (P > j->ctx - 1) P = j->ctx - 1;
     dfl_gen_params gp;
     dfl_gen_params_default(&gp);
@@ -394,6 +400,21 @@ static void run_generate(job *j, const int32_t *ids, int n, int doc_index) {
         exit(1);
     }
     if (P + c.n >= 2) capture(j, j->seq, P + c.n, P);
+}
+
+/* --chat: the document as one user message in the model's template, with the
+ * generation prompt (the template adds BOS where the model wants one). */
+static char *chat_prompt(const dfl_engine *e, const char *text, size_t len, size_t *out_len) {
+    char *msg = strndup(text, len);
+    dfl_chat_msg m = {"user", msg};
+    dfl_error err = {0};
+    int need = msg ? dfl_chat_render(e, NULL, &m, 1, 1, 0, NULL, 0, &err) : -1;
+    char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (out) dfl_chat_render(e, NULL, &m, 1, 1, 0, out, (size_t)need + 1, &err);
+    free(msg);
+    if (!out) fprintf(stderr, "dflash capture: chat template: %s\n", need < 0 ? err.msg : "out of memory");
+    *out_len = out ? (size_t)need : 0;
+    return out;
 }
 
 int cmd_capture(int argc, char **argv) {
@@ -449,13 +470,17 @@ int cmd_capture(int argc, char **argv) {
     }
     int bos = dfl_token_bos(e), done = 0;
     for (int d = d0; d < d1 && (!o.max_rows || w.rows < o.max_rows); d++, done++) {
-        int n = dfl_tokenize(e, docs[d].p, docs[d].n, 1, 0, NULL, 0, &err);
+        const char *text = docs[d].p;
+        size_t len = docs[d].n;
+        if (o.chat && !(text = chat_prompt(e, text, len, &len))) return 1;
+        int n = dfl_tokenize(e, text, len, !o.chat, o.chat, NULL, 0, &err);
         if (n < 0) {
             fprintf(stderr, "dflash capture: document %d: %s\n", d, err.msg);
             return 1;
         }
         ids = realloc(ids, sizeof(int32_t) * (size_t)(n + 1));
-        dfl_tokenize(e, docs[d].p, docs[d].n, 1, 0, ids, n, &err);
+        dfl_tokenize(e, text, len, !o.chat, o.chat, ids, n, &err);
+        if (o.chat) free((char *)text);
         if (o.generate) run_generate(&j, ids, n, d);
         else run_text(&j, ids, n, bos);
         if (!o.quiet && (done + 1) % 100 == 0)
