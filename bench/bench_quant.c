@@ -1,5 +1,5 @@
 /* bench_quant.c - quantized matmul speed against this machine's read
- * bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_K / Q6_K weights on
+ * bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K weights on
  * Qwen3-0.6B shapes (or 1.7B's: dim 2048, ffn 6144, where w_down's 8-row
  * activation tiles overflow L1): ms per call for 1..32 rows, GB/s of weights
  * at one row, GOP/s (2 * rows * cols * n / time), and the cost of n rows
@@ -140,14 +140,14 @@ int main(int argc, char **argv) {
     const int(*shapes)[2] = big ? shapes17 : shapes06;
     const int maxcols = big ? 6144 : 3072;
     static const int ns[] = {1, 2, 4, 8, 16, 32};
-    static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_K, DFL_Q6_K};
+    static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_1, DFL_Q4_K, DFL_Q6_K};
     float *X = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);
     float *Y = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);
     for (int i = 0; i < 32 * maxcols; i++) X[i] = (float)(i % 23) * 0.1f - 1.1f;
     void *scratch = dfl_aligned_alloc(dfl_qmatmul_scratch(DFL_Q8_0, 32, maxcols) +
                                       dfl_qmatmul_scratch(DFL_Q4_K, 32, maxcols) +
                                       dfl_qmatmul_scratch(DFL_Q4_0, 32, maxcols));
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < 5; ti++) {
         if (only >= 0 && types[ti] != (dfl_type)only) continue;
         printf("\n%s    rows x cols : n=1 ms (GB/s, %% of bw) | n: ms (GOP/s, x n=1)\n",
                dfl_type_name(types[ti]));

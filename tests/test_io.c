@@ -441,7 +441,8 @@ static void test_gguf_roundtrip(const char *tmp) {
     };
     int nkv = sizeof kv / sizeof kv[0];
     /* one tensor per type; shapes outermost first, rows whole blocks */
-    int64_t shapes[DFL_NTYPES][2] = {{3, 4}, {2, 8}, {1, 5}, {2, 64}, {1, 32}, {2, 256}, {1, 512}};
+    int64_t shapes[DFL_NTYPES][2] = {{3, 4}, {2, 8}, {1, 5}, {2, 64}, {1, 32}, {3, 64}, {2, 256},
+                                     {1, 512}};
     dfl_tensor t[DFL_NTYPES];
     uint8_t *data[DFL_NTYPES];
     uint32_t seed = 1;
@@ -514,7 +515,7 @@ static void test_gguf_roundtrip(const char *tmp) {
 static void test_types(void) {
     CHECK(dfl_type_row_bytes(DFL_F32, 7) == 28 && dfl_type_row_bytes(DFL_BF16, 3) == 6, "float rows");
     CHECK(dfl_type_row_bytes(DFL_Q8_0, 64) == 68 && dfl_type_row_bytes(DFL_Q4_0, 32) == 18 &&
-              dfl_type_row_bytes(DFL_Q4_K, 512) == 288 && dfl_type_row_bytes(DFL_Q6_K, 256) == 210,
+              dfl_type_row_bytes(DFL_Q4_1, 64) == 40 && dfl_type_row_bytes(DFL_Q4_K, 512) == 288 && dfl_type_row_bytes(DFL_Q6_K, 256) == 210,
           "block rows");
     CHECK(dfl_type_row_bytes(DFL_Q8_0, 33) == 0 && dfl_type_row_bytes(DFL_Q4_K, 128) == 0,
           "partial blocks -> 0");

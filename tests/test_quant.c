@@ -1,10 +1,11 @@
-/* test_quant.c - the GGUF quantized formats (Q8_0, Q4_0, Q4_K, Q6_K):
+/* test_quant.c - the GGUF quantized formats (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K):
  * hand-built blocks against values worked out from the published layouts,
  * quantize/dequantize round trips within per-type bounds, the AVX2 matmul
  * against its plain-C twin (memcmp), against a double-precision dot product
  * of the dequantized weights (within the activation-quantization bound), and
  * bitwise batch / thread invariance. tests/test_quant_formats.py checks the
- * dequantization and the Q8_0 / Q4_0 quantizers bit for bit against numpy. */
+ * dequantization and the Q8_0 / Q4_0 / Q4_1 quantizers bit for bit against
+ * numpy and gguf-py. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,8 @@
 #include "kernels/quant.h"
 #include "testutil.h"
 
-static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_K, DFL_Q6_K};
-enum { NTYPES = 4, MAXN = 32 };
+static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_1, DFL_Q4_K, DFL_Q6_K};
+enum { NTYPES = 5, MAXN = 32 };
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -74,6 +75,16 @@ static void test_known_blocks(void) {
     }
     check_row(DFL_Q4_0, b, want, 32, "q4_0 known block");
 
+    /* Q4_1: d = 0.5, m = -3.25; the nibbles as in Q4_0, value q * d + m */
+    b[0] = 0x00, b[1] = 0x38, b[2] = 0x80, b[3] = 0xc2;
+    for (int i = 0; i < 16; i++) {
+        int lo = (i * 5 + 3) & 15, hi = 15 - i;
+        b[4 + i] = (uint8_t)(lo | hi << 4);
+        want[i] = lo * 0.5f - 3.25f;
+        want[i + 16] = hi * 0.5f - 3.25f;
+    }
+    check_row(DFL_Q4_1, b, want, 32, "q4_1 known block");
+
     /* Q4_K: d = 1, dmin = 0.5; 6-bit scale j = 10 + 7j, min j = 63 - 5j;
      * scales/mins 0-3 in the low 6 bits of bytes 0-3 / 4-7, their top bits
      * for 4-7 in bits 6-7 of those bytes, low nibbles of 4-7 in bytes 8-11. */
@@ -125,8 +136,9 @@ static double rel_rmse(const float *x, const float *y, int n) {
 static void test_roundtrip(void) {
     enum { COLS = 4096 };
     /* relative RMS error bounds on gaussian rows with outliers (measured about
-     * 0.011, 0.16, 0.10, 0.031; pure gaussian rows give 0.0054, 0.086, 0.071, 0.017) */
-    const double bound[NTYPES] = {0.0125, 0.185, 0.12, 0.037};
+     * 0.011, 0.16, 0.11, 0.10, 0.031 in the order of types; pure gaussian rows
+     * give 0.0054, 0.086, 0.071, 0.017 for Q8_0, Q4_0, Q4_K, Q6_K) */
+    const double bound[NTYPES] = {0.0125, 0.185, 0.13, 0.12, 0.037};
     static float x[COLS], y[COLS];
     static uint8_t q[COLS * 2];
     for (int ti = 0; ti < NTYPES; ti++) {
@@ -139,12 +151,16 @@ static void test_roundtrip(void) {
             dfl_qdequant_row(t, q, y, COLS);
             double e = rel_rmse(x, y, COLS);
             worst = e > worst ? e : worst;
-            if (t == DFL_Q8_0 || t == DFL_Q4_0) { /* per element: half a step (Q4_0: one at +8) */
-                int bs = t == DFL_Q8_0 ? 34 : 18, bad = 0;
+            if (dfl_type_block(t) == 32) {
+                /* per element: half a step (Q4_0: one at +8), plus the f16
+                 * rounding of d (and of Q4_1's m) */
+                int bs = (int)dfl_type_block_bytes(t), bad = 0;
                 for (int i = 0; i < COLS; i++) {
                     const uint8_t *blk = q + i / 32 * bs;
                     float d = fabsf(dfl_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
-                    float lim = (t == DFL_Q8_0 ? 0.5f : 1.0f) * d + 128 * d * 0x1p-11f;
+                    float lim = (t == DFL_Q4_0 ? 1.0f : 0.5f) * d + 128 * d * 0x1p-11f;
+                    if (t == DFL_Q4_1)
+                        lim += fabsf(dfl_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8))) * 0x1p-11f;
                     bad += fabsf(x[i] - y[i]) > lim;
                 }
                 CHECK(bad == 0, "%s: %d elements beyond the per-block bound", nm, bad);
@@ -216,6 +232,10 @@ static void make_mat(qmat *m, dfl_type t, int rows, int cols, int kind) {
                 if (t == DFL_Q6_K) memcpy(blk + 208, &h1, 2);
                 else memcpy(blk, &h1, 2);
                 if (t == DFL_Q4_K) memcpy(blk + 2, &h2, 2);
+                if (t == DFL_Q4_1) { /* a min of either sign */
+                    uint16_t hm = f16_bits((float)((unif() * 2 - 1) * 0.1));
+                    memcpy(blk + 2, &hm, 2);
+                }
             }
         }
         dfl_qdequant_row(t, p, m->Wd + (size_t)o * cols, cols);
@@ -358,7 +378,7 @@ static void test_matmul(void) {
         for (int s = 0; s < 6; s++)
             for (int kind = 0; kind < 2; kind++)
                 test_matmul_case(pools, types[ti], shapes[s][0], shapes[s][1], kind);
-    /* Q8_0 and Q4_0 rows of an odd number of 32-blocks: the AVX2 tiles take
+    /* Q8_0, Q4_0 and Q4_1 rows of an odd number of 32-blocks: the AVX2 tiles take
      * blocks two at a time, and a last single block has its own path. */
     static const int odd[][2] = {{9, 96}, {17, 160}, {11, 2080}};
     for (int ti = 0; ti < NTYPES; ti++)

@@ -16,7 +16,7 @@ static void help(void) {
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter folder or .gguf (default: built-in drafter\n"
         "                         when the built-in model is used; 'none' turns it off)\n"
-        "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_k q6_k\n"
+        "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k\n"
         "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
         "  --kv-type f16|f32      K/V cache elements (default f16: half the memory)\n"
         "  -t, --threads N        threads (default: all cores)\n"

@@ -25,7 +25,7 @@ static void help(void) {
         "\n"
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter folder or .gguf ('none': no drafter)\n"
-        "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_k q6_k)\n"
+        "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k)\n"
         "  --block-size B         rows of the verify block (default: the drafter's, else 16)\n"
         "  -p, --prompt TEXT      prompt text (default: a fixed short sequence of ids)\n"
         "  --ids 1,2,3            prompt as token ids\n"

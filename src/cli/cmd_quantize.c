@@ -11,7 +11,7 @@ static void help(void) {
     printf("usage: dflash quantize --model IN.gguf --out OUT.gguf --type T [options]\n"
            "\n"
            "Writes a copy of a GGUF model with its weight matrices converted to T:\n"
-           "q8_0, q4_0 (ggml's reference quantizers, bit for bit), q4_k, q6_k (dflash's\n"
+           "q8_0, q4_0, q4_1 (ggml's reference quantizers, bit for bit), q4_k, q6_k (dflash's\n"
            "own search for scales; the formats are ggml's), f16 or bf16. Norms become\n"
            "f32; matrices whose rows are not a whole number of blocks, and the token\n"
            "embedding, keep their type.\n"
@@ -19,7 +19,7 @@ static void help(void) {
            "  -m, --model IN.gguf       input (a Hugging Face folder is not supported yet:\n"
            "                            convert it with tools/hf_to_gguf.py first)\n"
            "  -o, --out OUT.gguf        output (refused if it is the input)\n"
-           "  --type T                  q8_0 | q4_0 | q4_k | q6_k | f16 | bf16\n"
+           "  --type T                  q8_0 | q4_0 | q4_1 | q4_k | q6_k | f16 | bf16\n"
            "  --quantize-embeddings     convert token_embd.weight too\n"
            "  -t, --threads N           threads (default: all cores)\n");
 }

@@ -15,14 +15,14 @@
 #include "io_private.h"
 
 enum {
-    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14,
-    GGML_BF16 = 30
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_Q4_K = 12,
+    GGML_Q6_K = 14, GGML_BF16 = 30
 };
 
 /* GGUF's type id for each dfl_type. */
 static const uint32_t ggml_id[DFL_NTYPES] = {
     [DFL_F32] = GGML_F32, [DFL_F16] = GGML_F16, [DFL_BF16] = GGML_BF16, [DFL_Q8_0] = GGML_Q8_0,
-    [DFL_Q4_0] = GGML_Q4_0, [DFL_Q4_K] = GGML_Q4_K, [DFL_Q6_K] = GGML_Q6_K,
+    [DFL_Q4_0] = GGML_Q4_0, [DFL_Q4_1] = GGML_Q4_1, [DFL_Q4_K] = GGML_Q4_K, [DFL_Q6_K] = GGML_Q6_K,
 };
 
 static int type_from_ggml(uint32_t id) {
@@ -214,7 +214,7 @@ static int read_tensor_info(rd *r, gguf_file *g, uint64_t *offset) {
     if (dt < 0)
         return dfl_fail(r->err, DFL_EUNSUP,
                         "%s: tensor %s: GGUF type id %u not supported (f32, f16, bf16, q8_0, "
-                        "q4_0, q4_k, q6_k are)",
+                        "q4_0, q4_1, q4_k, q6_k are)",
                         r->name, t->name, ty);
     t->type = dt;
     t->n_dims = (int)nd;

@@ -18,6 +18,7 @@ typedef enum {
     DFL_BF16,
     DFL_Q8_0,   /* blocks of 32: f16 scale + 32 int8 */
     DFL_Q4_0,   /* blocks of 32: f16 scale + 16 bytes of nibbles */
+    DFL_Q4_1,   /* blocks of 32: f16 scale, f16 min + 16 bytes of nibbles */
     DFL_Q4_K,   /* super-blocks of 256 */
     DFL_Q6_K,   /* super-blocks of 256 */
     DFL_NTYPES

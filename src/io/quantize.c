@@ -1,5 +1,5 @@
 /* quantize.c - GGUF to GGUF with the weight matrices in another type
- * (q8_0, q4_0, q4_k, q6_k, f16, bf16): dflash quantize's core.
+ * (q8_0, q4_0, q4_1, q4_k, q6_k, f16, bf16): dflash quantize's core.
  *
  * Every metadata pair is copied as it is, except general.file_type (set to
  * llama.cpp's number for the new type) and general.quantization_version (2
@@ -21,6 +21,7 @@ static uint32_t llama_ftype(dfl_type t) {
     case DFL_F32: return 0;
     case DFL_F16: return 1;
     case DFL_Q4_0: return 2;
+    case DFL_Q4_1: return 3;
     case DFL_Q8_0: return 7;
     case DFL_Q4_K: return 14; /* MOSTLY_Q4_K_S: Q4_K throughout */
     case DFL_Q6_K: return 18;
@@ -219,7 +220,8 @@ int dfl_quantize_gguf(const dfl_quantize_opts *o, dfl_quantize_result *res, dfl_
     memset(res, 0, sizeof *res);
     int to = o->type ? dfl_type_from_name(o->type) : -1;
     if (to < 0 || to == DFL_F32)
-        return dfl_fail(err, DFL_EARG, "type %s: expected q8_0, q4_0, q4_k, q6_k, f16 or bf16",
+        return dfl_fail(err, DFL_EARG,
+                        "type %s: expected q8_0, q4_0, q4_1, q4_k, q6_k, f16 or bf16",
                         o->type ? o->type : "(none)");
     return quantize(o->in, o->out, (dfl_type)to, o->quantize_embeddings, o->n_threads, o, res,
                     err);

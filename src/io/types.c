@@ -20,6 +20,7 @@ static const struct {
     [DFL_BF16] = {"bf16", 1, 2},
     [DFL_Q8_0] = {"q8_0", 32, 34},   /* f16 d + 32 x int8 */
     [DFL_Q4_0] = {"q4_0", 32, 18},   /* f16 d + 16 bytes of nibbles */
+    [DFL_Q4_1] = {"q4_1", 32, 20},   /* f16 d, m + 16 bytes of nibbles */
     [DFL_Q4_K] = {"q4_k", 256, 144}, /* f16 d, dmin + 12 scale bytes + 128 nibble bytes */
     [DFL_Q6_K] = {"q6_k", 256, 210}, /* 128 ql + 64 qh + 16 scales + f16 d */
 };

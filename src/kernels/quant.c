@@ -1,4 +1,4 @@
-/* quant.c - GGUF block formats Q8_0, Q4_0, Q4_K, Q6_K: dequantization (bit
+/* quant.c - GGUF block formats Q8_0, Q4_0, Q4_1, Q4_K, Q6_K: dequantization (bit
  * for bit as ggml's dequantize_row_*), quantizers, and the plain-C twins of
  * the AVX2 matmul in quant_avx2.c.
  *
@@ -7,8 +7,10 @@
  * block. The float side is fixed by the SIMD shape: eight lanes, lane k holds
  * the integer sum of elements 4k..4k+3 of each 32-element group, and is
  * accumulated over blocks in order with one fused multiply-add per block;
- * the eight lanes are then added in one fixed tree (hsum8). The twins below
- * spell out exactly that, so tests can memcmp them against the SIMD code. */
+ * the eight lanes are then added in one fixed tree (hsum8). Q4_1's mins
+ * make one more float sum, over blocks in order, added after hsum8. The
+ * twins below spell out exactly that, so tests can memcmp them against the
+ * SIMD code. */
 #include "kernels/quant.h"
 
 #include <assert.h>
@@ -62,13 +64,29 @@ static void dequant_q8_0(const uint8_t *p, float *y, int nb) {
     }
 }
 
+/* The 32 nibbles of a Q4_0 / Q4_1 block in element order. */
+static void q4_nibbles(const uint8_t *qs, uint8_t q[32]) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = qs[i] & 0xf;
+        q[i + 16] = qs[i] >> 4;
+    }
+}
+
 static void dequant_q4_0(const uint8_t *p, float *y, int nb) {
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_0), y += QK4_0) {
         float d = h2f(rd16(p));
-        for (int i = 0; i < QK4_0 / 2; i++) {
-            y[i] = ((p[2 + i] & 0xf) - 8) * d;
-            y[i + QK4_0 / 2] = ((p[2 + i] >> 4) - 8) * d;
-        }
+        uint8_t q[32];
+        q4_nibbles(p + 2, q);
+        for (int i = 0; i < QK4_0; i++) y[i] = (q[i] - 8) * d;
+    }
+}
+
+static void dequant_q4_1(const uint8_t *p, float *y, int nb) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_1), y += QK4_1) {
+        float d = h2f(rd16(p)), m = h2f(rd16(p + 2));
+        uint8_t q[32];
+        q4_nibbles(p + 4, q);
+        for (int i = 0; i < QK4_1; i++) y[i] = q[i] * d + m;
     }
 }
 
@@ -136,6 +154,7 @@ void dfl_qdequant_row(dfl_type t, const void *src, float *dst, int cols) {
     switch (t) {
     case DFL_Q8_0: dequant_q8_0(p, dst, cols / QK8_0); break;
     case DFL_Q4_0: dequant_q4_0(p, dst, cols / QK4_0); break;
+    case DFL_Q4_1: dequant_q4_1(p, dst, cols / QK4_1); break;
     case DFL_Q4_K: dequant_q4_K(p, dst, cols / QK_K); break;
     case DFL_Q6_K: dequant_q6_K(p, dst, cols / QK_K); break;
     default: break;
@@ -155,6 +174,15 @@ static void quant_q8_0(const float *x, uint8_t *p, int nb) {
     }
 }
 
+/* The nibbles of Q4_0 / Q4_1 as ggml rounds them:
+ * q = min(15, trunc((x - lo) * id + bias)); Q4_0's x - 0 is x, bit for bit. */
+static void q4_pack(const float *x, float lo, float id, float bias, uint8_t *qs) {
+    for (int i = 0; i < 16; i++) {
+        int q0 = (int8_t)((x[i] - lo) * id + bias), q1 = (int8_t)((x[i + 16] - lo) * id + bias);
+        qs[i] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+    }
+}
+
 /* ggml's quantize_row_q4_0_ref: the value of largest magnitude maps to -8,
  * d = max / -8, q = min(15, trunc(x / d + 8.5)). */
 static void quant_q4_0(const float *x, uint8_t *p, int nb) {
@@ -167,10 +195,23 @@ static void quant_q4_0(const float *x, uint8_t *p, int nb) {
             }
         float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
         wr16(p, f2h(d));
-        for (int i = 0; i < QK4_0 / 2; i++) {
-            int q0 = (int8_t)(x[i] * id + 8.5f), q1 = (int8_t)(x[i + QK4_0 / 2] * id + 8.5f);
-            p[2 + i] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+        q4_pack(x, 0.0f, id, 8.5f, p + 2);
+    }
+}
+
+/* ggml's quantize_row_q4_1_ref: d = (max - min) / 15, m = min,
+ * q = min(15, trunc((x - min) / d + 0.5)). */
+static void quant_q4_1(const float *x, uint8_t *p, int nb) {
+    for (int b = 0; b < nb; b++, x += QK4_1, p += sizeof(dfl_block_q4_1)) {
+        float min = x[0], max = x[0];
+        for (int i = 1; i < QK4_1; i++) {
+            min = x[i] < min ? x[i] : min;
+            max = x[i] > max ? x[i] : max;
         }
+        float d = (max - min) / 15, id = d != 0 ? 1.0f / d : 0.0f;
+        wr16(p, f2h(d));
+        wr16(p + 2, f2h(min));
+        q4_pack(x, min, id, 0.5f, p + 4);
     }
 }
 
@@ -328,6 +369,7 @@ int dfl_qquant_row(dfl_type t, const float *src, void *dst, int cols) {
     switch (t) {
     case DFL_Q8_0: quant_q8_0(src, dst, cols / QK8_0); return 0;
     case DFL_Q4_0: quant_q4_0(src, dst, cols / QK4_0); return 0;
+    case DFL_Q4_1: quant_q4_1(src, dst, cols / QK4_1); return 0;
     case DFL_Q4_K: return quant_q4_K(src, dst, cols / QK_K);
     case DFL_Q6_K: return quant_q6_K(src, dst, cols / QK_K);
     default: return -1;
@@ -347,6 +389,7 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
     size_t nd = align64((size_t)(n + 7) / 8 * 8 * (cols / blk) * sizeof(float));
     size_t ns = is_kquant(t) ? align64((size_t)n * (cols / 16) * sizeof(int16_t)) : 0;
     size_t n4 = t == DFL_Q4_0 ? align64((size_t)n * (cols / 4) * sizeof(int32_t)) : 0;
+    size_t n1 = t == DFL_Q4_1 ? nd : 0;
     if (a) {
         uint8_t *p = scratch;
         a->blk = blk;
@@ -356,8 +399,9 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         a->d = (float *)(p + nq);
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
         a->sum4 = n4 ? (int32_t *)(p + nq + nd + ns) : NULL;
+        a->s = n1 ? (float *)(p + nq + nd + ns + n4) : NULL;
     }
-    return nq + nd + ns + n4;
+    return nq + nd + ns + n4 + n1;
 }
 
 size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols) {
@@ -389,7 +433,12 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
             /* below 2^-100 a block counts as zero: 1/d must not overflow */
             float d = amax >= 0x1p-100f ? amax / 127 : 0.0f, id = d != 0 ? 1.0f / d : 0.0f;
             a->d[dfl_qact_di(nb, r, b)] = d;
-            for (int i = b * blk; i < (b + 1) * blk; i++) *qel(a, r, i) = act_round(x[i] * id);
+            int sum = 0;
+            for (int i = b * blk; i < (b + 1) * blk; i++) {
+                *qel(a, r, i) = act_round(x[i] * id);
+                sum += *qel(a, r, i);
+            }
+            if (a->s) a->s[dfl_qact_di(nb, r, b)] = d * (float)sum;
         }
         if (a->bsum)
             for (int g = 0; g < a->cols / 16; g++) {
@@ -404,7 +453,10 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
                          *qel(a, r, 4 * g + 3));
     }
     for (int r = n; r % 8; r++) /* the unused lanes of the last group of 8 */
-        for (int b = 0; b < nb; b++) a->d[dfl_qact_di(nb, r, b)] = 0;
+        for (int b = 0; b < nb; b++) {
+            a->d[dfl_qact_di(nb, r, b)] = 0;
+            if (a->s) a->s[dfl_qact_di(nb, r, b)] = 0;
+        }
 }
 
 /* ---- the twins of the AVX2 dot products ---------------------------------- */
@@ -428,7 +480,7 @@ static int lane4u(const uint8_t *w, const int8_t *x, int k) {
     return s;
 }
 
-/* Q8_0 and Q4_0 (as signed int8 weights): per block of 32,
+/* Q8_0, Q4_0 and Q4_1 (as int8 weights: q - 8, q): per block of 32,
  * acc[k] = fma(isum[k], dw * dx, acc[k]). */
 static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s) {
     for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
@@ -443,17 +495,20 @@ static float dot_q8_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
     return hsum8(acc);
 }
 
-static float dot_q4_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
-    float acc[8] = {0};
-    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_0)) {
+/* Q4_1 also sums its mins over blocks, am = fma(m, s, am) (s: dfl_qact.s),
+ * and returns hsum8(acc) + am. */
+static float dot_q4_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, int q41) {
+    float acc[8] = {0}, am = 0;
+    for (int b = 0; b < nb; b++, p += q41 ? sizeof(dfl_block_q4_1) : sizeof(dfl_block_q4_0)) {
+        uint8_t q[32];
         int8_t w[32];
-        for (int i = 0; i < 16; i++) {
-            w[i] = (int8_t)((p[2 + i] & 0xf) - 8);
-            w[i + 16] = (int8_t)((p[2 + i] >> 4) - 8);
-        }
-        acc_block32(acc, w, dfl_qact_q(a, r, b), h2f(rd16(p)) * a->d[dfl_qact_di(nb, r, b)]);
+        q4_nibbles(p + (q41 ? 4 : 2), q);
+        for (int i = 0; i < 32; i++) w[i] = (int8_t)(q41 ? q[i] : q[i] - 8);
+        size_t di = dfl_qact_di(nb, r, b);
+        acc_block32(acc, w, dfl_qact_q(a, r, b), h2f(rd16(p)) * a->d[di]);
+        if (q41) am = fmaf(h2f(rd16(p + 2)), a->s[di], am);
     }
-    return hsum8(acc);
+    return q41 ? hsum8(acc) + am : hsum8(acc);
 }
 
 /* Q4_K per super-block: isum[k] = sum_j sc[j] * lane k of group j;
@@ -512,7 +567,8 @@ static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1
             float y = 0;
             switch (W->type) {
             case DFL_Q8_0: y = dot_q8_0_ref(w, nb, a, r); break;
-            case DFL_Q4_0: y = dot_q4_0_ref(w, nb, a, r); break;
+            case DFL_Q4_0: y = dot_q4_ref(w, nb, a, r, 0); break;
+            case DFL_Q4_1: y = dot_q4_ref(w, nb, a, r, 1); break;
             case DFL_Q4_K: y = dot_q4_K_ref(w, nb, a, r, bs); break;
             case DFL_Q6_K: y = dot_q6_K_ref(w, nb, a, r, bs); break;
             default: break;

@@ -1,10 +1,10 @@
-/* quant.h - quantized weight formats (Q8_0, Q4_0, Q4_K, Q6_K): row
+/* quant.h - quantized weight formats (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): row
  * conversion and matmul. kernels.c dispatches quantized types here; the same
  * batch-invariance rules as kernels.h apply (split by output row, one fixed
  * accumulation order per output element).
  *
- * The block layouts are GGUF's (ggml's block_q8_0, block_q4_0, block_q4_K,
- * block_q6_K), so GGUF tensors are used in place from the mapping. */
+ * The block layouts are GGUF's (ggml's block_q8_0, block_q4_0, block_q4_1,
+ * block_q4_K, block_q6_K), so GGUF tensors are used in place from the mapping. */
 #ifndef DFL_QUANT_H
 #define DFL_QUANT_H
 
@@ -24,7 +24,7 @@ int dfl_qquant_row(dfl_type t, const float *src, void *dst, int cols);
 
 /* ---- the GGUF blocks (ggml-common.h layouts; f16 fields as raw bits) ---- */
 
-enum { QK8_0 = 32, QK4_0 = 32, QK_K = 256 };
+enum { QK8_0 = 32, QK4_0 = 32, QK4_1 = 32, QK_K = 256 };
 
 typedef struct {
     uint16_t d;             /* f16 scale */
@@ -36,6 +36,12 @@ typedef struct {
     uint8_t qs[QK4_0 / 2];  /* element i < 16: low nibble of qs[i]; i >= 16: high nibble of
                                qs[i - 16]; value = (q - 8) * d */
 } dfl_block_q4_0;           /* 18 bytes */
+
+typedef struct {
+    uint16_t d;             /* f16 scale */
+    uint16_t m;             /* f16 min */
+    uint8_t qs[QK4_1 / 2];  /* nibbles as in Q4_0; value = q * d + m */
+} dfl_block_q4_1;           /* 20 bytes */
 
 typedef struct {
     uint16_t d;             /* f16 super-block scale of the 6-bit scales */
@@ -53,8 +59,8 @@ typedef struct {
 
 /* ---- quantized activations (the layout of the matmul scratch) ------------
  * Each row of X becomes int8 blocks with one f32 scale per block: blocks of
- * 32 for Q8_0/Q4_0 weights, of 256 for K-quant weights, which also keep the
- * sum of every 16 quants (for the mins / the -32 offset of the formats). */
+ * 32 for Q8_0/Q4_0/Q4_1 weights, of 256 for K-quant weights, which also keep
+ * the sum of every 16 quants (for the mins / the -32 offset of the formats). */
 typedef struct dfl_qact {
     int blk;                /* 32 or 256 elements per scale */
     int cols;
@@ -69,6 +75,8 @@ typedef struct dfl_qact {
     int32_t *sum4;          /* [n, cols / 4]: 8 x the sum of quants 4k..4k+3 (Q4_0 only, else
                                NULL): lane k of a block's offset, so Q4_0 nibbles enter
                                maddubs unsigned and (q - 8) . x = q . x - sum4 */
+    float *s;               /* laid out as d: d x the sum of the block's 32 quants (Q4_1 only,
+                               else NULL), ggml's q8_1 s: a block's min m enters as m * s */
 } dfl_qact;
 
 /* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */

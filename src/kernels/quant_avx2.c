@@ -7,13 +7,14 @@
  * tiles, so the weights are read from memory once per call.
  *
  * What bounds the speed here (Zen 3, no VNNI): integer multiplies (maddubs,
- * madd) and FMAs share two pipes. So per row and 32 weights the Q8_0/Q4_0
- * kernel spends maddubs + madd + one FMA, with the scale product dw*dx
- * formed once per block for all 8 rows of a tile (the activation scales are
- * stored 8 rows side by side for this); the K-quant kernels spend maddubs +
- * madd (which applies the sub-block scale) and keep integer sums in
- * registers across the whole super-block. */
+ * madd) and FMAs share two pipes. So per row and 32 weights the Q8_0/Q4_0/
+ * Q4_1 kernel spends maddubs + madd + one FMA, with the scale product dw*dx
+ * (and Q4_1's min term) formed once per block for all 8 rows of a tile (the
+ * activation scales are stored 8 rows side by side for this); the K-quant
+ * kernels spend maddubs + madd (which applies the sub-block scale) and keep
+ * integer sums in registers across the whole super-block. */
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -78,14 +79,32 @@ AVX2 static float act_block(const float *x, int blk, int8_t *q, size_t qs) {
     return d;
 }
 
+/* The sums of quants 0-15 and 16-31 of q: psadbw on the biased bytes gives
+ * sums of 8. */
+INLINE void sums16(const int8_t *q, int s[2]) {
+    __m256i v = _mm256_xor_si256(loadu(q), _mm256_set1_epi8((char)0x80));
+    __m256i t = _mm256_sad_epu8(v, _mm256_setzero_si256());
+    int64_t e[4];
+    memcpy(e, &t, sizeof e);
+    s[0] = (int)(e[0] + e[1] - 16 * 128);
+    s[1] = (int)(e[2] + e[3] - 16 * 128);
+}
+
 AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
     int blk = a->blk, nb = a->cols / blk;
     for (int r = 0; r < n; r++) {
         const float *x = X + (size_t)r * ldx;
         const size_t qs = (size_t)32 * dfl_qact_group(a, r); /* from one 32 quants to the next */
         int8_t *q = dfl_qact_q(a, r, 0);
-        for (int b = 0; b < nb; b++)
-            a->d[dfl_qact_di(nb, r, b)] = act_block(x + b * blk, blk, q + b * (blk / 32) * qs, qs);
+        for (int b = 0; b < nb; b++) {
+            size_t di = dfl_qact_di(nb, r, b);
+            a->d[di] = act_block(x + b * blk, blk, q + b * (blk / 32) * qs, qs);
+            if (a->s) { /* Q4_1: blocks of 32 */
+                int s[2];
+                sums16(q + b * qs, s);
+                a->s[di] = a->d[di] * (float)(s[0] + s[1]);
+            }
+        }
         if (a->sum4) /* 8 x sums of 4: maddubs by ones, madd by eights */
             for (int i = 0; i < a->cols; i += 32) {
                 __m256i s = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(q + i / 32 * qs));
@@ -93,20 +112,19 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
                                     _mm256_madd_epi16(s, _mm256_set1_epi16(8)));
             }
         if (!a->bsum) continue;
-        /* sums of 16: psadbw on the biased bytes gives sums of 8 */
         int16_t *bs = a->bsum + (size_t)r * (a->cols / 16);
-        const __m256i bias = _mm256_set1_epi8((char)0x80);
         for (int i = 0; i < a->cols; i += 32) {
-            __m256i v = _mm256_xor_si256(loadu(q + i / 32 * qs), bias);
-            __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
-            int64_t e[4];
-            memcpy(e, &s, sizeof e);
-            bs[i / 16] = (int16_t)(e[0] + e[1] - 16 * 128);
-            bs[i / 16 + 1] = (int16_t)(e[2] + e[3] - 16 * 128);
+            int s[2];
+            sums16(q + i / 32 * qs, s);
+            bs[i / 16] = (int16_t)s[0];
+            bs[i / 16 + 1] = (int16_t)s[1];
         }
     }
     for (int r = n; r % 8; r++) /* the unused lanes of the last group of 8 */
-        for (int b = 0; b < nb; b++) a->d[dfl_qact_di(nb, r, b)] = 0;
+        for (int b = 0; b < nb; b++) {
+            a->d[dfl_qact_di(nb, r, b)] = 0;
+            if (a->s) a->s[dfl_qact_di(nb, r, b)] = 0;
+        }
 }
 
 /* ---- register tiles -------------------------------------------------------
@@ -114,31 +132,55 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
  * inlining) against one weight row; n rows are cut into tiles of 8 and one
  * remainder. Which rows share a tile never changes a row's arithmetic. */
 
-/* ---- Q8_0 and Q4_0: blocks of 32 against activation blocks of 32 -------- */
+/* ---- Q8_0, Q4_0, Q4_1: blocks of 32 against activation blocks of 32 ----- */
 
-/* The 32 nibbles of a Q4_0 block as unsigned bytes, in element order. */
-INLINE __m256i q4_0_nibbles(const uint8_t *p) {
-    __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
+enum { Q80, Q40, Q41 }; /* the kind of a block-32 kernel */
+
+INLINE size_t block_bytes(const int kind) {
+    return kind == Q80 ? sizeof(dfl_block_q8_0)
+         : kind == Q40 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q4_1);
+}
+
+/* The 32 nibbles of a Q4_0 / Q4_1 block (qs: its 16 bytes) as unsigned
+ * bytes, in element order. */
+INLINE __m256i q4_nibbles(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xf));
+}
+
+/* The weight block wb as maddubs takes it: wu unsigned (|w| for Q8_0, the
+ * nibbles q for Q4_0/Q4_1), ws the signed Q8_0 quants (else zero). */
+INLINE void weights32(const int kind, const uint8_t *wb, __m256i *wu, __m256i *ws) {
+    *ws = kind == Q80 ? loadu(wb + 2) : _mm256_setzero_si256();
+    *wu = kind == Q80 ? _mm256_sign_epi8(*ws, *ws) : q4_nibbles(wb + (kind == Q41 ? 4 : 2));
 }
 
 /* The integer lanes of one row against one block: Q8_0 as |w| . (x * sign(w)),
  * so that maddubs has its unsigned operand; Q4_0 as q . x - 8 x (sum of x
- * per lane), with the unsigned nibbles q straight into maddubs. wu is |w| or
- * q, ws is w (Q8_0 only). */
-INLINE __m256i lanes32(const int q4, __m256i wu, __m256i ws, const int8_t *x, const int32_t *s4) {
+ * per lane), with the unsigned nibbles q straight into maddubs; Q4_1 as
+ * q . x (its mins go separately, see scales32). */
+INLINE __m256i lanes32(const int kind, __m256i wu, __m256i ws, const int8_t *x,
+                       const int32_t *s4) {
     __m256i xv = load(x);
-    if (!q4) xv = _mm256_sign_epi8(xv, ws);
+    if (kind == Q80) xv = _mm256_sign_epi8(xv, ws);
     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), _mm256_set1_epi16(1));
-    return q4 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
+    return kind == Q40 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
 }
 
-/* The scale products dw * dx of weight block wb for the 8 rows of a tile. */
-INLINE void scales32(float *S, const uint8_t *wb, const float *dxb) {
+/* The scale products dw * dx of weight block wb for the 8 rows of a tile;
+ * Q4_1 also adds the block's min times the rows' sums (sxb) to am, the
+ * rows' sums of the mins (8 rows side by side), in block order. */
+INLINE void scales32(const int kind, float *S, const uint8_t *wb, const float *dxb,
+                     const float *sxb, __m256 *am) {
     uint16_t h;
     memcpy(&h, wb, 2);
     __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
     _mm256_store_ps(S, _mm256_mul_ps(dw, _mm256_load_ps(dxb)));
+    if (kind == Q41) {
+        memcpy(&h, wb + 2, 2);
+        __m256 m = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+        *am = _mm256_fmadd_ps(m, _mm256_load_ps(sxb), *am);
+    }
 }
 
 /* Row i's scale product as a vector, from s03 / s47 (rows 0-3 / 4-7, each
@@ -164,16 +206,16 @@ INLINE __m256 row_scale(const int R, __m256 s03, __m256 s47, const float *s, int
  * row; with 1-2 rows the two cost more than they save), and the asm keeps
  * gcc from folding the shuffles back into broadcast loads. Q8_0 rows go in
  * pairs, stage by stage, which keeps more loads in flight (~2%). */
-INLINE void block32(const int q4, const int R, const uint8_t *wb, const uint8_t *pf,
+INLINE void block32(const int kind, const int R, const uint8_t *wb, const uint8_t *pf,
                     const int8_t *xb, const int32_t *s4b, size_t s4s, const float *s,
                     __m256 *acc) {
     if (pf) _mm_prefetch((const char *)pf, _MM_HINT_T0);
-    __m256i ws = q4 ? _mm256_setzero_si256() : loadu(wb + 2);
-    __m256i wu = q4 ? q4_0_nibbles(wb) : _mm256_sign_epi8(ws, ws);
+    __m256i ws, wu;
+    weights32(kind, wb, &wu, &ws);
     __m256 s03 = _mm256_broadcast_ps((const __m128 *)s);
     __m256 s47 = _mm256_broadcast_ps((const __m128 *)(s + 4));
     if (R > 2) __asm__("" : "+x"(s03), "+x"(s47));
-    if (!q4 && R % 2 == 0) {
+    if (kind == Q80 && R % 2 == 0) {
         const __m256i one = _mm256_set1_epi16(1);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i += 2) { /* lanes32's steps, two rows at once */
@@ -189,7 +231,7 @@ INLINE void block32(const int q4, const int R, const uint8_t *wb, const uint8_t 
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        __m256i p = lanes32(q4, wu, ws, xb + i * 32, q4 ? s4b + i * s4s : NULL);
+        __m256i p = lanes32(kind, wu, ws, xb + i * 32, kind == Q40 ? s4b + i * s4s : NULL);
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), row_scale(R, s03, s47, s, i), acc[i]);
     }
 }
@@ -203,52 +245,59 @@ INLINE void block32(const int q4, const int R, const uint8_t *wb, const uint8_t 
  * loop is compute bound, so the hardware prefetcher alone leaves the first
  * tile of a group waiting on memory. The loop walks pointers and has no
  * spare-slot branch: with indices gcc spent ~17 instructions a block on
- * bookkeeping. */
-INLINE void tile32(const int q4, const int R, const uint8_t *w, const uint8_t *wn, int nb,
+ * bookkeeping. Q4_1's mins cost one FMA a block for all rows (scales32). */
+INLINE void tile32(const int kind, const int R, const uint8_t *w, const uint8_t *wn, int nb,
                    const dfl_qact *a, int r0, float *y, int ldy) {
-    __m256 acc[TILE];
+    __m256 acc[TILE], am = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
-    const size_t xs = (size_t)a->cols, bb = q4 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0);
+    const size_t xs = (size_t)a->cols, bb = block_bytes(kind);
     const int8_t *x = dfl_qact_q(a, r0, 0); /* [nb][R][32] (the tile is a group of dfl_qact.q) */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
-    const int32_t *s4 = q4 ? a->sum4 + (size_t)r0 * (xs / 4) : NULL;
+    const float *sx = kind == Q41 ? a->s + dfl_qact_di(nb, r0, 0) : dx; /* [nb][8], Q4_1 */
+    const int32_t *s4 = kind == Q40 ? a->sum4 + (size_t)r0 * (xs / 4) : NULL;
     if (R == 1) { /* one row: its scale product is one scalar multiply */
-        for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8) {
+        float am1 = 0;
+        for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8, sx += 8) {
             /* memory bound: the weights AHEAD bytes on (rows are contiguous;
              * past the matrix the hint is dropped) */
             _mm_prefetch((const char *)((uintptr_t)w + AHEAD), _MM_HINT_T0);
-            __m256i ws = q4 ? _mm256_setzero_si256() : loadu(w + 2);
-            __m256i wu = q4 ? q4_0_nibbles(w) : _mm256_sign_epi8(ws, ws);
-            __m256i p = lanes32(q4, wu, ws, x, q4 ? s4 + 8 * b : NULL);
+            __m256i ws, wu;
+            weights32(kind, w, &wu, &ws);
+            __m256i p = lanes32(kind, wu, ws, x, kind == Q40 ? s4 + 8 * b : NULL);
             __m256 sc = _mm256_set1_ps(f16_load(w) * dx[0]);
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[0]);
+            if (kind == Q41) am1 = fmaf(f16_load(w + 2), sx[0], am1);
         }
-        y[0] = hsum8(acc[0]);
+        y[0] = kind == Q41 ? hsum8(acc[0]) + am1 : hsum8(acc[0]);
         return;
     }
     const ptrdiff_t ahead = wn - w;
     float S[2][8] __attribute__((aligned(32)));
-    scales32(S[0], w, dx);
+    scales32(kind, S[0], w, dx, sx, &am);
     for (int k = 0; k < (nb - 1) / 2; k++) { /* two blocks a turn, one or two left after */
         float *s = S[0];
         __asm__("" : "+r"(s)); /* else gcc keeps all 16 slot addresses, spilled */
-        scales32(s + 8, w + bb, dx + 8);
-        block32(q4, R, w, w + ahead, x, s4, xs / 4, s, acc);
-        scales32(s, w + 2 * bb, dx + 16);
-        block32(q4, R, w + bb, NULL, x + 32 * R, q4 ? s4 + 8 : s4, xs / 4, s + 8, acc);
-        w += 2 * bb, x += 64 * R, dx += 16;
-        if (q4) s4 += 16;
+        scales32(kind, s + 8, w + bb, dx + 8, sx + 8, &am);
+        block32(kind, R, w, w + ahead, x, s4, xs / 4, s, acc);
+        scales32(kind, s, w + 2 * bb, dx + 16, sx + 16, &am);
+        block32(kind, R, w + bb, NULL, x + 32 * R, s4 ? s4 + 8 : s4, xs / 4, s + 8, acc);
+        w += 2 * bb, x += 64 * R, dx += 16, sx += 16;
+        if (s4) s4 += 16;
     }
     if (nb % 2 == 0) {
-        scales32(S[1], w + bb, dx + 8);
-        block32(q4, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
-        block32(q4, R, w + bb, w + bb + ahead, x + 32 * R, q4 ? s4 + 8 : s4, xs / 4, S[1], acc);
+        scales32(kind, S[1], w + bb, dx + 8, sx + 8, &am);
+        block32(kind, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
+        block32(kind, R, w + bb, w + bb + ahead, x + 32 * R, s4 ? s4 + 8 : s4, xs / 4, S[1],
+                acc);
     } else {
-        block32(q4, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
+        block32(kind, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
     }
+    float M[8] __attribute__((aligned(32)));
+    _mm256_store_ps(M, am);
 #pragma GCC unroll 8
-    for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]);
+    for (int i = 0; i < R; i++)
+        y[(size_t)i * ldy] = kind == Q41 ? hsum8(acc[i]) + M[i] : hsum8(acc[i]);
 }
 
 /* ---- K-quants: super-blocks of 256 against activation blocks of 256 ----- */
@@ -389,8 +438,9 @@ enum { GROUP_BYTES = 96 << 10 };
             }                                                                                      \
         }                                                                                          \
     }
-ROWS(rows_q8_0, 32, tile32, 0)
-ROWS(rows_q4_0, 32, tile32, 1)
+ROWS(rows_q8_0, 32, tile32, Q80)
+ROWS(rows_q4_0, 32, tile32, Q40)
+ROWS(rows_q4_1, 32, tile32, Q41)
 ROWS(rows_q4_K, QK_K, tile_k, 0)
 ROWS(rows_q6_K, QK_K, tile_k, 1)
 
@@ -399,6 +449,7 @@ AVX2 void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int
     switch (W->type) {
     case DFL_Q8_0: rows_q8_0(W, a, n, o0, o1, Y, ldy); break;
     case DFL_Q4_0: rows_q4_0(W, a, n, o0, o1, Y, ldy); break;
+    case DFL_Q4_1: rows_q4_1(W, a, n, o0, o1, Y, ldy); break;
     case DFL_Q4_K: rows_q4_K(W, a, n, o0, o1, Y, ldy); break;
     case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); break;
     default: break;

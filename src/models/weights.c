@@ -35,7 +35,8 @@ int dfl_w_begin(dfl_weights *w, dfl_tensors *ts, const dfl_load_opts *o, dfl_err
         int t = dfl_type_from_name(o->dtype);
         if (t < 0)
             return dfl_fail(err, DFL_EARG,
-                            "--dtype %s: unknown type (use f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)",
+                            "--dtype %s: unknown type (use f32, f16, bf16, q8_0, q4_0, q4_1, "
+                            "q4_k, q6_k)",
                             o->dtype);
         w->convert = 1;
         w->type = (dfl_type)t;
