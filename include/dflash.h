@@ -223,7 +223,7 @@ int dfl_probe_draft(dfl_engine *e, const int32_t *prompt, int n_prompt, int bloc
 
 typedef struct dfl_quantize_opts {
     const char *in, *out;      /* GGUF files (must differ) */
-    const char *type;          /* q8_0, q4_0, q4_k, q6_k, f16, bf16 */
+    const char *type;          /* q8_0, q4_0, q4_1, q4_k, q6_k, f16, bf16 */
     int quantize_embeddings;   /* token_embd too (kept as is otherwise) */
     int n_threads;
     dfl_progress_fn progress;
@@ -246,6 +246,12 @@ int dfl_quantize_gguf(const dfl_quantize_opts *o, dfl_quantize_result *r, dfl_er
  * final norm) when n_cap > 0. */
 int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap, int n_cap,
                       float *logits, float *feat, dfl_error *err);
+/* After dfl_debug_forward (or earlier steps): feeds ids one row at a time at
+ * the next positions, as decode steps do; logits (n, vocab) and feat as there
+ * (cap as dfl_debug_forward checked it).
+ * The drafter is not fed. */
+int dfl_debug_step(dfl_session *s, const int32_t *ids, int n, const int *cap, int n_cap,
+                   float *logits, float *feat, dfl_error *err);
 /* After dfl_debug_forward of ids[0..n): feeds the drafter the features of rows
  * 0..n-2 as context and drafts a block of B rows anchored on ids[n-1] at
  * position n-1; logits: (B-1, vocab) drafter logits of rows 1..B-1. */

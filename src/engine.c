@@ -183,3 +183,17 @@ int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap,
     if (!rc) memcpy(s->hist, ids, (size_t)n * sizeof(int32_t));
     return rc;
 }
+
+int dfl_debug_step(dfl_session *s, const int32_t *ids, int n, const int *cap, int n_cap,
+                   float *logits, float *feat, dfl_error *err) {
+    const dfl_config *c = &s->e->t->c;
+    for (int i = 0; i < n; i++) {
+        int pos = s->kv->len;
+        int rc = dfl_target_forward(s->e->t, s->kv, ids + i, 1, 0,
+                                    logits ? logits + (size_t)i * c->vocab : NULL, cap, n_cap,
+                                    n_cap ? feat + (size_t)i * n_cap * c->dim : NULL, err);
+        if (rc) return rc;
+        s->hist[pos] = ids[i];
+    }
+    return 0;
+}

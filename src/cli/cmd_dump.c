@@ -14,6 +14,8 @@ static void help(void) {
            "each listed decoder layer, before the final norm) as n x layers x dim.\n"
            "\n"
            "  --capture L1,L2,...   decoder layers to capture (0-based)\n"
+           "  --decode K            rows 0..K-1 as one block, then rows K.. one at a time\n"
+           "                        (the decode path); default: all rows as one block\n"
            "  --draft PATH          a DFlash drafter; with --out-draft, writes its logits\n"
            "  --draft-block B       drafter block size (default: the drafter's)\n"
            "  --out-draft FILE      (B-1) x vocab float32: rows 1..B-1 of a block anchored\n"
@@ -33,7 +35,7 @@ int cmd_dump(int argc, char **argv) {
     dfl_engine_opts eo;
     dfl_engine_opts_default(&eo);
     const char *out = NULL, *out_draft = NULL, *ids_s = NULL, *cap_s = NULL;
-    int block = 0;
+    int block = 0, decode = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return help(), 0;
@@ -52,6 +54,7 @@ int cmd_dump(int argc, char **argv) {
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--out-draft")) out_draft = v;
         else if (!strcmp(a, "--draft-block")) block = cli_int(a, v, 2, 512);
+        else if (!strcmp(a, "--decode")) decode = cli_int(a, v, 0, 4096);
         else {
             fprintf(stderr, "dflash dump: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -80,7 +83,11 @@ int cmd_dump(int argc, char **argv) {
     int rc = dfl_session_new(e, &s, &err);
     float *logits = calloc((size_t)n * mi.vocab, sizeof(float));
     float *feat = calloc((size_t)n * (n_cap ? n_cap : 1) * mi.dim, sizeof(float));
-    if (!rc) rc = dfl_debug_forward(s, ids, n, (const int *)cap, n_cap, logits, feat, &err);
+    int k = decode >= 0 && decode < n ? decode : n;
+    if (!rc) rc = dfl_debug_forward(s, ids, k, (const int *)cap, n_cap, logits, feat, &err);
+    if (!rc && k < n)
+        rc = dfl_debug_step(s, ids + k, n - k, (const int *)cap, n_cap,
+                            logits + (size_t)k * mi.vocab, feat + (size_t)k * n_cap * mi.dim, &err);
     FILE *f = rc ? NULL : fopen(out, "wb");
     if (!rc && !f) {
         snprintf(err.msg, sizeof err.msg, "cannot write %s", out);
