@@ -37,7 +37,7 @@ BLOCKS=${BLOCKS:-8 16}
 N_GEN=${N_GEN:-128}
 N_PROMPT=${N_PROMPT:-512}
 REPS=${REPS:-3}
-PY=/usr/bin/python3
+PY=${DFLASH_PYTHON:-$HERE/build/venv/bin/python}  # the tools need the project venv
 PROMPT="Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 LB=$LC/bin/llama-bench

@@ -223,13 +223,16 @@ int main(void) {
     const char *src = getenv("DFLASH_SRC");
     if (!src) src = "..";
     const char *dir = test_tmpdir();
-    char cmd[2048], model[512], draft[512];
+    char cmd[4096], model[512], draft[512], py[512];
+    /* the tools need the project venv (gguf, safetensors); ctest passes its python */
+    if (getenv("DFLASH_PYTHON")) snprintf(py, sizeof py, "%s", getenv("DFLASH_PYTHON"));
+    else snprintf(py, sizeof py, "%s/build/venv/bin/python", src);
     snprintf(model, sizeof model, "%s/target", dir);
     snprintf(draft, sizeof draft, "%s/drafter", dir);
     snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/tools/make_checkpoint.py --preset tiny --dtype bf16 --quiet "
-             "--out %s && /usr/bin/python3 %s/tools/make_checkpoint.py --drafter --target %s "
-             "--layers 2 --block-size 16 --quiet --out %s", src, model, src, model, draft);
+             "%s %s/tools/make_checkpoint.py --preset tiny --dtype bf16 --quiet "
+             "--out %s && %s %s/tools/make_checkpoint.py --drafter --target %s "
+             "--layers 2 --block-size 16 --quiet --out %s", py, src, model, py, src, model, draft);
     if (system(cmd) != 0) {
         CHECK(0, "could not make the random checkpoints: %s", cmd);
         return test_summary();

@@ -8,7 +8,7 @@
 set -u
 bin=${DFLASH_BIN:?}
 src=${DFLASH_SRC:-..}
-PY=/usr/bin/python3
+PY=${DFLASH_PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/venv/bin/python}
 tmp=$(mktemp -d /tmp/dflash-test-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 pass=0 fail=0

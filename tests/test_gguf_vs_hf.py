@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """test_gguf_vs_hf.py - one model, two files: the engine must not care.
 
 Random checkpoints of each architecture are converted with tools/hf_to_gguf.py
@@ -21,13 +21,13 @@ import sys
 import tempfile
 import time
 
+import gguf
 import numpy as np
 
 SRC = os.environ.get("DFLASH_SRC") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get("DFLASH_SHARED") or os.path.join(os.path.dirname(SRC), "shared")
 sys.path.insert(0, os.path.join(SRC, "tools"))
 import dumpcmp  # noqa: E402
-import gguf_writer as gw  # noqa: E402
 import hf_to_gguf  # noqa: E402
 import make_checkpoint as mc  # noqa: E402
 import reference as R  # noqa: E402
@@ -77,8 +77,15 @@ def hf_weights_from_gguf(tensors):
     return {k: v.astype(np.float64) for k, v in out.items()}
 
 
+def read_gguf(path):
+    """-> ({key: value}, {name: float32 array}) through gguf's own GGUFReader."""
+    r = gguf.GGUFReader(path)
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    return meta, {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in r.tensors}
+
+
 def check_file(name, d, path, cfg):
-    meta, tensors = gw.read(path)
+    meta, tensors = read_gguf(path)
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[cfg["model_type"]]
     dm = R.dims(cfg)
     want = {

@@ -1,13 +1,16 @@
 """test_quant_formats.py - dflash's GGUF block formats against an independent
 numpy reference written from ggml's published definitions (ggml-common.h
-block_q8_0 / block_q4_0 / block_q4_K / block_q6_K, ggml-quants.c
-dequantize_row_* and quantize_row_q8_0_ref / quantize_row_q4_0_ref).
+block_q8_0 / block_q4_0 / block_q4_1 / block_q4_K / block_q6_K, ggml-quants.c
+dequantize_row_* and quantize_row_q8_0_ref / quantize_row_q4_0_ref /
+quantize_row_q4_1_ref).
 
 Random raw blocks (every bit pattern of the quants and scale bytes, f16 scales
 finite, subnormal and negative included) are dequantized by dflash (through
 the quant_dump helper program) and by numpy in float32 with the same
-operations in the same order; the bits must match. dflash's Q8_0 and Q4_0
-quantizers must produce ggml's reference bytes, ties included.
+operations in the same order; the bits must match. dflash's Q8_0, Q4_0 and
+Q4_1 quantizers must produce ggml's reference bytes, ties included. Q4_1 is
+also checked against llama.cpp's own gguf-py (gguf.quants), a second,
+upstream oracle, both ways.
 """
 import os
 import subprocess
@@ -62,6 +65,14 @@ def deq_q4_0(raw):                      # raw: [nb, 18]
     lo = ((qs & 0x0F).astype(np.int32) - 8).astype(F)
     hi = ((qs >> 4).astype(np.int32) - 8).astype(F)
     return np.concatenate([lo * d[:, None], hi * d[:, None]], axis=1).astype(F)
+
+
+def deq_q4_1(raw):                      # raw: [nb, 20]
+    d, m = f16_to_f32(u16(raw, 0)), f16_to_f32(u16(raw, 2))
+    qs = raw[:, 4:20]
+    lo, hi = (qs & 0x0F).astype(F), (qs >> 4).astype(F)
+    q = np.concatenate([lo, hi], axis=1)
+    return ((q * d[:, None]).astype(F) + m[:, None]).astype(F)   # q*d + m: two roundings
 
 
 def scale_min_k4(j, s):
@@ -143,11 +154,25 @@ def quant_q4_0(x):                      # x: [nb, 32] f32 -> [nb, 18] u8
     return out
 
 
+def quant_q4_1(x):                      # x: [nb, 32] f32 -> [nb, 20] u8
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    d = ((mx - mn) / F(15)).astype(F)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F(1) / d, F(0)).astype(F)
+    v = (((x - mn[:, None]).astype(F) * idv[:, None]).astype(F) + F(0.5)).astype(F)
+    q = np.minimum(15, np.trunc(v).astype(np.int32))
+    out = np.zeros((x.shape[0], 20), dtype=np.uint8)
+    out[:, 0:2] = f32_to_f16_bits(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = f32_to_f16_bits(mn).view(np.uint8).reshape(-1, 2)
+    out[:, 4:] = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    return out
+
+
 # ---- the comparisons ------------------------------------------------------------
 
-TYPES = {"q8_0": (32, 34, deq_q8_0), "q4_0": (32, 18, deq_q4_0),
+TYPES = {"q8_0": (32, 34, deq_q8_0), "q4_0": (32, 18, deq_q4_0), "q4_1": (32, 20, deq_q4_1),
          "q4_k": (256, 144, deq_q4_K), "q6_k": (256, 210, deq_q6_K)}
-SCALE_OFFS = {"q8_0": [0], "q4_0": [0], "q4_k": [0, 2], "q6_k": [208]}
+SCALE_OFFS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q6_k": [208]}
 
 
 def run_helper(helper, tmp, mode, typ, data):
@@ -221,6 +246,10 @@ def quant_inputs(rng):
     t = (rng.integers(-7, 7, size=(64, 32)) + 0.5).astype(F)
     t[:, 9] = -8
     blocks.append(t)
+    # Q4_1: min -7, max 8 give d = 1, so (x - min) + 0.5 lands on integers
+    t = (rng.integers(0, 15, size=(64, 32)) - 6.5).astype(F)
+    t[:, 2], t[:, 30] = -7, 8
+    blocks.append(t)
     # two values of the same largest magnitude and opposite signs
     t = rng.standard_normal((64, 32)).astype(F)
     t[:, 3], t[:, 20] = 2.5, -2.5
@@ -228,21 +257,25 @@ def quant_inputs(rng):
     return np.concatenate(blocks, axis=0)
 
 
+def check_bytes(typ, got, want, oracle):
+    """dflash's quantized blocks got against the oracle's want, bytes equal."""
+    got = got.reshape(want.shape)
+    same = np.array_equal(got, want)
+    if not same:
+        b = np.nonzero((got != want).any(axis=1))[0]
+        print(f"{typ}: {len(b)} blocks differ, first {b[0]}: dflash {got[b[0]].tolist()} "
+              f"{oracle} {want[b[0]].tolist()}", file=sys.stderr)
+    check(same, f"{typ}: quantizer bytes differ from {oracle}")
+
+
 def test_quant(helper, tmp, rng):
     x = quant_inputs(rng)
-    for typ, ref in (("q8_0", quant_q8_0), ("q4_0", quant_q4_0)):
+    for typ, ref in (("q8_0", quant_q8_0), ("q4_0", quant_q4_0), ("q4_1", quant_q4_1)):
         rc, got = run_helper(helper, tmp, "quant", typ, x)
         check(rc == 0, f"{typ}: quant_dump quant failed: {got if rc else ''}")
         if rc:
             continue
-        want = ref(x)
-        got = got.reshape(want.shape)
-        same = np.array_equal(got, want)
-        if not same:
-            b = np.nonzero((got != want).any(axis=1))[0]
-            print(f"{typ}: {len(b)} blocks differ, first {b[0]}: dflash {got[b[0]].tolist()} "
-                  f"numpy {want[b[0]].tolist()}", file=sys.stderr)
-        check(same, f"{typ}: quantizer bytes differ from ggml's reference quantizer")
+        check_bytes(typ, got, ref(x), "ggml's reference quantizer (numpy)")
 
     # K-quants: dflash's own quantizers; their blocks must be well formed
     # (the numpy dequantization of them must be close to the input)
@@ -263,6 +296,24 @@ def test_quant(helper, tmp, rng):
     check(rc == 1, "q8_0: a NaN input was not refused")
 
 
+def test_gguf_py(helper, tmp, rng):
+    """Q4_1 against gguf-py's quantize / dequantize (llama.cpp's numpy port)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    raw = random_blocks(rng, "q4_1", 4096)
+    rc, got = run_helper(helper, tmp, "dequant", "q4_1", raw)
+    check(rc == 0, "q4_1: quant_dump dequant failed")
+    if rc == 0:
+        want = dequantize(raw, GGMLQuantizationType.Q4_1).astype(F)
+        check(bits_equal(got.view(np.float32).reshape(-1, 32), want),
+              "q4_1: dequantization differs from gguf-py's")
+    x = quant_inputs(rng)
+    rc, got = run_helper(helper, tmp, "quant", "q4_1", x)
+    check(rc == 0, "q4_1: quant_dump quant failed")
+    if rc == 0:
+        check_bytes("q4_1", got, quantize(x, GGMLQuantizationType.Q4_1), "gguf-py's quantize")
+
+
 def main():
     helper = find_helper()
     if helper is None:
@@ -276,6 +327,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="dflash-test-") as tmp:
         test_dequant(helper, tmp, rng)
         test_quant(helper, tmp, rng)
+        test_gguf_py(helper, tmp, rng)
     sys.exit(finish())
 
 

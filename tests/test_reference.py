@@ -1,9 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """test_reference.py - the engine's forward passes against independent references.
 
 1. The tools themselves: bf16/f16 rounding (against torch's), safetensors
-   round trips, checkpoint maker output (config fields, tensor names and
-   shapes as Hugging Face / z-lab write them, determinism, sharding).
+   round trips through the safetensors package's numpy and torch loaders,
+   checkpoint maker output (config fields, tensor names and shapes as Hugging
+   Face / z-lab write them, determinism, sharding).
 2. tools/reference.py (numpy float64, written from the HF modeling code)
    against a second transcription in torch float32 written the way HF's
    modules are (rotate_half, repeat_kv, masked eager attention; the drafter
@@ -33,55 +34,76 @@ sys.path.insert(0, os.path.join(SRC, "tools"))
 import dumpcmp  # noqa: E402
 import make_checkpoint as mc  # noqa: E402
 import reference as R  # noqa: E402
-import st  # noqa: E402
 from testlib import CI, check, finish, missing  # noqa: E402
 
 
 # ---- 1. tools -------------------------------------------------------------------
 
+def bf16_round(x):
+    """float32 -> bfloat16 -> float32, rounded by torch (the oracle for our files)."""
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16).float().numpy()
+
+
 def test_bf16():
+    """make_checkpoint.encode (gguf.quants' bf16, numpy's f16) on edge cases and against torch."""
     bits = np.array([0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001, 0x3F80FFFF, 0x7F7FFFFF,
                      0x7F800000, 0xFF800000, 0x80000000, 0x00000001, 0x7FC00000, 0x7F800001,
                      0xC0490FDB], dtype=np.uint32)
     want = [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0x3F81, 0x7F80, 0x7F80, 0xFF80, 0x8000, 0x0000,
             0x7FC0, None, 0xC049]
-    got = st.f32_to_bf16(bits.view(np.float32))
+    got = mc.encode(bits.view(np.float32), "bf16")
     for b, w, g in zip(bits, want, got):
         if w is None:
-            check(np.isnan(st.bf16_to_f32(np.array([g]))[0]), f"bf16 of NaN {b:#x} stays NaN")
+            check((int(g) & 0x7F80) == 0x7F80 and int(g) & 0x7F, f"bf16 of NaN {b:#x} stays NaN")
         else:
             check(int(g) == w, f"bf16({b:#010x}) = {int(g):#06x}, expected {w:#06x}")
-    x = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
-    x[::7] = st.bf16_to_f32(st.f32_to_bf16(x[::7])) + np.float32(2.0 ** -9)  # many exact ties
-    check(np.array_equal(st.bf16_to_f32(st.f32_to_bf16(st.bf16_to_f32(st.f32_to_bf16(x))))[:64],
-                         st.bf16_to_f32(st.f32_to_bf16(x))[:64]), "bf16 round trip is stable")
     try:
         import torch
     except ImportError:
-        return missing("python3-torch")
+        return missing("torch")
+    x = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+    x[::7] = bf16_round(x[::7]) + np.float32(2.0 ** -9)  # many exact ties
     t = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    check(np.array_equal(t, st.f32_to_bf16(x)), "bf16 rounding matches torch's")
+    check(np.array_equal(t, mc.encode(x, "bf16")), "bf16 rounding matches torch's")
     t16 = torch.from_numpy(x).to(torch.float16).numpy()
-    check(np.array_equal(t16.view(np.uint16), st.encode(x, "F16").view(np.uint16)),
+    check(np.array_equal(t16.view(np.uint16), mc.encode(x, "f16").view(np.uint16)),
           "f16 rounding matches torch's")
 
 
 def test_safetensors(tmp):
+    """Files written by make_checkpoint.save read back by safetensors' own numpy / torch
+    loaders, and torch-written files read by make_checkpoint.load_file."""
+    import safetensors
+    import safetensors.numpy
+    import safetensors.torch
+    import torch
     rng = np.random.default_rng(2)
     t = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b.bias": rng.standard_normal(7)}
-    for dt in ("F32", "F16", "BF16"):
+    torch_dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    for dt in ("f32", "f16", "bf16"):
         p = os.path.join(tmp, f"t-{dt}.safetensors")
-        st.save(p, t, dt)
-        h, meta, start = st.read_header(p)
-        check(start % 8 == 0 and meta == {"format": "pt"}, f"{dt}: header padded, metadata kept")
-        check(h["a"]["shape"] == [3, 5] and h["a"]["dtype"] == dt, f"{dt}: header shape/dtype")
-        back = st.read(p)
-        for k, v in t.items():
-            want = st.decode(st.encode(v, dt), dt)
-            check(np.array_equal(back[k], want), f"{dt}: {k} round trip")
-        with open(p, "rb") as f:
-            raw = f.read()
-        check(len(raw) == start + h["b.bias"]["data_offsets"][1], f"{dt}: file ends at the data")
+        mc.save(p, t, dt)
+        with safetensors.safe_open(p, framework="np") as f:
+            check(f.metadata() == {"format": "pt"}, f"{dt}: metadata kept")
+            check(f.get_slice("a").get_shape() == [3, 5] and
+                  f.get_slice("a").get_dtype() == mc.ST_DTYPE[dt], f"{dt}: header shape/dtype")
+        want = {k: torch.from_numpy(np.asarray(v, np.float32)).to(torch_dt[dt])
+                for k, v in t.items()}
+        pt = safetensors.torch.load_file(p)
+        check(all(torch.equal(pt[k], want[k]) for k in t), f"{dt}: torch reads torch's rounding")
+        back = mc.load_file(p)
+        check(list(back) == ["a", "b.bias"] and
+              all(back[k].dtype == np.float32 and np.array_equal(back[k], want[k].float().numpy())
+                  for k in t), f"{dt}: load_file round trip (float32)")
+        if dt != "bf16":  # numpy's own loader (it has no bfloat16)
+            npl = safetensors.numpy.load_file(p)
+            check(all(np.array_equal(npl[k], want[k].numpy()) for k in t), f"{dt}: numpy loader")
+        q = os.path.join(tmp, f"torch-{dt}.safetensors")
+        safetensors.torch.save_file(want, q)
+        back = mc.load_file(q, names={"a"})
+        check(list(back) == ["a"] and np.array_equal(back["a"], want["a"].float().numpy()),
+              f"{dt}: load_file reads a torch-written file")
 
 
 def expected_target_names(s):
@@ -109,7 +131,7 @@ def test_checkpoints(tmp):
         d = os.path.join(tmp, f"ck-{arch}")
         cfg = mc.make_target(d, arch=arch, tied=tied, **base)
         s = mc.resolve(arch=arch, tied=tied, **base)
-        w = st.read_dir(d)
+        w = mc.load_dir(d)
         check(set(w) == expected_target_names(s), f"{arch}: tensor names {sorted(set(w) ^ expected_target_names(s))}")
         check(w["model.layers.0.self_attn.q_proj.weight"].shape == (64, 48) and
               w["model.layers.0.self_attn.k_proj.weight"].shape == (32, 48) and
@@ -138,14 +160,14 @@ def test_checkpoints(tmp):
     mc.make_target(a + "1", arch="qwen3", seed=3, **big)
     mc.make_target(c, arch="qwen3", seed=3, shard_mb=1, **big)
     idx = json.load(open(os.path.join(c, "model.safetensors.index.json")))
-    wa, wc = st.read_dir(a + "1"), st.read_dir(c)
+    wa, wc = mc.load_dir(a + "1"), mc.load_dir(c)
     check(len(set(idx["weight_map"].values())) > 1 and set(wa) == set(wc) and
           all(np.array_equal(wa[k], wc[k]) for k in wa), "sharded checkpoint holds the same tensors")
     check(idx["metadata"]["total_size"] == sum(v.nbytes for v in wa.values()), "index total_size")
     # bf16 file == f32 file rounded
     mc.make_target(b + "bf", arch="qwen3", seed=7, **dict(base, dtype="bf16"))
-    wf, wb = st.read_dir(a), st.read_dir(b + "bf")
-    check(all(np.array_equal(st.bf16_to_f32(st.f32_to_bf16(wf[k])), wb[k]) for k in wf),
+    wf, wb = mc.load_dir(a), mc.load_dir(b + "bf")
+    check(all(np.array_equal(bf16_round(wf[k]), wb[k]) for k in wf),
           "bf16 checkpoint is the f32 one rounded to nearest even")
     # presets have the published shapes (parameter counts, without writing)
     for name, params in (("qwen3-0.6b", 596e6), ("qwen3-1.7b", 1.72e9), ("qwen3-4b", 4.02e9),
@@ -161,7 +183,7 @@ def test_checkpoints(tmp):
     # drafter: the spec's tensor list exactly
     dd = os.path.join(tmp, "drafter")
     dcfg = mc.make_drafter(dd, a, layers=2, block_size=8, dtype="f32", quiet=True)
-    names = set(st.read_dir(dd))
+    names = set(mc.load_dir(dd))
     want = {"fc.weight", "hidden_norm.weight", "norm.weight"}
     for i in range(2):
         want |= {f"layers.{i}.{x}" for x in (
@@ -171,7 +193,7 @@ def test_checkpoints(tmp):
             "mlp.up_proj.weight", "mlp.down_proj.weight")}
     check(names == want, f"drafter tensor names {sorted(names ^ want)}")
     K = len(dcfg["dflash_config"]["target_layer_ids"])
-    check(st.read_dir(dd)["fc.weight"].shape == (48, K * 48), "fc.weight is (D, K*D)")
+    check(mc.load_dir(dd)["fc.weight"].shape == (48, K * 48), "fc.weight is (D, K*D)")
     tok = json.load(open(os.path.join(a, "tokenizer.json")))
     check(dcfg["architectures"] == ["DFlashDraftModel"] and dcfg["model_type"] == "qwen3" and
           dcfg["block_size"] == 8 and dcfg["num_target_layers"] == 2 and
@@ -179,7 +201,7 @@ def test_checkpoints(tmp):
           dcfg["hidden_size"] == 48 and dcfg["vocab_size"] == 300, f"drafter config {dcfg}")
     check(mc.build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33], "z-lab layer ids for 36/5")
     mc.make_drafter(dd + "p", a, layers=1, dtype="f32", prefix_model=True, quiet=True)
-    check(all(k.startswith("model.") for k in st.read_dir(dd + "p")), "--prefix-model keys")
+    check(all(k.startswith("model.") for k in mc.load_dir(dd + "p")), "--prefix-model keys")
 
 
 # ---- 2. torch transcription ---------------------------------------------------------
@@ -368,7 +390,7 @@ def test_reference_self(tmp, dirs):
         have_torch = True
     except ImportError:
         have_torch = False
-        missing("python3-torch")
+        missing("torch")
     for name, d in dirs.items():
         cfg, W = R.load(d)
         ids = ids_for(cfg["vocab_size"], 20, 1)

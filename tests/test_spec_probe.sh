@@ -8,7 +8,7 @@
 set -u
 BIN=${DFLASH_BIN:-build/dflash}
 SRC=${DFLASH_SRC:-.}
-PY=/usr/bin/python3
+PY=${DFLASH_PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/venv/bin/python}
 tmp=$(mktemp -d /tmp/dflash-test-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 pass=0 fail=0
@@ -24,7 +24,7 @@ ids() { # generated ids of one run
         --ignore-eos --block-size "$2" --print-token-ids -q 2>&1 >/dev/null | grep '^generated ids'
 }
 
-for t in f32 f16 bf16 q8_0 q4_0 q4_k q6_k; do
+for t in f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k; do
     out=$("$BIN" probe -m "$tmp/t" --draft "$tmp/d" --dtype "$t" --block-size 16 -n 24 -t 2 2>"$tmp/err")
     rc=$?
     check "[ $rc = 0 ]" "probe $t exits $rc: $(cat "$tmp/err")"

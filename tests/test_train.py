@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """test_train.py - drafter training (tools/train_dflash.py) and dflash capture.
 
 1. The trainer's batched forward on a toy batch (GQA, overlapping blocks)
@@ -287,8 +287,8 @@ def test_training_and_resume():
         check(any(x.startswith("eval") for x in log), "an eval line at the end")
         T.main(args + ["--out", part, "--steps", "40", "--ckpt-every", "20"] + ["--stop-at", "20"])
         T.main(args + ["--out", part, "--steps", "40", "--ckpt-every", "20", "--resume"])
-        import st
-        a, b = st.read_dir(full), st.read_dir(part)
+        import make_checkpoint as mc
+        a, b = mc.load_dir(full), mc.load_dir(part)
         check(sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a),
               "stopped at 20 and resumed == 40 steps straight (bit-identical weights)")
         cfg = json.load(open(os.path.join(full, "config.json")))
@@ -321,7 +321,6 @@ def test_engine(binary):
     import dumpcmp
     import make_checkpoint as mc
     import reference as R
-    import st
     import train_dflash as T
     rng = np.random.default_rng(6)
     with tempfile.TemporaryDirectory() as d:
@@ -349,7 +348,7 @@ def test_engine(binary):
         check(bool((cap.seqs[:, 1] <= 24).all()) and cap.seqs[0, 0] == 0 and
               bool((np.diff(cap.seqs[:, 0]) == cap.seqs[:-1, 1]).all()),
               "sequences tile the rows, at most --seq-len each")
-        W = st.read_dir(tgt)
+        W = mc.load_dir(tgt)
         check(cap.tied and np.array_equal(cap.embed, W["model.embed_tokens.weight"]),
               "embed.f32 is the target's table, byte-exact; tied: no lm_head.f32")
         cfg, W64 = R.load(tgt)
@@ -399,7 +398,7 @@ def test_engine(binary):
 
 def main():
     if torch is None:
-        missing("python3-torch")
+        missing("torch")
         return finish()
     torch.set_num_threads(1)
     test_forward_vs_direct()

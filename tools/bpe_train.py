@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """bpe_train.py - learns a small byte-level BPE tokenizer from text and writes
 it as a Hugging Face tokenizer.json (+ tokenizer_config.json) that dflash's
 tokenizer (and Hugging Face's) loads.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """drafter_to_gguf.py - a z-lab DFlash drafter folder -> llama.cpp's `dflash` GGUF.
 
     tools/drafter_to_gguf.py DRAFTER_DIR TARGET_DIR OUT.gguf [--outtype auto|f32|f16|bf16]
@@ -25,17 +25,20 @@ the way its converter writes them (spec/dflash.md section 1.4):
   ffn_down}.weight; no token_embd and no output (both come from the target).
 
 Matrices take --outtype (auto keeps the file's); norms stay F32. Quantize
-the result with `dflash quantize` (its matrices) like any other GGUF.
+the result with `dflash quantize` (its matrices) like any other GGUF. Written
+by llama.cpp's gguf package (through hf_to_gguf's helpers); the dflash.*
+keys are not in its constants yet, so they are spelled here.
 """
 import argparse
 import json
 import os
 import sys
 
+import gguf
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gguf_writer as gw  # noqa: E402
 import hf_to_gguf  # noqa: E402
-import st  # noqa: E402
+from hf_to_gguf import QT  # noqa: E402
 
 LAYER_NAMES = {
     "input_layernorm": "attn_norm",
@@ -97,12 +100,7 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
         raise SystemExit("drafter_to_gguf: the drafter has rope_scaling; llama.cpp's dflash "
                          "arch takes plain RoPE")
 
-    files = sorted(x for x in os.listdir(ddir) if x.endswith(".safetensors"))
-    where = {}
-    for fn in files:
-        h, _, _ = st.read_header(os.path.join(ddir, fn))
-        for k, v in h.items():
-            where[k] = (os.path.join(ddir, fn), v["dtype"], tuple(v["shape"]))
+    where = hf_to_gguf.safetensors_index(ddir)
     fc = next((k for k in where if gguf_name(k) == "fc.weight"), None)
     if fc is None:
         raise SystemExit(f"drafter_to_gguf: {ddir}: no fc.weight")
@@ -110,36 +108,24 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
         raise SystemExit(f"drafter_to_gguf: fc.weight is {where[fc][2]}, expected "
                          f"({D}, {len(ids)} x {TD})")
     if outtype == "auto":
-        mtype = hf_to_gguf.ST_TO_GGML.get(where[fc][1], gw.GGML_F32)
+        mtype = hf_to_gguf.ST_TO_GGML.get(where[fc][1], QT.F32)
     else:
-        mtype = gw.GGML_NAMES[outtype]
+        mtype = hf_to_gguf.OUTTYPE[outtype]
 
     a = "dflash"
-    w = gw.GGUFWriter()
-    w.add("general.architecture", gw.STRING, a)
-    w.add("general.name", gw.STRING, os.path.basename(os.path.abspath(ddir)))
-    w.add("general.file_type", gw.U32, hf_to_gguf.FILE_TYPE[mtype])
-    w.add(f"{a}.vocab_size", gw.U32, V)
-    w.add(f"{a}.context_length", gw.U32, int(cfg.get("max_position_embeddings", 4096)))
-    w.add(f"{a}.embedding_length", gw.U32, D)
-    w.add(f"{a}.block_count", gw.U32, L)
-    w.add(f"{a}.feed_forward_length", gw.U32, cfg["intermediate_size"])
-    w.add(f"{a}.attention.head_count", gw.U32, H)
-    w.add(f"{a}.attention.head_count_kv", gw.U32, KV)
-    w.add(f"{a}.attention.key_length", gw.U32, hd)
-    w.add(f"{a}.attention.value_length", gw.U32, hd)
-    w.add(f"{a}.attention.layer_norm_rms_epsilon", gw.F32, float(cfg.get("rms_norm_eps", 1e-6)))
-    w.add(f"{a}.rope.freq_base", gw.F32, float(cfg.get("rope_theta", 10000.0)))
-    w.add(f"{a}.rope.dimension_count", gw.U32, hd)
-    w.add(f"{a}.block_size", gw.U32, int(cfg.get("block_size", 16)))
-    w.add(f"{a}.target_layers", gw.ARRAY, [int(i) + 1 for i in ids], gw.I32)
-    w.add(f"{a}.target_hidden_size", gw.U32, TD)
-    w.add(f"{a}.mask_token_id", gw.U32, int(mask))
+    w = gguf.GGUFWriter(out, a)
+    hf_to_gguf.add_model_keys(w, cfg, os.path.basename(os.path.abspath(ddir)), mtype, V, D, L, H,
+                              KV, hd)
+    w.add_uint32(f"{a}.block_size", int(cfg.get("block_size", 16)))
+    w.add_key_value(f"{a}.target_layers", [int(i) + 1 for i in ids], gguf.GGUFValueType.ARRAY,
+                    gguf.GGUFValueType.INT32)
+    w.add_uint32(f"{a}.target_hidden_size", TD)
+    w.add_uint32(f"{a}.mask_token_id", int(mask))
     hf_to_gguf.add_tokenizer(w, tdir, tcfg, V)
-    w.add("tokenizer.ggml.mask_token_id", gw.U32, int(mask))
+    w.add_mask_token_id(int(mask))
 
     def producer(hf):
-        return lambda: st.read(where[hf][0], names={hf})[hf]
+        return lambda: hf_to_gguf.load_tensor(where, hf)
 
     names = {}
     for hf in where:
@@ -156,15 +142,14 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
     missing = [g for g in order if g not in names]
     if missing:
         raise SystemExit(f"drafter_to_gguf: {ddir}: missing tensors {missing[:4]}")
-    for g in order:
-        shape = where[names[g]][2]
-        w.add_tensor(g, shape, mtype if len(shape) == 2 else gw.GGML_F32, producer(names[g]))
-    w.write(out)
+    tensors = [(g, where[names[g]][2], mtype if len(where[names[g]][2]) == 2 else QT.F32,
+                producer(names[g])) for g in order]
+    hf_to_gguf.write(w, out, tensors)
     if not quiet:
         print(f"drafter_to_gguf: wrote {out} ({L} layers, target layers {ids} -> "
               f"{[i + 1 for i in ids]}, mask {mask}, block {cfg.get('block_size', 16)})",
               file=sys.stderr)
-    return {k: v for k, _, v, _ in w.kv}
+    return {k: v.value for k, v in w.kv_data[0].items()}
 
 
 def main(argv=None):

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """dumpcmp.py - runs `dflash dump` and compares it with tools/reference.py.
 
     dumpcmp.py --model DIR --ids 1,2,3 [--capture 0,2] [--draft DDIR --draft-block B]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """hf_to_gguf.py - converts a Hugging Face Llama / Mistral / Qwen2 / Qwen3 folder to GGUF.
 
     hf_to_gguf.py HF_DIR OUT.gguf [--outtype auto|f32|f16|bf16]
@@ -21,22 +21,28 @@ converter would make (float types only):
 - tokenizer: byte-level BPE from tokenizer.json as "gpt2", the vocabulary
   padded to vocab_size with [PADn] tokens (type UNUSED), added tokens CONTROL
   when special (or shaped like <|...|>) else USER_DEFINED, merges as "a b".
+
+The file is written by llama.cpp's gguf package (GGUFWriter, and gguf.quants
+for F16 / BF16 rounding); keys and types come from its constants.
 """
 import argparse
 import json
 import os
 import sys
 
+import gguf
 import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import LlamaFileType, TokenType
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gguf_writer as gw  # noqa: E402
-import st  # noqa: E402
+import make_checkpoint  # noqa: E402  (safetensors reading)
 
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-FILE_TYPE = {gw.GGML_F32: 0, gw.GGML_F16: 1, gw.GGML_BF16: 32}  # general.file_type
-ST_TO_GGML = {"F32": gw.GGML_F32, "F16": gw.GGML_F16, "BF16": gw.GGML_BF16}
-TOK_NORMAL, TOK_CONTROL, TOK_USER, TOK_UNUSED = 1, 3, 4, 5
+FILE_TYPE = {QT.F32: LlamaFileType.ALL_F32, QT.F16: LlamaFileType.MOSTLY_F16,
+             QT.BF16: LlamaFileType.MOSTLY_BF16}  # general.file_type
+ST_TO_GGML = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16}
+OUTTYPE = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16}
 
 LAYER_NAMES = {
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
@@ -130,36 +136,87 @@ def add_tokenizer(w, d, cfg, vocab_size):
     for i in range(vocab_size):
         if i not in rev:
             tokens.append(f"[PAD{i}]")
-            types.append(TOK_UNUSED)
+            types.append(TokenType.UNUSED)
         elif i in added:
             tokens.append(rev[i])
-            types.append(TOK_CONTROL if added[i].get("special") or looks_special(rev[i]) else TOK_USER)
+            types.append(TokenType.CONTROL if added[i].get("special") or looks_special(rev[i])
+                         else TokenType.USER_DEFINED)
         else:
             tokens.append(rev[i])
-            types.append(TOK_NORMAL)
+            types.append(TokenType.NORMAL)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     pre = pre_tokenizer_name(tok)
-    w.add("tokenizer.ggml.model", gw.STRING, "gpt2")
-    w.add("tokenizer.ggml.pre", gw.STRING, pre)
-    w.add("tokenizer.ggml.tokens", gw.ARRAY, tokens, gw.STRING)
-    w.add("tokenizer.ggml.token_type", gw.ARRAY, types, gw.I32)
-    w.add("tokenizer.ggml.merges", gw.ARRAY, merges, gw.STRING)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])  # I32
+    w.add_token_merges(merges)
     if cfg.get("bos_token_id") is not None:
-        w.add("tokenizer.ggml.bos_token_id", gw.U32, int(cfg["bos_token_id"]))
+        w.add_bos_token_id(int(cfg["bos_token_id"]))
     eos = cfg.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
     if eos is not None:
-        w.add("tokenizer.ggml.eos_token_id", gw.U32, int(eos))
+        w.add_eos_token_id(int(eos))
     pad = tcfg.get("pad_token")
     if isinstance(pad, dict):
         pad = pad.get("content")
     pad_id = next((i for i, t in rev.items() if t == pad), None) if pad else None
     if pad_id is not None:
-        w.add("tokenizer.ggml.padding_token_id", gw.U32, pad_id)
-    w.add("tokenizer.ggml.add_bos_token", gw.BOOL, bool(tcfg.get("add_bos_token", pre == "llama-bpe")))
+        w.add_pad_token_id(pad_id)
+    w.add_add_bos_token(bool(tcfg.get("add_bos_token", pre == "llama-bpe")))
     if isinstance(tcfg.get("chat_template"), str):
-        w.add("tokenizer.chat_template", gw.STRING, tcfg["chat_template"])
+        w.add_chat_template(tcfg["chat_template"])
+
+
+def add_model_keys(w, cfg, name, mtype, V, D, L, H, KV, hd):
+    """general.* and the per-arch keys (w.arch) llama.cpp's converter writes first."""
+    w.add_name(name)
+    w.add_file_type(FILE_TYPE[mtype])
+    w.add_vocab_size(V)
+    w.add_context_length(int(cfg.get("max_position_embeddings", 4096)))
+    w.add_embedding_length(D)
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
+    w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
+    w.add_rope_dimension_count(hd)
+
+
+def safetensors_index(d):
+    """{name: (file, safetensors dtype, shape)} of a folder, in file order."""
+    return {k: (p, dt, shape) for p in make_checkpoint.checkpoint_files(d)
+            for k, dt, shape in make_checkpoint.file_tensors(p)}
+
+
+def load_tensor(where, hf):
+    return make_checkpoint.load_file(where[hf][0], names={hf})[hf]
+
+
+def write(w, path, tensors, progress=None):
+    """Writes GGUFWriter w (keys added) with tensors [(name, numpy shape, ggml type,
+    producer)] to path. producer() gives the float array, called one tensor at a
+    time while writing, so big models stream through memory."""
+    for name, shape, gt, _ in tensors:
+        block, size = gguf.GGML_QUANT_SIZES[gt]
+        w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size,
+                          raw_dtype=gt)
+    w.write_header_to_file(path)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, gt, producer in tensors:
+        a = np.asarray(producer(), dtype=np.float32)
+        if a.shape != tuple(shape):
+            raise ValueError(f"tensor {name}: producer gave {a.shape}, declared {shape}")
+        data = gguf.quants.quantize(a, gt)
+        w.write_tensor_data(data)
+        if progress:
+            progress(name, data.nbytes)
+    w.close()
 
 
 def convert(d, out, outtype="auto", quiet=False):
@@ -176,62 +233,37 @@ def convert(d, out, outtype="auto", quiet=False):
     V = cfg["vocab_size"]
     tied = bool(cfg.get("tie_word_embeddings", False))
 
-    # tensors: name -> (file, safetensors dtype, shape)
-    idx = os.path.join(d, "model.safetensors.index.json")
-    if os.path.exists(idx):
-        with open(idx) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = sorted(x for x in os.listdir(d) if x.endswith(".safetensors"))
-    where = {}
-    for fn in files:
-        h, _, _ = st.read_header(os.path.join(d, fn))
-        for k, v in h.items():
-            where[k] = (os.path.join(d, fn), v["dtype"], tuple(v["shape"]))
+    where = safetensors_index(d)
     if "model.embed_tokens.weight" not in where:
         raise SystemExit(f"hf_to_gguf: {d}: no model.embed_tokens.weight")
     if outtype == "auto":
-        mtype = ST_TO_GGML.get(where["model.embed_tokens.weight"][1], gw.GGML_F32)
+        mtype = ST_TO_GGML.get(where["model.embed_tokens.weight"][1], QT.F32)
     else:
-        mtype = gw.GGML_NAMES[outtype]
+        mtype = OUTTYPE[outtype]
 
-    w = gw.GGUFWriter()
-    w.add("general.architecture", gw.STRING, arch)
-    w.add("general.name", gw.STRING, os.path.basename(os.path.abspath(d)))
-    w.add("general.file_type", gw.U32, FILE_TYPE[mtype])
-    w.add(f"{arch}.vocab_size", gw.U32, V)
-    w.add(f"{arch}.context_length", gw.U32, int(cfg.get("max_position_embeddings", 4096)))
-    w.add(f"{arch}.embedding_length", gw.U32, D)
-    w.add(f"{arch}.block_count", gw.U32, L)
-    w.add(f"{arch}.feed_forward_length", gw.U32, cfg["intermediate_size"])
-    w.add(f"{arch}.attention.head_count", gw.U32, H)
-    w.add(f"{arch}.attention.head_count_kv", gw.U32, KV)
-    w.add(f"{arch}.attention.key_length", gw.U32, hd)
-    w.add(f"{arch}.attention.value_length", gw.U32, hd)
-    w.add(f"{arch}.attention.layer_norm_rms_epsilon", gw.F32, float(cfg.get("rms_norm_eps", 1e-6)))
-    w.add(f"{arch}.rope.freq_base", gw.F32, float(cfg.get("rope_theta", 10000.0)))
-    w.add(f"{arch}.rope.dimension_count", gw.U32, hd)
+    w = gguf.GGUFWriter(out, arch)
+    add_model_keys(w, cfg, os.path.basename(os.path.abspath(d)), mtype, V, D, L, H, KV, hd)
     rs = cfg.get("rope_scaling") or {}
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "linear":
-        w.add(f"{arch}.rope.scaling.type", gw.STRING, "linear")
-        w.add(f"{arch}.rope.scaling.factor", gw.F32, float(rs["factor"]))
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(rs["factor"]))
     elif kind == "yarn":
-        w.add(f"{arch}.rope.scaling.type", gw.STRING, "yarn")
-        w.add(f"{arch}.rope.scaling.factor", gw.F32, float(rs["factor"]))
-        w.add(f"{arch}.rope.scaling.original_context_length", gw.U32,
-              int(rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]))
-        for k in ("beta_fast", "beta_slow"):
-            if rs.get(k) is not None:
-                w.add(f"{arch}.rope.scaling.yarn_{k}", gw.F32, float(rs[k]))
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rs["factor"]))
+        w.add_rope_scaling_orig_ctx_len(
+            int(rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]))
+        if rs.get("beta_fast") is not None:
+            w.add_rope_scaling_yarn_beta_fast(float(rs["beta_fast"]))
+        if rs.get("beta_slow") is not None:
+            w.add_rope_scaling_yarn_beta_slow(float(rs["beta_slow"]))
     elif kind not in (None, "default", "llama3"):
         raise SystemExit(f"hf_to_gguf: rope_scaling type {kind!r} not converted")
     add_tokenizer(w, d, cfg, V)
 
     def producer(hf, gname):
         def load():
-            path, _, _ = where[hf]
-            a = st.read(path, names={hf})[hf]
+            a = load_tensor(where, hf)
             if arch == "llama" and ".attn_q." in gname:
                 a = permute_rows(a, H)
             elif arch == "llama" and ".attn_k." in gname:
@@ -239,10 +271,11 @@ def convert(d, out, outtype="auto", quiet=False):
             return a
         return load
 
+    tensors = []
     if kind == "llama3":
         fac = llama3_rope_factors(cfg, hd)
-        w.add_tensor("rope_freqs.weight", fac.shape, gw.GGML_F32, lambda: fac)
-    for hf in where:  # safetensors header order; GGUF keeps ours
+        tensors.append(("rope_freqs.weight", fac.shape, QT.F32, lambda: fac))
+    for hf in where:  # safetensors file order; GGUF keeps it
         gname = gguf_name(hf)
         if gname is None:
             if hf.endswith("rotary_emb.inv_freq"):
@@ -251,8 +284,8 @@ def convert(d, out, outtype="auto", quiet=False):
         if gname == "output.weight" and tied:
             continue
         shape = where[hf][2]
-        gt = mtype if len(shape) == 2 else gw.GGML_F32
-        w.add_tensor(gname, shape, gt, producer(hf, gname))
+        gt = mtype if len(shape) == 2 else QT.F32
+        tensors.append((gname, shape, gt, producer(hf, gname)))
     total = [0]
 
     def progress(name, nb):
@@ -260,11 +293,11 @@ def convert(d, out, outtype="auto", quiet=False):
         if not quiet and nb > (64 << 20):
             print(f"hf_to_gguf: {name} ({total[0] / 1e9:.2f} GB so far)", file=sys.stderr, flush=True)
 
-    w.write(out, progress)
+    write(w, out, tensors, progress)
     if not quiet:
-        print(f"hf_to_gguf: wrote {out} ({arch}, {len(w.tensors)} tensors, {total[0] / 1e6:.1f} MB)",
+        print(f"hf_to_gguf: wrote {out} ({arch}, {len(tensors)} tensors, {total[0] / 1e6:.1f} MB)",
               file=sys.stderr)
-    return {k: v for k, _, v, _ in w.kv}
+    return {k: v.value for k, v in w.kv_data[0].items()}
 
 
 def main(argv=None):

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """make_checkpoint.py - random-weight Hugging Face checkpoints for tests and benchmarks.
 
 Targets (Llama / Qwen2 / Qwen3 / Mistral dense decoders) with the exact
@@ -11,9 +11,10 @@ drafters (spec section 1) paired with a target folder.
     make_checkpoint.py --drafter --target /tmp/q06 --layers 2 --out /tmp/q06-dflash
 
 Weights are drawn from numpy's default_rng, seeded per (seed, model kind,
-tensor index, chunk index), so a given seed gives the same bytes whatever the
-dtype chunking or sharding, and writing streams (multi-GB presets never sit in
-memory). Scales keep activations O(1) through any depth and logits spread
+tensor index, chunk index), so a given seed gives the same values whatever the
+dtype or sharding. Files are written by the safetensors package, which takes
+a whole file from memory: a preset needs its file size in RAM (--shard-mb
+bounds it). Scales keep activations O(1) through any depth and logits spread
 (std about 3) so greedy argmax margins are not all tiny:
     embed, lm_head          N(0, (3/sqrt(dim))^2)
     q, k, v, gate, up, fc   N(0, 1/fan_in)
@@ -25,10 +26,10 @@ llama3-1b 2.5 GB, qwen3-4b 8.0 GB. Speed is about 100-150 MB/s of bf16 on
 2 cores (random generation dominates).
 
 Python API (used by tests): make_target(out, **spec) and make_drafter(out,
-target_dir, **spec); both return the config dict written.
+target_dir, **spec); both return the config dict written. The other tools
+read and write safetensors through load_dir / load_file / save here.
 """
 import argparse
-import collections
 import concurrent.futures
 import json
 import math
@@ -38,10 +39,9 @@ import shutil
 import sys
 import time
 
+import gguf
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import st  # noqa: E402
+import safetensors
 
 PRESETS = {
     # name: shapes of the published models (random weights)
@@ -72,6 +72,8 @@ ARCH = {
 }
 
 TORCH_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+ST_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16"}  # safetensors' header names
+STORAGE = {"f32": np.float32, "bf16": np.uint16, "f16": np.float16}  # bf16 as bit patterns
 
 CHUNK = 1 << 22  # elements per random chunk (fixed: part of the seeding)
 
@@ -380,16 +382,93 @@ class Progress:
                   f"({100 * self.done / self.total:.0f}%), {rate:.0f} MB/s", file=sys.stderr, flush=True)
 
 
+# ---- safetensors files (the safetensors package) ---------------------------------
+# numpy has no bfloat16, so safetensors' numpy API refuses BF16 tensors both ways
+# ("data type 'bfloat16' not understood"). BF16 is written from uint16 bit patterns
+# through safetensors.TensorSpec (what safetensors.numpy.save_file builds, with the
+# dtype name numpy cannot spell) and read back through torch, widened exactly.
+
+def encode(a, dtype):
+    """float array -> storage array of dtype (f32, f16, or bf16 as uint16 bit patterns).
+    f16 and bf16 round to nearest even (bf16 by gguf.quants, llama.cpp's rounding)."""
+    a = np.asarray(a, dtype=np.float32)
+    if dtype == "bf16":
+        return gguf.quants.quantize(a, gguf.GGMLQuantizationType.BF16).view(np.uint16)
+    return a.astype(STORAGE[dtype])
+
+
+def save_file(path, tensors, dtype):
+    """Writes {name: storage array of dtype} (encode's output) as one .safetensors file."""
+    arrs = {k: np.ascontiguousarray(v) for k, v in tensors.items()}  # alive while it writes
+    specs = {k: safetensors.TensorSpec(dtype=TORCH_DTYPE[dtype], shape=list(a.shape),
+                                       data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for k, a in arrs.items()}
+    safetensors.serialize_file(specs, path, metadata={"format": "pt"})
+
+
+def save(path, tensors, dtype="f32"):
+    """Writes {name: float array} rounded to dtype (f32, f16, bf16) as one file."""
+    save_file(path, {k: encode(v, dtype) for k, v in tensors.items()}, dtype)
+
+
+def file_tensors(path):
+    """[(name, safetensors dtype, shape)] of one .safetensors file, in file order."""
+    with safetensors.safe_open(path, framework="np") as f:
+        return [(k, s.get_dtype(), tuple(s.get_shape()))
+                for k in f.offset_keys() for s in [f.get_slice(k)]]
+
+
+def load_file(path, names=None):
+    """{name: array} of one .safetensors file (or just names), in file order; F16 and
+    BF16 come back as float32 (exact), other types as stored. Memory-mapped, so a few
+    names of a big file are cheap."""
+    index = [t for t in file_tensors(path) if names is None or t[0] in names]
+    out = {}
+    with safetensors.safe_open(path, framework="np") as f:
+        for k, dt, _ in index:
+            if dt != "BF16":
+                a = f.get_tensor(k)
+                out[k] = a.astype(np.float32) if dt == "F16" else a
+    if len(out) < len(index):
+        import torch  # noqa: F401  (safe_open's "pt" framework)
+        with safetensors.safe_open(path, framework="pt") as f:
+            for k, dt, _ in index:
+                if dt == "BF16":
+                    out[k] = f.get_tensor(k).float().numpy()
+    return {k: out[k] for k, _, _ in index}
+
+
+def checkpoint_files(d):
+    """The .safetensors files of a Hugging Face folder (sharded or not)."""
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(x for x in os.listdir(d) if x.endswith(".safetensors"))
+    return [os.path.join(d, x) for x in files]
+
+
+def load_dir(d):
+    """Every tensor of a Hugging Face folder (load_file's types)."""
+    out = {}
+    for p in checkpoint_files(d):
+        out.update(load_file(p))
+    return out
+
+
+# ---- writing checkpoints ---------------------------------------------------------
+
 def write_tensors(out, tensors, dtype, seed, kind, shard_mb=0, prefix="", quiet=False):
     """Writes tensors (from target_tensors / drafter_tensors) as safetensors.
 
     One model.safetensors, or shards of about shard_mb MB plus
-    model.safetensors.index.json like Hugging Face's."""
-    sd = st.SHORT[dtype]
-    item = st.DTYPES[sd].itemsize
+    model.safetensors.index.json like Hugging Face's. The safetensors package
+    writes a file from memory, so each file (shard) is built whole first."""
+    item = np.dtype(STORAGE[dtype]).itemsize
     # 1-D tensors (norms, biases) stay in the chosen dtype too, as HF saves them.
-    specs = [(prefix + name, sd, shape, init, ti) for ti, (name, shape, init) in enumerate(tensors)]
-    nbytes = [int(np.prod(s[2])) * item for s in specs]
+    specs = [(prefix + name, shape, init, ti) for ti, (name, shape, init) in enumerate(tensors)]
+    nbytes = [int(np.prod(s[1])) * item for s in specs]
     total = sum(nbytes)
     shards, cur, size = [], [], 0
     limit = int(shard_mb * (1 << 20)) if shard_mb else None
@@ -405,30 +484,25 @@ def write_tensors(out, tensors, dtype, seed, kind, shard_mb=0, prefix="", quiet=
     prog = Progress(total, quiet)
     workers = max(1, min(4, os.cpu_count() or 1))
 
-    def make(job):
-        name, ti, ci, m, init = job
-        return name, st.encode(_chunk(seed, kind, ti, ci, m, init), sd)
-
-    # numpy's rng and ufuncs release the GIL: keep a few chunks in flight, write in order
+    # numpy's rng and ufuncs release the GIL: chunks are made on a few threads, each
+    # into its own slice of the tensor
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         for fname, shard in zip(names, shards):
-            w = st.StreamWriter(os.path.join(out, fname), [(n, d, sh) for n, d, sh, _, _ in shard],
-                                {"format": "pt"})
-            jobs = [(name, ti, ci, min(CHUNK, n - ci * CHUNK), init)
-                    for name, _, shape, init, ti in shard
-                    for n in [int(np.prod(shape))] for ci in range(-(-n // CHUNK))]
-            pending = collections.deque()
-            for job in jobs:
-                pending.append(pool.submit(make, job))
-                if len(pending) > 2 * workers:
-                    name, enc = pending.popleft().result()
-                    w.write(name, enc)
-                    prog.add(enc.nbytes)
-            while pending:
-                name, enc = pending.popleft().result()
-                w.write(name, enc)
-                prog.add(enc.nbytes)
-            w.close()
+            arrs = {name: np.empty(int(np.prod(shape)), STORAGE[dtype])
+                    for name, shape, _, _ in shard}
+
+            def make(job):
+                name, ti, ci, init = job
+                dst = arrs[name][ci * CHUNK:(ci + 1) * CHUNK]
+                dst[:] = encode(_chunk(seed, kind, ti, ci, dst.size, init), dtype)
+                return dst.nbytes
+
+            jobs = [(name, ti, ci, init) for name, shape, init, ti in shard
+                    for ci in range(-(-int(np.prod(shape)) // CHUNK))]
+            for nb in pool.map(make, jobs):
+                prog.add(nb)
+            save_file(os.path.join(out, fname),
+                      {name: arrs[name].reshape(shape) for name, shape, _, _ in shard}, dtype)
     if len(shards) > 1:
         wm = {sp[0]: fn for fn, shard in zip(names, shards) for sp in shard}
         with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:

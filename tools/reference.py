@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """reference.py - float64 numpy forward passes written from the published definitions.
 
 Targets: Hugging Face modeling_llama / modeling_qwen2 / modeling_qwen3 (and
@@ -36,7 +36,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import st  # noqa: E402
+import make_checkpoint  # noqa: E402  (safetensors reading)
 
 
 # ---- config -------------------------------------------------------------------
@@ -167,7 +167,7 @@ def attention(q, k, v, causal, q_pos=None, k_pos=None):
 def load(d):
     """-> (config dict, {name: float64 array}) of a Hugging Face folder."""
     cfg = read_config(d)
-    w = {k: v.astype(np.float64) for k, v in st.read_dir(d).items()}
+    w = {k: v.astype(np.float64) for k, v in make_checkpoint.load_dir(d).items()}
     return cfg, w
 
 
@@ -220,7 +220,7 @@ def load_drafter(d):
     """-> (config, weights) with any "model." key prefix stripped."""
     cfg = read_config(d)
     w = {}
-    for k, v in st.read_dir(d).items():
+    for k, v in make_checkpoint.load_dir(d).items():
         w[k[6:] if k.startswith("model.") else k] = v.astype(np.float64)
     return cfg, w
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """train_dflash.py - trains a DFlash drafter from `dflash capture` output.
 
     dflash capture -m TARGET --corpus text.txt --generate 256 --layers 1,3 --out /tmp/cap
@@ -43,7 +43,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import make_checkpoint  # noqa: E402
-import st  # noqa: E402
 
 
 # ---- the capture ----------------------------------------------------------------
@@ -360,8 +359,8 @@ def export(model, cap, out, dtype="f32"):
         for n in ("gate_proj", "up_proj", "down_proj"):
             t[p + f"mlp.{n}.weight"] = sd[p + n + ".weight"]
     t["norm.weight"] = sd["norm"]
-    st.save(os.path.join(out, "model.safetensors"),
-            {k: v.detach().float().numpy() for k, v in t.items()}, dtype=dtype)
+    make_checkpoint.save(os.path.join(out, "model.safetensors"),
+                         {k: v.detach().float().numpy() for k, v in t.items()}, dtype=dtype)
     return zcfg
 
 
@@ -376,7 +375,7 @@ def load_drafter_dir(d):
            "rope_theta": z["rope_theta"], "block_size": z["block_size"],
            "mask_id": z["dflash_config"]["mask_token_id"]}
     m = Drafter(cfg)
-    w = st.read_dir(d)
+    w = make_checkpoint.load_dir(d)
     sd = {"fc.weight": w["fc.weight"], "hidden_norm": w["hidden_norm.weight"],
           "norm": w["norm.weight"]}
     for i in range(cfg["layers"]):

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """train_target.py - trains a tiny Llama from scratch (the built-in default
 model) and writes it as a Hugging Face folder that dflash loads.
 
@@ -38,7 +38,6 @@ import torch  # noqa: E402
 
 import bpe_train  # noqa: E402
 import make_checkpoint  # noqa: E402
-import st  # noqa: E402
 
 EOT = "<|endoftext|>"
 
@@ -224,7 +223,7 @@ def write_folder(out, model, c, eot, dtype):
     make_checkpoint._write_json(os.path.join(out, "config.json"), cfg)
     make_checkpoint._write_json(os.path.join(out, "generation_config.json"),
                                 {"bos_token_id": eot, "eos_token_id": eot, "do_sample": False})
-    st.save(os.path.join(out, "model.safetensors"), model.hf_tensors(), dtype=dtype)
+    make_checkpoint.save(os.path.join(out, "model.safetensors"), model.hf_tensors(), dtype=dtype)
 
 
 def cmd_train(a):
