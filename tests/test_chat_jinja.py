@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Chat renders in C against Python's jinja2, rendering the real templates
 the way transformers' apply_chat_template does (sandboxed environment,
 trim_blocks, lstrip_blocks, loopcontrols, tojson with ensure_ascii=False).

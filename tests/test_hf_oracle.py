@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """test_hf_oracle.py - Hugging Face transformers as the oracle for the engine.
 
 Checkpoints are made by transformers itself (XxxConfig, from_config,

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """test_stories_drafter.py - the committed drafters accept real tokens.
 
 1. models/stories260K-dflash on stories260K (a real trained Llama) over a

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """expect.py - greedy `dflash generate` outputs for the prompts api.py sends.
 
 usage: expect.py DFLASH_BIN TARGET [DRAFT|none] OUT.json
