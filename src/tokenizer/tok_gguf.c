@@ -47,6 +47,16 @@ static const gguf_kv *opt_arr(gl *l, const char *key, gguf_vtype type, int64_t n
     return *rc ? NULL : kv;
 }
 
+/* One isolated regex split, appended to the pre-tokenizer chain. */
+static int add_pre_split(gl *l, const char *re) {
+    tok_pre *p = &l->t->pre[l->t->n_pre++];
+    memset(p, 0, sizeof *p);
+    p->kind = PRE_SPLIT;
+    p->behavior = SPLIT_ISOLATED;
+    p->re = tok_regex(re, strlen(re), 0, "tokenizer.ggml.pre", l->err);
+    return p->re ? 0 : DFL_EFORMAT;
+}
+
 /* The pre-tokenizer regex llama.cpp names in tokenizer.ggml.pre. */
 static int set_pre(gl *l, const char *pre, size_t n) {
     dfl_tokenizer *t = l->t;
@@ -54,6 +64,11 @@ static int set_pre(gl *l, const char *pre, size_t n) {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)(n < 63 ? n : 63), pre);
     if (!n || !strcmp(name, "default") || !strcmp(name, "gpt2") || !strcmp(name, "gpt-2")) {
+        re = tok_re_gpt2;
+    } else if (!strcmp(name, "smollm")) {
+        /* SmolLM's tokenizer.json: Digits(individual_digits) then ByteLevel's GPT-2 split */
+        int rc = add_pre_split(l, "\\p{N}");
+        if (rc) return rc;
         re = tok_re_gpt2;
     } else if (!strcmp(name, "llama-bpe") || !strcmp(name, "llama3") ||
                !strcmp(name, "llama-v3") || !strcmp(name, "smaug-bpe")) {
@@ -64,15 +79,10 @@ static int set_pre(gl *l, const char *pre, size_t n) {
         t->norm[t->n_norm++].kind = NORM_NFC; /* as Qwen's tokenizer.json */
     } else {
         return dfl_fail(l->err, DFL_EUNSUP, "%s: tokenizer.ggml.pre = \"%s\" is not supported "
-                        "(known: default, gpt2, llama-bpe, llama3, smaug-bpe, qwen2)", l->src,
-                        name);
+                        "(known: default, gpt2, llama-bpe, llama3, smaug-bpe, qwen2, smollm)",
+                        l->src, name);
     }
-    tok_pre *p = &t->pre[t->n_pre++];
-    memset(p, 0, sizeof *p);
-    p->kind = PRE_SPLIT;
-    p->behavior = SPLIT_ISOLATED;
-    p->re = tok_regex(re, strlen(re), 0, "tokenizer.ggml.pre", l->err);
-    return p->re ? 0 : DFL_EFORMAT;
+    return add_pre_split(l, re);
 }
 
 /* Token i's text, type and score into the tables. */
@@ -212,6 +222,10 @@ static int load_specials(gl *l) {
         (rc = opt_id(l, "tokenizer.ggml.eom_token_id", &eom)))
         return rc;
     int spm = t->model == TOK_SPM;
+    /* A gpt2 vocabulary's unknown id is a label only: llama.cpp's BPE (and Hugging Face's,
+     * which converts it with no unk_token) drops bytes the vocabulary lacks (SmolLM2 has no
+     * 0x04, 0x06, 0xf1, ...) instead of writing <unk> (there <|endoftext|>) into the text. */
+    if (!spm) t->unk_id = -1;
     if ((t->add_bos = opt_bool(l, "tokenizer.ggml.add_bos_token", spm)) < 0 ||
         (t->add_eos = opt_bool(l, "tokenizer.ggml.add_eos_token", 0)) < 0 ||
         (t->add_space_prefix = opt_bool(l, "tokenizer.ggml.add_space_prefix", spm)) < 0)
