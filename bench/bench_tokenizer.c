@@ -5,14 +5,14 @@
  * usage: bench_tokenizer [--tokenizer DIR|FILE.gguf] [--reps N] [--ids OUT.json] FILE...
  * Defaults: the Qwen3 tokenizer from $DFLASH_SHARED/assets and the first MiB
  * of tinyshakespeare. bench/make_mixed_text.py writes a mixed-script file;
- * bench/bench_tokenizer_hf.js runs Hugging Face's tokenizers on the same
+ * bench/bench_tokenizer_hf.py runs Hugging Face's tokenizers on the same
  * files for a side-by-side (and checks that the ids agree). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "api/engine.h"
 #include "tokenizer/tok_impl.h"
 
 /* CPU seconds of this thread: on a shared machine wall time measures the
