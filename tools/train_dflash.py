@@ -566,8 +566,8 @@ def main(argv=None):
         stop = a.stop_at and a.stop_at <= step < a.steps
         if step % a.ckpt_every == 0 or step == a.steps or stop:
             save_checkpoint(ckpt, model, opt, step, rng, a)
+            export(model, cap, a.out, a.dtype)  # OUT always holds a usable drafter
         if stop:
-            export(model, cap, a.out, a.dtype)
             log(f"# stopped at step {step} (--stop-at) and wrote the drafter so far; --resume "
                 "continues")
             return
