@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "api/engine.h"
 #include "tokenizer/tok_impl.h"
 
 /* CPU seconds of this thread: on a shared machine wall time measures the

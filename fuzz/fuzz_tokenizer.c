@@ -6,7 +6,7 @@
  * without a text part a fixed mixed-script string is encoded). */
 #include <string.h>
 
-#include "engine.h"
+#include "api/engine.h"
 #include "tokenizer/tokenizer.h"
 
 static volatile uint8_t sink;
@@ -43,7 +43,7 @@ static void exercise(const dfl_tokenizer *t, const char *text, size_t len) {
     user[un] = 0;
     dfl_chat_msg m[] = {{"system", "s"}, {"user", user}, {"assistant", "<think>r</think>a"}};
     char out[4096];
-    dfl_chat_render_text(dfl_tok_chat_template(t), NULL, "<s>", m, 3, 1, 0, out, sizeof out, &e);
+    dfl_chat_render_text(dfl_tok_chat_template(t), NULL, "<s>", "</s>", m, 3, 1, 0, out, sizeof out, &e);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

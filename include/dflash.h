@@ -42,6 +42,13 @@ typedef void (*dfl_progress_fn)(void *ud, const char *what, uint64_t done, uint6
 typedef struct dfl_engine dfl_engine;
 typedef struct dfl_session dfl_session;
 
+/* Limits of the API, written once. */
+enum {
+    DFL_MAX_BLOCK = 512,          /* largest verify block (max_block, block_size) */
+    DFL_MAX_TOP_LOGPROBS = 20,    /* alternatives per token (n_top_logprobs) */
+    DFL_MAX_CAPTURE_LAYERS = 64,  /* target layers one capture reads (drafter features) */
+};
+
 typedef struct dfl_engine_opts {
     const char *model_path;   /* Hugging Face folder or .gguf file */
     const char *draft_path;   /* DFlash drafter folder or .gguf; NULL for none */
@@ -52,6 +59,11 @@ typedef struct dfl_engine_opts {
     int ctx_size;             /* KV cache rows per session; 0: min(model max, 4096) */
     int max_block;            /* largest verify block; 0: drafter block size or 16 */
     int vocab_only;           /* load the tokenizer alone (tokenize / detokenize) */
+    int allow_inexact;        /* speculate even when the probe finds the verify path inexact
+                                 (output may differ from classic decode); the CLI sets it
+                                 from DFLASH_ALLOW_INEXACT=1 */
+    int draft_window;         /* > 0: a draft block attends to the last W context rows only
+                                 (an approximation); 0: all. The CLI: DFLASH_DRAFT_WINDOW=W */
     dfl_progress_fn progress;
     void *progress_ud;
 } dfl_engine_opts;
@@ -110,11 +122,29 @@ typedef struct dfl_chat_msg {
     const char *content;
 } dfl_chat_msg;
 
-/* Renders messages with the model's template (or the one named: "chatml",
- * "qwen3", "llama3"); returns bytes needed (excluding the NUL), < 0 on error. */
+/* Renders messages with the model's Jinja template (ChatML when it has none),
+ * or with template_name: "chatml" or a Jinja template's text; returns bytes
+ * needed (excluding the NUL), < 0 on error. */
 int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_chat_msg *msgs,
                     int n, int add_generation_prompt, int enable_thinking, char *out,
                     size_t cap, dfl_error *err);
+
+/* The whole of transformers' apply_chat_template: template_text (NULL: the
+ * model's; for a model with a {name, template} list, "tool_use" when tools
+ * are given) rendered by a sandboxed Jinja interpreter. messages_json is a
+ * JSON array of messages (role, content as a string or a list of parts,
+ * tool_calls, tool_call_id, name, reasoning_content); tools_json a JSON array
+ * or NULL; kwargs_json a JSON object of extra variables (enable_thinking...)
+ * or NULL. bos_token and eos_token come from e (none when e is NULL).
+ * Returns bytes needed as snprintf, < 0 on error; a template's
+ * raise_exception(msg) gives DFL_EARG with err->msg exactly msg. */
+int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
+                         const char *messages_json, const char *tools_json,
+                         const char *kwargs_json, int add_generation_prompt, char *out,
+                         size_t cap, dfl_error *err);
+/* The template dfl_chat_render uses for e; *fallback set when the model has
+ * none and ChatML stands in. */
+const char *dfl_chat_template(const dfl_engine *e, int *fallback);
 
 /* ---- generation -------------------------------------------------------- */
 
@@ -136,7 +166,7 @@ typedef struct dfl_gen_params {
     float typical_d;
     const int32_t *stop_ids; int n_stop_ids; /* extra stop tokens */
     int ignore_eos;
-    int n_top_logprobs;     /* 0..20: report top-k logprobs per token */
+    int n_top_logprobs;     /* 0..DFL_MAX_TOP_LOGPROBS: report top-k logprobs per token */
 } dfl_gen_params;
 
 void dfl_gen_params_default(dfl_gen_params *p);
@@ -169,7 +199,7 @@ enum { DFL_STOP_NONE = 0, DFL_STOP_LENGTH, DFL_STOP_EOS, DFL_STOP_CTX, DFL_STOP_
 typedef struct dfl_token_info {
     int32_t id;
     float logprob;                    /* of the chosen token */
-    int n_top; int32_t top_ids[20]; float top_logprobs[20];
+    int n_top; int32_t top_ids[DFL_MAX_TOP_LOGPROBS]; float top_logprobs[DFL_MAX_TOP_LOGPROBS];
 } dfl_token_info;
 
 /* Called once per committed token, in order; return nonzero to stop. */
@@ -258,7 +288,7 @@ int dfl_debug_step(dfl_session *s, const int32_t *ids, int n, const int *cap, in
 int dfl_debug_draft(dfl_session *s, const int32_t *ids, int n, int B, float *logits,
                     dfl_error *err);
 
-/* ---- drafter training: dflash capture (src/spec/capture.c) ------------- */
+/* ---- drafter training: dflash capture (src/api/capture.c) ------------- */
 /* See docs/training.md. */
 
 /* Runs ids[0..n) from position 0 (the session's cache is cleared) and writes
@@ -289,7 +319,7 @@ int dfl_capture_default_layers(const dfl_engine *e, int n_draft, int *ids);
  * one request at a time, first come first served). */
 int dfl_engine_concurrent(const dfl_engine *e);
 
-/* ---- benchmarks (src/spec/bench.c; dflash bench, docs/benchmarks.md) ---- */
+/* ---- benchmarks (src/api/bench.c; dflash bench, docs/benchmarks.md) ---- */
 
 /* This machine's limits on the engine's threads (src/kernels/machine.c):
  * read bandwidth in GB/s (a sum over a buffer far larger than the caches)

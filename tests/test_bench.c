@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "spec/spec.h"
+#include "api/engine.h"
+#include "decode/decode.h"
 #include "testutil.h"
 
 enum { CTX = 400, NGEN = 96, NREF = NGEN + 40 };

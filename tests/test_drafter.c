@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 
 #include "draft/draft.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 #include "testutil.h"
 
 enum { DIM = 64, NL = 2, NH = 4, NKV = 2, HD = 16, FFN = 96, NCAP = 2, BLOCK = 8, MASK = 3 };

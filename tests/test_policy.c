@@ -3,7 +3,7 @@
  * here independently, in closed form) and fall back to classic decode. */
 #include <math.h>
 
-#include "spec/policy.h"
+#include "decode/policy.h"
 #include "testutil.h"
 
 /* Feeds n rounds of block B whose accept lengths follow a geometric law with

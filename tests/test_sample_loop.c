@@ -1,5 +1,5 @@
 /* test_sample_loop.c - the sampler's acceptance rules inside the real round
- * loop (src/spec/loop.c) on the stories260K target (a trained tiny Llama).
+ * loop (src/decode/loop.c) on the stories260K target (a trained tiny Llama).
  *
  * The reference is classic sampled decode computed here with direct target
  * calls, one row at a time, independent of the loop. An oracle proposer that
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "sample/sample.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 #include "testutil.h"
 
 enum { CTX = 120, MAXB = 16 };
@@ -83,7 +83,7 @@ static void o_truncate(dfl_proposer *p, int n) {
 
 static int o_len(const dfl_proposer *p) { return ((const oracle *)p)->len; }
 
-/* ---- the sampler behind the loop's seams (as src/spec/generate.c has it) --- */
+/* ---- the sampler behind the loop's seams (as src/api/generate.c has it) --- */
 
 static int accept_sampled(void *ud, const float *logits, int vocab, const int32_t *block, int B,
                           int pos, const int32_t *hist, const float *dlogits, int32_t *tgt) {

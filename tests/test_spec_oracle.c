@@ -11,7 +11,7 @@
  * features it is fed are those of committed rows, bit for bit. */
 #include <string.h>
 
-#include "spec/spec.h"
+#include "decode/decode.h"
 #include "testutil.h"
 
 enum { CTX = 112, MAXB = 16 };

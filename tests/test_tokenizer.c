@@ -13,7 +13,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "engine.h"
+#include "api/engine.h"
 #include "testutil.h"
 #include "tokenizer/tok_impl.h"
 

@@ -39,6 +39,21 @@ void *dfl_xcalloc_(size_t n, size_t sz, const char *file, int line) {
     return p;
 }
 
+void *dfl_grow(void *p, size_t *cap, size_t need, size_t sz, const char *what, dfl_error *err) {
+    if (need <= *cap) return p;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c = c > SIZE_MAX / 2 ? need : c * 2;
+    uint64_t bytes;
+    void *q = dfl_mul_ok(c, sz ? sz : 1, &bytes) || bytes > SIZE_MAX ? NULL : realloc(p, bytes);
+    if (!q) {
+        dfl_fail(err, DFL_ENOMEM, "out of memory growing %s to %zu entries of %zu bytes", what, c,
+                 sz);
+        return NULL;
+    }
+    *cap = c;
+    return q;
+}
+
 void *dfl_aligned_alloc(size_t n) {
     size_t sz = (n + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, sz ? sz : 64);
@@ -260,4 +275,48 @@ void dfl_pool_run(dfl_pool *p, dfl_task_fn fn, void *ctx, int n) {
         p->main_waiting = 0;
         pthread_mutex_unlock(&p->mu);
     }
+}
+
+/* ---- weight types ------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    int block;          /* elements per block */
+    size_t block_bytes; /* bytes per block */
+} types[DFL_NTYPES] = {
+    [DFL_F32] = {"f32", 1, 4},
+    [DFL_F16] = {"f16", 1, 2},
+    [DFL_BF16] = {"bf16", 1, 2},
+    [DFL_Q8_0] = {"q8_0", 32, 34},   /* f16 d + 32 x int8 */
+    [DFL_Q4_0] = {"q4_0", 32, 18},   /* f16 d + 16 bytes of nibbles */
+    [DFL_Q4_1] = {"q4_1", 32, 20},   /* f16 d, m + 16 bytes of nibbles */
+    [DFL_Q4_K] = {"q4_k", 256, 144}, /* f16 d, dmin + 12 scale bytes + 128 nibble bytes */
+    [DFL_Q6_K] = {"q6_k", 256, 210}, /* 128 ql + 64 qh + 16 scales + f16 d */
+};
+
+const char *dfl_type_name(dfl_type t) {
+    return (unsigned)t < DFL_NTYPES ? types[t].name : "?";
+}
+
+int dfl_type_from_name(const char *s) {
+    if (!s) return -1;
+    for (int i = 0; i < DFL_NTYPES; i++)
+        if (strcmp(s, types[i].name) == 0) return i;
+    return -1;
+}
+
+int dfl_type_block(dfl_type t) {
+    return (unsigned)t < DFL_NTYPES ? types[t].block : 0;
+}
+
+size_t dfl_type_block_bytes(dfl_type t) {
+    return (unsigned)t < DFL_NTYPES ? types[t].block_bytes : 0;
+}
+
+size_t dfl_type_row_bytes(dfl_type t, int64_t cols) {
+    if ((unsigned)t >= DFL_NTYPES || cols < 0 || cols % types[t].block) return 0;
+    uint64_t n;
+    if (dfl_mul_ok((uint64_t)(cols / types[t].block), types[t].block_bytes, &n) || n > SIZE_MAX)
+        return 0;
+    return (size_t)n;
 }

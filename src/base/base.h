@@ -1,4 +1,4 @@
-/* base.h - errors, allocation checks, timers, threads: what every layer uses. */
+/* base.h - errors, allocation checks, timers, threads, weight types: what every layer uses. */
 #ifndef DFL_BASE_H
 #define DFL_BASE_H
 
@@ -20,6 +20,12 @@ void *dfl_xcalloc_(size_t n, size_t sz, const char *file, int line);
 #define xmalloc(n) dfl_xmalloc_((n), __FILE__, __LINE__)
 #define xcalloc(n, sz) dfl_xcalloc_((n), (sz), __FILE__, __LINE__)
 
+/* The one way to grow an array: returns p (an array of *cap elements of sz
+ * bytes) grown to hold at least need elements, *cap doubling from 16; or
+ * NULL with DFL_ENOMEM in err, naming what, and p then still valid and
+ * unchanged. Callers return the error; the library never exits on it. */
+void *dfl_grow(void *p, size_t *cap, size_t need, size_t sz, const char *what, dfl_error *err);
+
 /* 64-byte aligned, zeroed; free with free(). */
 void *dfl_aligned_alloc(size_t n);
 
@@ -33,6 +39,27 @@ static inline int dfl_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
 
 /* Reads a whole file (at most max_bytes); returns NUL-terminated buffer or NULL. */
 char *dfl_read_file(const char *path, size_t max_bytes, size_t *len, dfl_error *err);
+
+/* ---- weight types ------------------------------------------------------ */
+/* Numbered as our own enum (not GGUF's); here because kernels and io both use them. */
+typedef enum {
+    DFL_F32 = 0,
+    DFL_F16,
+    DFL_BF16,
+    DFL_Q8_0,   /* blocks of 32: f16 scale + 32 int8 */
+    DFL_Q4_0,   /* blocks of 32: f16 scale + 16 bytes of nibbles */
+    DFL_Q4_1,   /* blocks of 32: f16 scale, f16 min + 16 bytes of nibbles */
+    DFL_Q4_K,   /* super-blocks of 256 */
+    DFL_Q6_K,   /* super-blocks of 256 */
+    DFL_NTYPES
+} dfl_type;
+
+const char *dfl_type_name(dfl_type t);
+int dfl_type_from_name(const char *s);   /* -1 if unknown */
+int dfl_type_block(dfl_type t);          /* elements per block (1 for float types) */
+size_t dfl_type_block_bytes(dfl_type t); /* bytes per block */
+/* Bytes of one row of cols elements; 0 if cols is not a multiple of the block. */
+size_t dfl_type_row_bytes(dfl_type t, int64_t cols);
 
 /* ---- a fair lock -------------------------------------------------------- */
 /* First come, first served: concurrent sessions sharing one engine take

@@ -13,6 +13,9 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_capture(int argc, char **argv);
 int cmd_dump(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+/* --chat-template-file: the file's text (exits with a message when unreadable); never freed. */
+const char *cli_chat_template_file(const char *path);
 
 /* Shared helpers (src/cli/common.c). */
 /* A progress callback that draws a bar on a terminal, plain lines otherwise. */
@@ -21,9 +24,15 @@ void cli_progress(void *ud, const char *what, uint64_t done, uint64_t total);
  * the binary); NULL when absent. */
 const char *cli_default_model(void);
 const char *cli_default_draft(void);
+/* The value after flag argv[*i] (advancing *i), or exits with "dflash CMD:
+ * FLAG needs a value" (argv[0] is the subcommand's name). */
+const char *cli_need(int argc, char **argv, int *i);
 /* Parses an int / float flag value or exits with a message naming the flag. */
 int cli_int(const char *flag, const char *v, long lo, long hi);
 double cli_num(const char *flag, const char *v, double lo, double hi);
+/* The engine options users set through the environment: DFLASH_ALLOW_INEXACT=1
+ * (allow_inexact) and DFLASH_DRAFT_WINDOW=W (draft_window). */
+void cli_engine_env(dfl_engine_opts *o);
 /* Reads --ids "1,2,3" into ids; returns the count or exits with a message. */
 int cli_ids(const char *flag, const char *v, int32_t *ids, int cap);
 

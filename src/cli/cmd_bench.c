@@ -86,14 +86,6 @@ typedef struct opts {
 enum { SEC_MACHINE = 1, SEC_DECODE = 2, SEC_VERIFY = 4, SEC_SPEC = 8, SEC_CTX = 16, SEC_RULES = 32,
        N_SEC = 6 };
 
-static const char *need(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "dflash bench: %s needs a value (see --help)\n", argv[*i]);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 /* Splits a comma list into at most MAXL pieces (the string is copied). */
 static int split(const char *flag, const char *v, char **out) {
     char *s = strdup(v);
@@ -138,6 +130,7 @@ static int sections(const char *v) {
 
 static void parse(opts *o, int argc, char **argv) {
     dfl_engine_opts_default(&o->eo);
+    cli_engine_env(&o->eo);
     o->types[0] = "auto", o->n_types = 1;
     o->sections = (1 << N_SEC) - 1;
     o->max_block = 16, o->n_gen = 128, o->prompt_len = 32, o->ttft_max = 1024, o->reps = 3;
@@ -154,35 +147,45 @@ static void parse(opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
-        else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
-        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = need(argc, argv, &i);
-        else if (!strcmp(a, "--types")) o->n_types = split(a, need(argc, argv, &i), (char **)o->types);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->eo.model_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--types"))
+            o->n_types = split(a, cli_need(argc, argv, &i), (char **)o->types);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
-        else if (!strcmp(a, "--sections")) o->sections = sections(need(argc, argv, &i));
-        else if (!strcmp(a, "--max-block")) o->max_block = cli_int(a, need(argc, argv, &i), 1, 64);
+            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "--sections")) o->sections = sections(cli_need(argc, argv, &i));
+        else if (!strcmp(a, "--max-block"))
+            o->max_block = cli_int(a, cli_need(argc, argv, &i), 1, 64);
         else if (!strcmp(a, "--tau")) {
             char *p[MAXL];
-            o->n_tau = split(a, need(argc, argv, &i), p);
+            o->n_tau = split(a, cli_need(argc, argv, &i), p);
             for (int k = 0; k < o->n_tau; k++) o->tau[k] = cli_num(a, p[k], 1, 64);
         } else if (!strcmp(a, "--blocks"))
-            o->n_blocks = int_list(a, need(argc, argv, &i), o->blocks, 2, 64);
-        else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, need(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(a, "--prompt-len")) o->prompt_len = cli_int(a, need(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
+            o->n_blocks = int_list(a, cli_need(argc, argv, &i), o->blocks, 2, 64);
+        else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--prompt-len"))
+            o->prompt_len = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--temps")) {
             char *p[MAXL];
-            o->n_temps = split(a, need(argc, argv, &i), p);
+            o->n_temps = split(a, cli_need(argc, argv, &i), p);
             for (int k = 0; k < o->n_temps; k++) o->temps[k] = cli_num(a, p[k], 0, 100);
-        } else if (!strcmp(a, "--rule-block")) o->rule_block = cli_int(a, need(argc, argv, &i), 2, 64);
-        else if (!strcmp(a, "--typical")) o->typical_d = cli_num(a, need(argc, argv, &i), 0, 1e6);
-        else if (!strcmp(a, "--ctx")) o->n_ctx = int_list(a, need(argc, argv, &i), o->ctx, 1, 1 << 22);
-        else if (!strcmp(a, "--ttft-max")) o->ttft_max = cli_int(a, need(argc, argv, &i), 0, 1 << 22);
-        else if (!strcmp(a, "--reps")) o->reps = cli_int(a, need(argc, argv, &i), 1, 1000);
-        else if (!strcmp(a, "--spec-reps")) o->spec_reps = cli_int(a, need(argc, argv, &i), 1, 100);
-        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)cli_num(a, need(argc, argv, &i), 0, 1e18);
-        else if (!strcmp(a, "--json")) o->json = need(argc, argv, &i);
+        } else if (!strcmp(a, "--rule-block"))
+            o->rule_block = cli_int(a, cli_need(argc, argv, &i), 2, 64);
+        else if (!strcmp(a, "--typical"))
+            o->typical_d = cli_num(a, cli_need(argc, argv, &i), 0, 1e6);
+        else if (!strcmp(a, "--ctx"))
+            o->n_ctx = int_list(a, cli_need(argc, argv, &i), o->ctx, 1, 1 << 22);
+        else if (!strcmp(a, "--ttft-max"))
+            o->ttft_max = cli_int(a, cli_need(argc, argv, &i), 0, 1 << 22);
+        else if (!strcmp(a, "--reps")) o->reps = cli_int(a, cli_need(argc, argv, &i), 1, 1000);
+        else if (!strcmp(a, "--spec-reps"))
+            o->spec_reps = cli_int(a, cli_need(argc, argv, &i), 1, 100);
+        else if (!strcmp(a, "--seed"))
+            o->seed = (uint64_t)cli_num(a, cli_need(argc, argv, &i), 0, 1e18);
+        else if (!strcmp(a, "--json")) o->json = cli_need(argc, argv, &i);
         else {
             fprintf(stderr, "dflash bench: unknown option '%s' (see --help)\n", a);
             exit(2);

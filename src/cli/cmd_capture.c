@@ -64,14 +64,6 @@ typedef struct opts {
     uint64_t seed;
 } opts;
 
-static const char *need(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "dflash capture: %s needs a value (see --help)\n", argv[*i]);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 static void parse_prompt_tokens(opts *o, const char *v) {
     const char *colon = strchr(v, ':');
     if (!colon) {
@@ -86,6 +78,7 @@ static void parse_prompt_tokens(opts *o, const char *v) {
 
 static void parse(opts *o, int argc, char **argv) {
     dfl_engine_opts_default(&o->eo);
+    cli_engine_env(&o->eo);
     o->layers = "auto";
     o->sep = "<|endoftext|>";
     o->draft_layers = 2;
@@ -94,32 +87,40 @@ static void parse(opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->eo.model_path = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--corpus")) {
             if (o->n_corpus == 64) {
                 fprintf(stderr, "dflash capture: at most 64 --corpus files\n");
                 exit(2);
             }
-            o->corpus[o->n_corpus++] = need(argc, argv, &i);
-        } else if (!strcmp(a, "--out")) o->out = need(argc, argv, &i);
-        else if (!strcmp(a, "--layers")) o->layers = need(argc, argv, &i);
-        else if (!strcmp(a, "--draft-layers")) o->draft_layers = cli_int(a, need(argc, argv, &i), 1, 64);
-        else if (!strcmp(a, "--sep")) o->sep = need(argc, argv, &i);
-        else if (!strcmp(a, "--first-doc")) o->first_doc = cli_int(a, need(argc, argv, &i), 0, 1 << 30);
-        else if (!strcmp(a, "--max-docs")) o->max_docs = cli_int(a, need(argc, argv, &i), 0, 1 << 30);
-        else if (!strcmp(a, "--seq-len")) o->seq_len = cli_int(a, need(argc, argv, &i), 2, 1 << 24);
-        else if (!strcmp(a, "--generate")) o->generate = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
-        else if (!strcmp(a, "--prompt-tokens")) parse_prompt_tokens(o, need(argc, argv, &i));
-        else if (!strcmp(a, "--temp")) o->temp = (float)cli_num(a, need(argc, argv, &i), 0, 100);
-        else if (!strcmp(a, "--seed")) o->seed = strtoull(need(argc, argv, &i), NULL, 10);
-        else if (!strcmp(a, "--max-rows")) o->max_rows = cli_int(a, need(argc, argv, &i), 1, 2000000000);
+            o->corpus[o->n_corpus++] = cli_need(argc, argv, &i);
+        } else if (!strcmp(a, "--out")) o->out = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--layers")) o->layers = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft-layers"))
+            o->draft_layers = cli_int(a, cli_need(argc, argv, &i), 1, DFL_MAX_CAPTURE_LAYERS);
+        else if (!strcmp(a, "--sep")) o->sep = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--first-doc"))
+            o->first_doc = cli_int(a, cli_need(argc, argv, &i), 0, 1 << 30);
+        else if (!strcmp(a, "--max-docs"))
+            o->max_docs = cli_int(a, cli_need(argc, argv, &i), 0, 1 << 30);
+        else if (!strcmp(a, "--seq-len"))
+            o->seq_len = cli_int(a, cli_need(argc, argv, &i), 2, 1 << 24);
+        else if (!strcmp(a, "--generate"))
+            o->generate = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "--prompt-tokens")) parse_prompt_tokens(o, cli_need(argc, argv, &i));
+        else if (!strcmp(a, "--temp"))
+            o->temp = (float)cli_num(a, cli_need(argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--seed")) o->seed = strtoull(cli_need(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--max-rows"))
+            o->max_rows = cli_int(a, cli_need(argc, argv, &i), 1, 2000000000);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
-            o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 2, 1 << 24);
+            o->eo.ctx_size = cli_int(a, cli_need(argc, argv, &i), 2, 1 << 24);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
+            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
-        else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
+        else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
         else {
             fprintf(stderr, "dflash capture: unknown option '%s' (see --help)\n", a);
             exit(2);
@@ -325,11 +326,11 @@ static int parse_layers(const opts *o, dfl_engine *e, const dfl_model_info *mi, 
     if (!strcmp(o->layers, "auto")) {
         n = dfl_capture_default_layers(e, o->draft_layers, layers);
     } else if (!strcmp(o->layers, "all")) {
-        n = mi->n_layers < 64 ? mi->n_layers : 64;
+        n = mi->n_layers < DFL_MAX_CAPTURE_LAYERS ? mi->n_layers : DFL_MAX_CAPTURE_LAYERS;
         for (int j = 0; j < n; j++) layers[j] = j;
     } else {
-        static int32_t ids[64];
-        n = cli_ids("--layers", o->layers, ids, 64);
+        static int32_t ids[DFL_MAX_CAPTURE_LAYERS];
+        n = cli_ids("--layers", o->layers, ids, DFL_MAX_CAPTURE_LAYERS);
         for (int j = 0; j < n; j++) layers[j] = ids[j];
     }
     for (int j = 0; j < n; j++)
@@ -444,7 +445,7 @@ int cmd_capture(int argc, char **argv) {
     }
     dfl_model_info mi;
     dfl_engine_info(e, &mi);
-    int layers[64];
+    int layers[DFL_MAX_CAPTURE_LAYERS];
     int n_layers = parse_layers(&o, e, &mi, layers);
     if (!o.seq_len || o.seq_len > mi.ctx_size) o.seq_len = mi.ctx_size;
     if (o.seq_len < 2) {

@@ -34,6 +34,7 @@ static int write_floats(const char *path, const float *a, size_t n, FILE *f) {
 int cmd_dump(int argc, char **argv) {
     dfl_engine_opts eo;
     dfl_engine_opts_default(&eo);
+    cli_engine_env(&eo);
     const char *out = NULL, *out_draft = NULL, *ids_s = NULL, *cap_s = NULL;
     int block = 0, decode = -1;
     for (int i = 1; i < argc; i++) {
@@ -53,7 +54,7 @@ int cmd_dump(int argc, char **argv) {
         else if (!strcmp(a, "--capture")) cap_s = v;
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--out-draft")) out_draft = v;
-        else if (!strcmp(a, "--draft-block")) block = cli_int(a, v, 2, 512);
+        else if (!strcmp(a, "--draft-block")) block = cli_int(a, v, 2, DFL_MAX_BLOCK);
         else if (!strcmp(a, "--decode")) decode = cli_int(a, v, 0, 4096);
         else {
             fprintf(stderr, "dflash dump: unknown option '%s' (see --help)\n", a);
@@ -65,9 +66,9 @@ int cmd_dump(int argc, char **argv) {
         return 2;
     }
     enum { MAXN = 4096 };
-    static int32_t ids[MAXN], cap[64];
+    static int32_t ids[MAXN], cap[DFL_MAX_CAPTURE_LAYERS];
     int n = cli_ids("--ids", ids_s, ids, MAXN);
-    int n_cap = cap_s ? cli_ids("--capture", cap_s, cap, 64) : 0;
+    int n_cap = cap_s ? cli_ids("--capture", cap_s, cap, DFL_MAX_CAPTURE_LAYERS) : 0;
     eo.ctx_size = n + (block ? block : 16) + 1;
     if (block) eo.max_block = block;
     dfl_error err = {0};

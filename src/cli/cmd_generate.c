@@ -26,7 +26,8 @@ static void help(void) {
         "  --chat                 format the prompt with the model's chat template\n"
         "  --system TEXT          system message (with --chat)\n"
         "  --no-think             enable_thinking=false in the chat template (Qwen3)\n"
-        "  --chat-template NAME   force a template: chatml, qwen2.5, qwen3, llama3, llama3.1\n"
+        "  --chat-template NAME   force a template: chatml, or Jinja text\n"
+        "  --chat-template-file F the Jinja chat template in file F\n"
         "sampling:\n"
         "  -n, --max-tokens N     tokens to generate (default 128)\n"
         "  --temp T               temperature (default 0: greedy)\n"
@@ -53,14 +54,6 @@ typedef struct opts {
     int chat, no_think, print_ids, quiet, show_special, no_draft;
 } opts;
 
-static const char *need(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "dflash generate: %s needs a value (see --help)\n", argv[*i]);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 static int parse_accept(const char *v) {
     if (!strcmp(v, "exact")) return DFL_ACCEPT_EXACT;
     if (!strcmp(v, "rejection")) return DFL_ACCEPT_REJECTION;
@@ -71,46 +64,54 @@ static int parse_accept(const char *v) {
 
 static void parse(opts *o, int argc, char **argv) {
     dfl_engine_opts_default(&o->eo);
+    cli_engine_env(&o->eo);
     dfl_gen_params_default(&o->gp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
-        else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
-        else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
-        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = need(argc, argv, &i);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->eo.model_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
-            o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
+            o->eo.ctx_size = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 24);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
-        else if (!strcmp(a, "--prompt-file")) o->prompt_file = need(argc, argv, &i);
+            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--prompt-file")) o->prompt_file = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--chat")) o->chat = 1;
-        else if (!strcmp(a, "--system")) o->system = need(argc, argv, &i);
+        else if (!strcmp(a, "--system")) o->system = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--no-think")) o->no_think = 1;
-        else if (!strcmp(a, "--chat-template")) o->chat_template = need(argc, argv, &i);
+        else if (!strcmp(a, "--chat-template")) o->chat_template = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--chat-template-file"))
+            o->chat_template = cli_chat_template_file(cli_need(argc, argv, &i));
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens"))
-            o->gp.max_tokens = cli_int(a, need(argc, argv, &i), 0, 1 << 24);
-        else if (!strcmp(a, "--temp")) o->gp.temperature = cli_num(a, need(argc, argv, &i), 0, 100);
-        else if (!strcmp(a, "--top-k")) o->gp.top_k = cli_int(a, need(argc, argv, &i), 0, 1 << 24);
-        else if (!strcmp(a, "--top-p")) o->gp.top_p = cli_num(a, need(argc, argv, &i), 0, 1);
-        else if (!strcmp(a, "--min-p")) o->gp.min_p = cli_num(a, need(argc, argv, &i), 0, 1);
+            o->gp.max_tokens = cli_int(a, cli_need(argc, argv, &i), 0, 1 << 24);
+        else if (!strcmp(a, "--temp"))
+            o->gp.temperature = cli_num(a, cli_need(argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--top-k"))
+            o->gp.top_k = cli_int(a, cli_need(argc, argv, &i), 0, 1 << 24);
+        else if (!strcmp(a, "--top-p")) o->gp.top_p = cli_num(a, cli_need(argc, argv, &i), 0, 1);
+        else if (!strcmp(a, "--min-p")) o->gp.min_p = cli_num(a, cli_need(argc, argv, &i), 0, 1);
         else if (!strcmp(a, "--seed"))
-            o->gp.seed = strtoull(need(argc, argv, &i), NULL, 10);
+            o->gp.seed = strtoull(cli_need(argc, argv, &i), NULL, 10);
         else if (!strcmp(a, "--repeat-penalty"))
-            o->gp.repeat_penalty = cli_num(a, need(argc, argv, &i), 0.01, 100);
+            o->gp.repeat_penalty = cli_num(a, cli_need(argc, argv, &i), 0.01, 100);
         else if (!strcmp(a, "--presence-penalty"))
-            o->gp.presence_penalty = cli_num(a, need(argc, argv, &i), -2, 2);
+            o->gp.presence_penalty = cli_num(a, cli_need(argc, argv, &i), -2, 2);
         else if (!strcmp(a, "--frequency-penalty"))
-            o->gp.frequency_penalty = cli_num(a, need(argc, argv, &i), -2, 2);
+            o->gp.frequency_penalty = cli_num(a, cli_need(argc, argv, &i), -2, 2);
         else if (!strcmp(a, "--ignore-eos")) o->gp.ignore_eos = 1;
         else if (!strcmp(a, "--block-size")) {
-            const char *v = need(argc, argv, &i);
-            o->gp.block_size = !strcmp(v, "auto") ? 0 : cli_int(a, v, 1, 512);
-        } else if (!strcmp(a, "--spec-accept")) o->gp.spec_accept = parse_accept(need(argc, argv, &i));
-        else if (!strcmp(a, "--typical")) o->gp.typical_d = cli_num(a, need(argc, argv, &i), 0, 1e6);
+            const char *v = cli_need(argc, argv, &i);
+            o->gp.block_size = !strcmp(v, "auto") ? 0 : cli_int(a, v, 1, DFL_MAX_BLOCK);
+        } else if (!strcmp(a, "--spec-accept"))
+            o->gp.spec_accept = parse_accept(cli_need(argc, argv, &i));
+        else if (!strcmp(a, "--typical"))
+            o->gp.typical_d = cli_num(a, cli_need(argc, argv, &i), 0, 1e6);
         else if (!strcmp(a, "--print-token-ids")) o->print_ids = 1;
-        else if (!strcmp(a, "--stats-json")) o->stats_json = need(argc, argv, &i);
+        else if (!strcmp(a, "--stats-json")) o->stats_json = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--show-special")) o->show_special = 1;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else {
@@ -161,6 +162,10 @@ static char *format_prompt(const opts *o, dfl_engine *e, char *text) {
     if (o->system) m[n++] = (dfl_chat_msg){"system", o->system};
     m[n++] = (dfl_chat_msg){"user", text};
     dfl_error err = {0};
+    int fallback = 0;
+    dfl_chat_template(e, &fallback);
+    if (fallback && !o->chat_template)
+        fprintf(stderr, "dflash generate: the model has no chat template; using ChatML\n");
     int need = dfl_chat_render(e, o->chat_template, m, n, 1, !o->no_think, NULL, 0, &err);
     if (need < 0) {
         fprintf(stderr, "dflash generate: %s\n", err.msg);

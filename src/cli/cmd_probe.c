@@ -43,32 +43,27 @@ typedef struct opts {
     int block, n_gen, no_draft;
 } opts;
 
-static const char *need(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "dflash probe: %s needs a value (see --help)\n", argv[*i]);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 static void parse(opts *o, int argc, char **argv) {
     dfl_engine_opts_default(&o->eo);
+    cli_engine_env(&o->eo);
     o->n_gen = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->eo.model_path = need(argc, argv, &i);
-        else if (!strcmp(a, "--draft")) o->eo.draft_path = need(argc, argv, &i);
-        else if (!strcmp(a, "--dtype")) o->eo.dtype = need(argc, argv, &i);
-        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = need(argc, argv, &i);
-        else if (!strcmp(a, "--block-size")) o->block = cli_int(a, need(argc, argv, &i), 1, 512);
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
-        else if (!strcmp(a, "--ids")) o->ids = need(argc, argv, &i);
-        else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, need(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->eo.model_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--block-size"))
+            o->block = cli_int(a, cli_need(argc, argv, &i), 1, DFL_MAX_BLOCK);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--ids")) o->ids = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
-            o->eo.ctx_size = cli_int(a, need(argc, argv, &i), 1, 1 << 24);
+            o->eo.ctx_size = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 24);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, need(argc, argv, &i), 1, 256);
+            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
         else {
             fprintf(stderr, "dflash probe: unknown option '%s' (see --help)\n", a);
             exit(2);

@@ -21,7 +21,8 @@ static void usage(FILE *f) {
             "  --api-key KEY           require 'Authorization: Bearer KEY' (all but /health);\n"
             "                          the environment's DFLASH_API_KEY is read when not given\n"
             "  --alias NAME            model id clients use (default: the model's name)\n"
-            "  --chat-template NAME    chatml | qwen3 | llama3 (default: the model's own)\n"
+            "  --chat-template NAME    chatml, or Jinja text (default: the model's own)\n"
+            "  --chat-template-file F  the Jinja chat template in file F\n"
             "  --dtype TYPE            convert weights at load (default: keep the file's)\n"
             "  --queue N               requests that may wait for a slot before 503 (default 64)\n"
             "  --max-body BYTES        request body limit (default 8388608)\n"
@@ -44,6 +45,10 @@ int cmd_serve(int argc, char **argv) {
     srv_opts_default(&o);
     o.api_key = getenv("DFLASH_API_KEY");
     if (o.api_key && !*o.api_key) o.api_key = NULL;
+    dfl_engine_opts env;
+    dfl_engine_opts_default(&env);
+    cli_engine_env(&env);
+    o.allow_inexact = env.allow_inexact, o.draft_window = env.draft_window;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -66,6 +71,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) o.api_key = *v ? v : NULL;
         else if (!strcmp(a, "--alias")) o.alias = v;
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
+        else if (!strcmp(a, "--chat-template-file")) o.chat_template = cli_chat_template_file(v);
         else if (!strcmp(a, "--dtype")) o.dtype = v;
         else if (!strcmp(a, "--kv-type")) o.kv_type = v;
         else if (!strcmp(a, "--queue")) o.queue_max = cli_int(a, v, 0, 1 << 16);

@@ -50,6 +50,14 @@ static const char *default_path(const char *file) {
 const char *cli_default_model(void) { return default_path("target"); }
 const char *cli_default_draft(void) { return default_path("draft"); }
 
+const char *cli_need(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "dflash %s: %s needs a value (see --help)\n", argv[0], argv[*i]);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
 int cli_int(const char *flag, const char *v, long lo, long hi) {
     if (!v) {
         fprintf(stderr, "dflash: %s needs a value\n", flag);
@@ -103,4 +111,10 @@ int cli_ids(const char *flag, const char *v, int32_t *ids, int cap) {
         p = *end ? end + 1 : end;
     }
     return n;
+}
+
+void cli_engine_env(dfl_engine_opts *o) {
+    const char *a = getenv("DFLASH_ALLOW_INEXACT"), *w = getenv("DFLASH_DRAFT_WINDOW");
+    o->allow_inexact = a && !strcmp(a, "1");
+    o->draft_window = w && atoi(w) > 0 ? atoi(w) : 0;
 }

@@ -20,6 +20,7 @@ static const subcommand cmds[] = {
     {"quantize", cmd_quantize, "write a quantized GGUF (q8_0, q4_0, ...)"},
     {"capture", cmd_capture, "capture target features for drafter training"},
     {"dump", cmd_dump, "write logits / features of given ids (for reference tests)"},
+    {"template", cmd_template, "render a chat template for given messages (as transformers)"},
 };
 
 static void usage(FILE *f) {

@@ -15,7 +15,7 @@
 #include "draft/draft.h"
 #include "models/weights.h"
 
-enum { MAX_BLOCK = 512, MAX_CAP = 64, LOGIT_ROWS = 16 };
+enum { LOGIT_ROWS = 16 };
 
 /* ---- tensor names ------------------------------------------------------- */
 
@@ -127,16 +127,17 @@ static int hf_layer_ids(dfl_drafter *d, const cJSON *dc, const dfl_target *t, co
                         dfl_error *err) {
     const cJSON *ids = dc ? cJSON_GetObjectItemCaseSensitive(dc, "target_layer_ids") : NULL;
     if (!ids || cJSON_IsNull(ids)) {
-        if (d->c.n_layers > MAX_CAP)
+        if (d->c.n_layers > DFL_MAX_CAPTURE_LAYERS)
             return dfl_fail(err, DFL_EFORMAT, "%s: %d drafter layers imply %d target layers, "
-                            "more than %d", file, d->c.n_layers, d->c.n_layers, MAX_CAP);
+                            "more than %d", file, d->c.n_layers, d->c.n_layers,
+                            DFL_MAX_CAPTURE_LAYERS);
         d->n_cap = dfl_dflash_default_layers(t->c.n_layers, d->c.n_layers, d->cap);
         return 0;
     }
     int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
-    if (n < 1 || n > MAX_CAP)
+    if (n < 1 || n > DFL_MAX_CAPTURE_LAYERS)
         return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.target_layer_ids must be an array "
-                        "of 1..%d layer ids", file, MAX_CAP);
+                        "of 1..%d layer ids", file, DFL_MAX_CAPTURE_LAYERS);
     int i = 0;
     for (const cJSON *e = ids->child; e; e = e->next, i++) {
         if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
@@ -169,7 +170,7 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     rc = rc ? rc : need_int(j, "vocab_size", 1, 1 << 24, &c->vocab, 0, file, err);
     c->max_ctx = t->c.max_ctx;
     rc = rc ? rc : need_int(j, "max_position_embeddings", 1, 1 << 24, &c->max_ctx, 0, file, err);
-    rc = rc ? rc : need_int(j, "block_size", 2, MAX_BLOCK, &d->block_size, 1, file, err);
+    rc = rc ? rc : need_int(j, "block_size", 2, DFL_MAX_BLOCK, &d->block_size, 1, file, err);
     int n_target = t->c.n_layers;
     rc = rc ? rc : need_int(j, "num_target_layers", 1, 1 << 16, &n_target, 0, file, err);
     if (!rc && n_target != t->c.n_layers)
@@ -269,9 +270,10 @@ static int gguf_mask(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
 static int gguf_layer_ids(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
     const gguf_kv *kv = dfl_gguf_arr(g, "dflash.target_layers", GGUF_T_I32, err);
     if (!kv) return DFL_EFORMAT;
-    if (kv->arr_n < 1 || kv->arr_n > MAX_CAP)
+    if (kv->arr_n < 1 || kv->arr_n > DFL_MAX_CAPTURE_LAYERS)
         return dfl_fail(err, DFL_EFORMAT, "%s: dflash.target_layers has %llu entries, expected "
-                        "1..%d", g->tensors.source, (unsigned long long)kv->arr_n, MAX_CAP);
+                        "1..%d", g->tensors.source, (unsigned long long)kv->arr_n,
+                        DFL_MAX_CAPTURE_LAYERS);
     d->n_cap = (int)kv->arr_n;
     for (int i = 0; i < d->n_cap; i++) {
         int64_t v = dfl_gguf_arr_i64(kv, i);
@@ -320,7 +322,7 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
         rc = dfl_fail(err, DFL_EUNSUP, "%s: dflash.rope.dimension_count %d differs from "
                       "key_length %d; partial RoPE is not supported", src, rope_dims, c->head_dim);
     rc = rc ? rc : gguf_int(g, "dflash.feed_forward_length", 1, 1 << 20, &c->ffn_dim, 1, err);
-    rc = rc ? rc : gguf_int(g, "dflash.block_size", 2, MAX_BLOCK, &d->block_size, 1, err);
+    rc = rc ? rc : gguf_int(g, "dflash.block_size", 2, DFL_MAX_BLOCK, &d->block_size, 1, err);
     c->max_ctx = t->c.max_ctx;
     rc = rc ? rc : gguf_int(g, "dflash.context_length", 1, 1 << 24, &c->max_ctx, 0, err);
     int thd = t->c.dim;
@@ -366,9 +368,9 @@ static int check_config(const dfl_drafter *d, const dfl_target *t, const char *s
     if (c->head_dim < 2 || c->head_dim % 2)
         return dfl_fail(err, DFL_EFORMAT, "%s: head_dim %d is not a positive even number (RoPE "
                         "rotates pairs)", src, c->head_dim);
-    if (d->block_size < 2 || d->block_size > MAX_BLOCK)
+    if (d->block_size < 2 || d->block_size > DFL_MAX_BLOCK)
         return dfl_fail(err, DFL_EFORMAT, "%s: block_size %d outside 2..%d", src, d->block_size,
-                        MAX_BLOCK);
+                        DFL_MAX_BLOCK);
     if (d->mask_id < 0 || d->mask_id >= t->c.vocab)
         return dfl_fail(err, DFL_EFORMAT, "%s: mask_token_id %d outside the target's vocabulary "
                         "0..%d", src, d->mask_id, t->c.vocab - 1);
@@ -530,10 +532,8 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
     }
     int R = o->max_rows > 0 ? o->max_rows : 64;
     d->max_rows = R > d->block_size ? R : d->block_size;
-    if (d->max_rows > MAX_BLOCK) d->max_rows = MAX_BLOCK;
-    const char *w = getenv("DFLASH_DRAFT_WINDOW");
-    d->window = w ? atoi(w) : 0;
-    if (d->window < 0) d->window = 0;
+    if (d->max_rows > DFL_MAX_BLOCK) d->max_rows = DFL_MAX_BLOCK;
+    d->window = o->draft_window > 0 ? o->draft_window : 0;
     alloc_scratch(d);
     *out = d;
     return 0;

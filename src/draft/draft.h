@@ -22,7 +22,7 @@ typedef struct dfl_drafter {
     int block_size;            /* trained block size */
     int mask_id;
     int n_cap;                 /* captured target layers */
-    int cap[64];               /* target layer ids, HF convention (output of layer id) */
+    int cap[DFL_MAX_CAPTURE_LAYERS]; /* target layer ids, HF convention (output of layer id) */
     dfl_mat fc;                /* (dim, n_cap*target_dim) */
     const float *hidden_norm;  /* (dim) */
     const float *out_norm;     /* (dim) */
@@ -56,7 +56,7 @@ typedef struct dfl_dstore {
 /* path: a z-lab folder (config.json + safetensors) or a llama.cpp "dflash"
  * GGUF. GGUF dflash.target_layers name the INPUT of target layer v (llama.cpp
  * captures layer inputs), i.e. the output of layer v-1: they are stored as
- * HF ids + 1 and cap[] gets v - 1. DFLASH_DRAFT_WINDOW=W bounds the context
+ * HF ids + 1 and cap[] gets v - 1. o->draft_window = W bounds the context
  * a block attends to the last W rows (an approximation, off by default). */
 int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
                      dfl_drafter **out, dfl_error *err);

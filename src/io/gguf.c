@@ -188,7 +188,8 @@ static int read_tensor_info(rd *r, gguf_file *g, uint64_t *offset) {
     uint32_t nd, ty;
     uint64_t ne[DFL_MAX_DIMS];
     if (rd_str(r, &nm, "tensor name")) return DFL_EFORMAT;
-    dfl_tensor *t = dfl_tensors_push(&g->tensors);
+    dfl_tensor *t = dfl_tensors_push(&g->tensors, r->err);
+    if (!t) return DFL_ENOMEM;
     t->name = dfl_name_dup(nm.s, nm.len);
     if (!t->name || nm.len == 0) {
         g->tensors.n--;
@@ -325,8 +326,7 @@ int dfl_gguf_open(const char *path, gguf_file *out, dfl_error *err) {
         munmap(m.addr, m.len);
         return rc;
     }
-    dfl_tensors_add_map(&out->tensors, m);
-    return 0;
+    return dfl_tensors_add_map(&out->tensors, m, err);
 }
 
 void dfl_gguf_free(gguf_file *g) {

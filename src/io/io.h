@@ -11,26 +11,6 @@
 
 #include "base/base.h"
 
-/* Weight types, numbered as our own enum (not GGUF's). */
-typedef enum {
-    DFL_F32 = 0,
-    DFL_F16,
-    DFL_BF16,
-    DFL_Q8_0,   /* blocks of 32: f16 scale + 32 int8 */
-    DFL_Q4_0,   /* blocks of 32: f16 scale + 16 bytes of nibbles */
-    DFL_Q4_1,   /* blocks of 32: f16 scale, f16 min + 16 bytes of nibbles */
-    DFL_Q4_K,   /* super-blocks of 256 */
-    DFL_Q6_K,   /* super-blocks of 256 */
-    DFL_NTYPES
-} dfl_type;
-
-const char *dfl_type_name(dfl_type t);
-int dfl_type_from_name(const char *s);   /* -1 if unknown */
-int dfl_type_block(dfl_type t);          /* elements per block (1 for float types) */
-size_t dfl_type_block_bytes(dfl_type t); /* bytes per block */
-/* Bytes of one row of cols elements; 0 if cols is not a multiple of the block. */
-size_t dfl_type_row_bytes(dfl_type t, int64_t cols);
-
 enum { DFL_MAX_DIMS = 4 };
 
 typedef struct dfl_tensor {
@@ -53,6 +33,7 @@ typedef struct dfl_tensors {
     int n;
     dfl_mapping *maps;
     int n_maps;
+    size_t cap_t, cap_maps;      /* allocated entries of t, maps */
     char *source;                /* path for messages */
 } dfl_tensors;
 

@@ -106,63 +106,75 @@ typedef struct {
     gguf_wkv *kv;
     int n;
     char **owned; /* strings and arrays allocated here */
-    int n_owned, cap_owned;
+    int n_owned;
+    size_t cap_owned;
 } kvs;
 
-static void *own(kvs *k, void *p) {
-    if (k->n_owned == k->cap_owned) {
-        k->cap_owned = k->cap_owned ? 2 * k->cap_owned : 64;
-        char **o = realloc(k->owned, sizeof *o * k->cap_owned);
-        if (!o) {
-            fprintf(stderr, "dflash quantize: out of memory\n");
-            exit(1);
-        }
-        k->owned = o;
+/* Records p (freed with k); NULL, p freed, with DFL_ENOMEM in err when out of memory. */
+static void *own(kvs *k, void *p, dfl_error *err) {
+    char **o = dfl_grow(k->owned, &k->cap_owned, (size_t)k->n_owned + 1, sizeof *o,
+                        "the metadata table", err);
+    if (!o) {
+        free(p);
+        return NULL;
     }
+    k->owned = o;
     k->owned[k->n_owned++] = p;
     return p;
 }
 
-/* A NUL-terminated copy; NULL if s holds a NUL byte (the writer takes C strings). */
-static char *cstr(kvs *k, const char *s, uint64_t len) {
-    if (memchr(s, 0, len)) return NULL;
-    char *c = own(k, xmalloc(len + 1));
+/* A NUL-terminated copy in *out: 0; 1 if s holds a NUL byte (the writer takes
+ * C strings); DFL_ENOMEM. */
+static int cstr(kvs *k, const char *s, uint64_t len, char **out, dfl_error *err) {
+    if (memchr(s, 0, len)) return 1;
+    char *c = own(k, xmalloc(len + 1), err);
+    if (!c) return DFL_ENOMEM;
     memcpy(c, s, len);
     c[len] = 0;
-    return c;
+    *out = c;
+    return 0;
 }
 
 static int copy_kv(kvs *k, const gguf_kv *in, const char *path, dfl_error *err) {
     gguf_wkv *w = &k->kv[k->n];
-    char *key = cstr(k, in->key.s, in->key.len);
-    if (!key) return dfl_fail(err, DFL_EFORMAT, "%s: a metadata key holds a NUL byte", path);
+    char *key, *s;
+    int r = cstr(k, in->key.s, in->key.len, &key, err);
+    if (r)
+        return r < 0 ? r : dfl_fail(err, DFL_EFORMAT, "%s: a metadata key holds a NUL byte", path);
     *w = (gguf_wkv){key, in->type, in->arr_type, in->arr_n, in->val};
     if (in->type == GGUF_T_STRING) {
         uint64_t len;
         memcpy(&len, in->val, 8); /* the reader checked it against the file */
-        if (!(w->val = cstr(k, (const char *)in->val + 8, len)))
-            return dfl_fail(err, DFL_EFORMAT, "%s: %s: a string holds a NUL byte", path, key);
+        if ((r = cstr(k, (const char *)in->val + 8, len, &s, err)))
+            return r < 0 ? r : dfl_fail(err, DFL_EFORMAT, "%s: %s: a string holds a NUL byte", path,
+                                        key);
+        w->val = s;
     } else if (in->type == GGUF_T_ARRAY && in->arr_type == GGUF_T_STRING) {
-        const char **a = own(k, xcalloc(in->arr_n ? in->arr_n : 1, sizeof *a));
-        for (uint64_t i = 0; i < in->arr_n; i++)
-            if (!(a[i] = cstr(k, in->strs[i].s, in->strs[i].len)))
-                return dfl_fail(err, DFL_EFORMAT, "%s: %s[%llu] holds a NUL byte", path, key,
-                                (unsigned long long)i);
+        const char **a = own(k, xcalloc(in->arr_n ? in->arr_n : 1, sizeof *a), err);
+        if (!a) return DFL_ENOMEM;
+        for (uint64_t i = 0; i < in->arr_n; i++) {
+            if ((r = cstr(k, in->strs[i].s, in->strs[i].len, &s, err)))
+                return r < 0 ? r : dfl_fail(err, DFL_EFORMAT, "%s: %s[%llu] holds a NUL byte", path,
+                                            key, (unsigned long long)i);
+            a[i] = s;
+        }
         w->val = a;
     }
     k->n++;
     return 0;
 }
 
-static void set_u32(kvs *k, const char *key, uint32_t v) {
-    uint32_t *p = own(k, xmalloc(sizeof *p));
+static int set_u32(kvs *k, const char *key, uint32_t v, dfl_error *err) {
+    uint32_t *p = own(k, xmalloc(sizeof *p), err);
+    if (!p) return DFL_ENOMEM;
     *p = v;
     for (int i = 0; i < k->n; i++)
         if (!strcmp(k->kv[i].key, key)) {
             k->kv[i] = (gguf_wkv){k->kv[i].key, GGUF_T_U32, 0, 0, p};
-            return;
+            return 0;
         }
     k->kv[k->n++] = (gguf_wkv){key, GGUF_T_U32, 0, 0, p};
+    return 0;
 }
 
 static void free_kvs(kvs *k) {
@@ -179,10 +191,8 @@ static int quantize(const char *in, const char *out, dfl_type to, int embeddings
     dfl_pool *pool = dfl_pool_new(threads);
     kvs k = {xcalloc((size_t)g.n_kv + 2, sizeof(gguf_wkv)), 0, NULL, 0, 0};
     for (int64_t i = 0; i < g.n_kv && !rc; i++) rc = copy_kv(&k, &g.kv[i], in, err);
-    if (!rc) {
-        set_u32(&k, "general.file_type", llama_ftype(to));
-        if (dfl_type_block(to) > 1) set_u32(&k, "general.quantization_version", 2);
-    }
+    if (!rc) rc = set_u32(&k, "general.file_type", llama_ftype(to), err);
+    if (!rc && dfl_type_block(to) > 1) rc = set_u32(&k, "general.quantization_version", 2, err);
     int n = g.tensors.n;
     dfl_tensor *t = xcalloc(n ? n : 1, sizeof *t);
     uint8_t **bufs = xcalloc(n ? n : 1, sizeof *bufs);

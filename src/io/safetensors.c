@@ -131,7 +131,8 @@ static int read_entry(const cJSON *e, const char *src, const uint8_t *data, uint
         return dfl_fail(err, DFL_EFORMAT, "%s: a tensor has an empty name", src);
     if (!cJSON_IsObject(e))
         return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: entry is not an object", src, name);
-    dfl_tensor *t = dfl_tensors_push(out);
+    dfl_tensor *t = dfl_tensors_push(out, err);
+    if (!t) return DFL_ENOMEM;
     t->name = strdup(name);
     uint64_t nel = 0, begin = 0;
     int rc = read_dtype(e, src, name, &t->type, err);
@@ -192,8 +193,7 @@ int dfl_safetensors_open(const char *path, dfl_tensors *out, dfl_error *err) {
         munmap(m.addr, m.len);
         return rc;
     }
-    dfl_tensors_add_map(out, m);
-    return 0;
+    return dfl_tensors_add_map(out, m, err);
 }
 
 /* ---- sharded folders ---------------------------------------------------- */
@@ -284,18 +284,20 @@ static int open_sharded(const char *dir, const char *index, dfl_tensors *out, df
     mapent *map = NULL;
     const char **shards = NULL;
     int n_map = 0, n_sh = 0, *shard_of = NULL;
+    size_t cap_sh = 0;
     int rc = read_weight_map(j, index, &map, &n_map, &shards, &n_sh, err);
-    if (!rc) shard_of = xmalloc((size_t)(n_map ? n_map : 1) * sizeof *shard_of);
+    if (!rc && !(shard_of = dfl_grow(NULL, &cap_sh, (size_t)(n_map ? n_map : 1), sizeof *shard_of,
+                                     "the shard table", err)))
+        rc = DFL_ENOMEM;
     for (int s = 0; s < n_sh && !rc; s++) {
         char path[4096];
         int from = out->n;
         rc = join(path, sizeof path, dir, shards[s], err);
         if (!rc) rc = dfl_safetensors_open(path, out, err);
-        if (!rc && out->n > n_map) /* more tensors than the map lists: some are unmapped */
-            shard_of = realloc(shard_of, (size_t)out->n * sizeof *shard_of);
-        if (!shard_of) {
-            fprintf(stderr, "dflash: out of memory\n");
-            exit(1);
+        if (!rc) { /* room for every tensor: more than the map lists when some are unmapped */
+            int *p = dfl_grow(shard_of, &cap_sh, (size_t)out->n, sizeof *p, "the shard table", err);
+            if (p) shard_of = p;
+            else rc = DFL_ENOMEM;
         }
         for (int i = from; !rc && i < out->n; i++) shard_of[i] = s;
     }

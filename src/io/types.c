@@ -1,4 +1,4 @@
-/* types.c - the weight type table and the named-tensor table helpers. */
+/* types.c - the named-tensor table helpers. */
 #include "io.h"
 
 #include <errno.h>
@@ -9,48 +9,6 @@
 #include <unistd.h>
 
 #include "io_private.h"
-
-static const struct {
-    const char *name;
-    int block;          /* elements per block */
-    size_t block_bytes; /* bytes per block */
-} types[DFL_NTYPES] = {
-    [DFL_F32] = {"f32", 1, 4},
-    [DFL_F16] = {"f16", 1, 2},
-    [DFL_BF16] = {"bf16", 1, 2},
-    [DFL_Q8_0] = {"q8_0", 32, 34},   /* f16 d + 32 x int8 */
-    [DFL_Q4_0] = {"q4_0", 32, 18},   /* f16 d + 16 bytes of nibbles */
-    [DFL_Q4_1] = {"q4_1", 32, 20},   /* f16 d, m + 16 bytes of nibbles */
-    [DFL_Q4_K] = {"q4_k", 256, 144}, /* f16 d, dmin + 12 scale bytes + 128 nibble bytes */
-    [DFL_Q6_K] = {"q6_k", 256, 210}, /* 128 ql + 64 qh + 16 scales + f16 d */
-};
-
-const char *dfl_type_name(dfl_type t) {
-    return (unsigned)t < DFL_NTYPES ? types[t].name : "?";
-}
-
-int dfl_type_from_name(const char *s) {
-    if (!s) return -1;
-    for (int i = 0; i < DFL_NTYPES; i++)
-        if (strcmp(s, types[i].name) == 0) return i;
-    return -1;
-}
-
-int dfl_type_block(dfl_type t) {
-    return (unsigned)t < DFL_NTYPES ? types[t].block : 0;
-}
-
-size_t dfl_type_block_bytes(dfl_type t) {
-    return (unsigned)t < DFL_NTYPES ? types[t].block_bytes : 0;
-}
-
-size_t dfl_type_row_bytes(dfl_type t, int64_t cols) {
-    if ((unsigned)t >= DFL_NTYPES || cols < 0 || cols % types[t].block) return 0;
-    uint64_t n;
-    if (dfl_mul_ok((uint64_t)(cols / types[t].block), types[t].block_bytes, &n) || n > SIZE_MAX)
-        return 0;
-    return (size_t)n;
-}
 
 void dfl_tensors_free(dfl_tensors *ts) {
     if (!ts) return;
@@ -72,17 +30,12 @@ dfl_tensor *dfl_tensors_find(dfl_tensors *ts, const char *name) {
 
 /* ---- helpers for the loaders (io_private.h) ----------------------------- */
 
-dfl_tensor *dfl_tensors_push(dfl_tensors *ts) {
-    if ((ts->n & (ts->n - 1)) == 0) { /* n is 0 or a power of two: double */
-        size_t cap = ts->n ? (size_t)ts->n * 2 : 16;
-        dfl_tensor *t = realloc(ts->t, cap * sizeof *t);
-        if (!t) {
-            fprintf(stderr, "dflash: out of memory growing the tensor table\n");
-            exit(1);
-        }
-        ts->t = t;
-    }
-    dfl_tensor *t = &ts->t[ts->n++];
+dfl_tensor *dfl_tensors_push(dfl_tensors *ts, dfl_error *err) {
+    dfl_tensor *t = dfl_grow(ts->t, &ts->cap_t, (size_t)ts->n + 1, sizeof *t, "the tensor table",
+                             err);
+    if (!t) return NULL;
+    ts->t = t;
+    t = &ts->t[ts->n++];
     memset(t, 0, sizeof *t);
     return t;
 }
@@ -135,12 +88,14 @@ int dfl_map_file(const char *path, dfl_mapping *m, dfl_error *err) {
     return 0;
 }
 
-void dfl_tensors_add_map(dfl_tensors *ts, dfl_mapping m) {
-    dfl_mapping *p = realloc(ts->maps, (size_t)(ts->n_maps + 1) * sizeof *p);
+int dfl_tensors_add_map(dfl_tensors *ts, dfl_mapping m, dfl_error *err) {
+    dfl_mapping *p = dfl_grow(ts->maps, &ts->cap_maps, (size_t)ts->n_maps + 1, sizeof *p,
+                              "the mapping table", err);
     if (!p) {
-        fprintf(stderr, "dflash: out of memory growing the mapping table\n");
-        exit(1);
+        munmap(m.addr, m.len);
+        return DFL_ENOMEM;
     }
     ts->maps = p;
     ts->maps[ts->n_maps++] = m;
+    return 0;
 }

@@ -10,7 +10,6 @@
 #include <stdint.h>
 
 #include "base/base.h"
-#include "io/io.h"
 
 /* A weight matrix: rows outputs of cols inputs, row-major blocks of type. */
 typedef struct dfl_mat {

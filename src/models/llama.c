@@ -81,9 +81,9 @@ static int load_layer(dfl_target *t, dfl_weights *w, const names *nm, int l, dfl
     rc = rc ? rc : dfl_w_mat(w, lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down, err);
     rc = rc ? rc : dfl_w_vec(w, lname(b, nm->attn_norm, l), c->dim, &L->attn_norm, err);
     rc = rc ? rc : dfl_w_vec(w, lname(b, nm->ffn_norm, l), c->dim, &L->ffn_norm, err);
-    if (!rc && t->unpermute) {
-        dfl_w_unpermute(w, &L->wq, c->n_heads, c->head_dim);
-        dfl_w_unpermute(w, &L->wk, c->n_kv_heads, c->head_dim);
+    if (t->unpermute) {
+        rc = rc ? rc : dfl_w_unpermute(w, &L->wq, c->n_heads, c->head_dim, err);
+        rc = rc ? rc : dfl_w_unpermute(w, &L->wk, c->n_kv_heads, c->head_dim, err);
     }
     if (c->qkv_bias) {
         rc = rc ? rc : dfl_w_vec(w, lname(b, nm->bq, l), qd, &L->bq, err);

@@ -106,6 +106,7 @@ typedef struct dfl_load_opts {
     const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */
     const char *kv_type;  /* K/V cache elements: NULL/"f16" or "f32" */
     int max_rows;         /* largest forward batch */
+    int draft_window;     /* drafters: see dfl_engine_opts.draft_window */
     dfl_pool *pool;
     dfl_progress_fn progress;
     void *progress_ud;

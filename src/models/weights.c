@@ -7,11 +7,12 @@ typedef struct owned_block {
     _Alignas(64) unsigned char data[];
 } owned_block;
 
-static void *own(dfl_weights *w, size_t n) {
+/* n bytes owned by w; NULL with DFL_ENOMEM in err when out of memory. */
+static void *own(dfl_weights *w, size_t n, dfl_error *err) {
     owned_block *b = aligned_alloc(64, (sizeof(owned_block) + n + 63) & ~(size_t)63);
     if (!b) {
-        fprintf(stderr, "dflash: out of memory converting weights (%zu bytes)\n", n);
-        exit(1);
+        dfl_fail(err, DFL_ENOMEM, "out of memory converting weights (%zu bytes)", n);
+        return NULL;
     }
     b->next = w->owned;
     w->owned = b;
@@ -64,7 +65,8 @@ static int convert_mat(dfl_weights *w, const dfl_tensor *t, dfl_mat *m, dfl_erro
         return dfl_fail(err, DFL_EARG, "%s: tensor %s has %d columns, not a multiple of %s's block of %d",
                         w->ts->source, t->name, m->cols, dfl_type_name(w->type),
                         dfl_type_block(w->type));
-    uint8_t *dst = own(w, rb * m->rows);
+    uint8_t *dst = own(w, rb * m->rows, err);
+    if (!dst) return DFL_ENOMEM;
     float *row = xmalloc(sizeof(float) * m->cols);
     for (int r = 0; r < m->rows; r++) {
         dfl_dequant_row(m->type, m->data + (size_t)r * m->row_bytes, row, m->cols);
@@ -113,7 +115,8 @@ int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_erro
     if (dfl_type_block(t->type) != 1 || dfl_type_row_bytes(t->type, n) != t->nbytes)
         return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: a vector must be f32, f16 or bf16",
                         w->ts->source, name);
-    float *f = own(w, sizeof(float) * n);
+    float *f = own(w, sizeof(float) * n, err);
+    if (!f) return DFL_ENOMEM;
     dfl_dequant_row(t->type, t->data, f, n);
     *v = f;
     return 0;
@@ -133,8 +136,9 @@ int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *e
     return 0;
 }
 
-void dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim) {
-    uint8_t *dst = own(w, m->row_bytes * m->rows);
+int dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim, dfl_error *err) {
+    uint8_t *dst = own(w, m->row_bytes * m->rows, err);
+    if (!dst) return DFL_ENOMEM;
     int half = head_dim / 2;
     for (int h = 0; h < n_heads; h++)
         for (int i = 0; i < half; i++)
@@ -143,6 +147,7 @@ void dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim) {
                 memcpy(dst + to * m->row_bytes, m->data + from * m->row_bytes, m->row_bytes);
             }
     m->data = dst;
+    return 0;
 }
 
 void dfl_w_ignore(dfl_weights *w, const char *suffix) {

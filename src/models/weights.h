@@ -25,7 +25,7 @@ int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *e
 /* Undoes llama.cpp's q/k row permutation (Meta's interleaved RoPE pairs back
  * to Hugging Face's rotate-half halves) in an owned copy, so every model runs
  * one RoPE layout and a GGUF computes the same bits as its HF original. */
-void dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim);
+int dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim, dfl_error *err);
 /* Marks tensors whose name ends with suffix as used (known, ignored). */
 void dfl_w_ignore(dfl_weights *w, const char *suffix);
 /* Refuses any tensor not bound: names the first few. */

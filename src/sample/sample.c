@@ -545,7 +545,7 @@ void dfl_logprobs(const float *logits, int vocab, int32_t id, int n_top, dfl_tok
     ti->id = id;
     ti->logprob = id >= 0 && id < vocab ? (float)((double)logits[id] - lse) : -INFINITY;
     if (n_top < 0) n_top = 0;
-    if (n_top > 20) n_top = 20;
+    if (n_top > DFL_MAX_TOP_LOGPROBS) n_top = DFL_MAX_TOP_LOGPROBS;
     if (n_top > vocab) n_top = vocab;
     int n = 0;
     /* insertion into a short list sorted by (logit descending, id ascending) */

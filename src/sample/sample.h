@@ -168,7 +168,7 @@ void dfl_accept(dfl_sampler *s, const float *tlogits, int B, const int32_t *draf
 /* ---- log-probabilities -------------------------------------------------- */
 
 /* Log-softmax of the raw row (temperature 1, no bias, penalties or filters):
- * fills ti->id, ti->logprob of id and the n_top (0..20) most likely tokens. */
+ * fills ti->id, ti->logprob of id and the n_top (0..DFL_MAX_TOP_LOGPROBS) most likely tokens. */
 void dfl_logprobs(const float *logits, int vocab, int32_t id, int n_top, dfl_token_info *ti);
 
 #endif

@@ -400,8 +400,12 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
         e.code = "invalid_api_key";
         return reply_err(srv, c, &e);
     }
-    if (r == R_METRICS)
-        return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_text(srv));
+    if (r == R_METRICS) {
+        int queued, busy;
+        srv_sched_counts(srv, &queued, &busy);
+        return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8",
+                     srv_metrics_text(srv, queued, busy));
+    }
     if (!srv_ready(srv)) return fail(srv, c, 503, "loading", "Loading model%s", "");
     if (cc->too_large) {
         srv_err e;
@@ -497,6 +501,8 @@ static void *load_engine(void *arg) {
     eo.kv_type = srv->o.kv_type;
     eo.n_threads = srv->o.threads;
     eo.ctx_size = srv->o.ctx_size;
+    eo.allow_inexact = srv->o.allow_inexact;
+    eo.draft_window = srv->o.draft_window;
     eo.progress = on_progress;
     eo.progress_ud = &last;
     if (dfl_engine_load(&eo, &srv->e, &err)) {

@@ -103,10 +103,8 @@ static void rule_metrics(srv_buf *b, const srv_metrics *c) {
             "Generated tokens / decode seconds of requests that speculated, by rule.", tps);
 }
 
-char *srv_metrics_text(srv_server *srv) {
+char *srv_metrics_text(srv_server *srv, int queued, int busy) {
     srv_metrics c;
-    int queued, busy;
-    srv_sched_counts(srv, &queued, &busy);
     pthread_mutex_lock(&srv->m.mu);
     win_advance(&srv->m, srv_now());
     c = srv->m;

@@ -16,6 +16,16 @@
 
 #include "server.h"
 
+/* ---- the tokenizer lock (parsing, emitting, sched and http tokenize) ------ */
+
+void srv_tok_lock(srv_server *srv) {
+    if (!srv->concurrent) pthread_mutex_lock(&srv->tok_mu);
+}
+
+void srv_tok_unlock(srv_server *srv) {
+    if (!srv->concurrent) pthread_mutex_unlock(&srv->tok_mu);
+}
+
 int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...) {
     va_list ap;
     e->status = status;
@@ -230,7 +240,7 @@ static int parse_sampling(srv_job *j, const cJSON *root, srv_err *e) {
     NUM("frequency_penalty", -2, 2, p->frequency_penalty);
     NUM("repeat_penalty", 0.01, 100, p->repeat_penalty);
     INT("repeat_last_n", 0, 1e9, p->repeat_last_n);
-    INT("block_size", 0, 512, p->block_size);
+    INT("block_size", 0, DFL_MAX_BLOCK, p->block_size);
     j->user_block = r;
     if (parse_seed(p, root, e) < 0) return -1;
     if ((r = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
@@ -451,11 +461,11 @@ static int parse_logprobs(srv_job *j, const cJSON *root, srv_err *e) {
     long long k = 0;
     if (j->kind == SRV_CHAT) {
         if (get_bool(root, "logprobs", &j->logprobs, e) < 0) return -1;
-        if (get_int(root, "top_logprobs", 0, 20, &k, e) < 0) return -1;
+        if (get_int(root, "top_logprobs", 0, DFL_MAX_TOP_LOGPROBS, &k, e) < 0) return -1;
         j->top_logprobs = j->logprobs ? (int)k : 0;
     } else {
-        /* Completions: logprobs is the number of alternatives (0..20). */
-        int r = get_int(root, "logprobs", 0, 20, &k, e);
+        /* Completions: logprobs is the number of alternatives (0..DFL_MAX_TOP_LOGPROBS). */
+        int r = get_int(root, "logprobs", 0, DFL_MAX_TOP_LOGPROBS, &k, e);
         if (r < 0) return -1;
         j->logprobs = r > 0;
         j->top_logprobs = (int)k;

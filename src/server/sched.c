@@ -17,16 +17,6 @@
 
 #include "server.h"
 
-/* ---- locks ------------------------------------------------------------------ */
-
-void srv_tok_lock(srv_server *srv) {
-    if (!srv->concurrent) pthread_mutex_lock(&srv->tok_mu);
-}
-
-void srv_tok_unlock(srv_server *srv) {
-    if (!srv->concurrent) pthread_mutex_unlock(&srv->tok_mu);
-}
-
 /* ---- queue and dispatch (all under srv->mu) ------------------------------------ */
 
 static srv_job *queue_pop(srv_server *srv) {

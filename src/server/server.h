@@ -29,6 +29,7 @@ typedef struct srv_opts {
     int port;
     int parallel;              /* slots: sessions generating at once */
     int ctx_size, threads;     /* passed to the engine (0: its default) */
+    int allow_inexact, draft_window; /* passed to the engine (dfl_engine_opts) */
     const char *api_key;       /* NULL: no auth */
     const char *alias;         /* model id clients use; default: the model's name */
     const char *chat_template; /* force "chatml", "qwen3", "llama3"; NULL: the model's */
@@ -104,7 +105,7 @@ typedef struct srv_job {
     /* ---- set by the HTTP thread before submit; read-only afterwards ---- */
     srv_kind kind;
     int stream, include_usage;
-    int logprobs, top_logprobs;   /* report logprobs; alternatives per token (0..20) */
+    int logprobs, top_logprobs;   /* report logprobs; alternatives per token (0..DFL_MAX_TOP_LOGPROBS) */
     int32_t *prompt;              /* (n_prompt) */
     int n_prompt;
     dfl_gen_params gp;            /* its bias arrays point at bias_ids / bias_vals */
@@ -203,8 +204,9 @@ void srv_metrics_init(srv_metrics *m);
 void srv_metrics_tokens(srv_metrics *m, int n);     /* n tokens just generated */
 void srv_metrics_job(srv_metrics *m, const srv_job *j);
 void srv_metrics_http(srv_metrics *m, int status);
-/* Prometheus text exposition, malloc'd. */
-char *srv_metrics_text(srv_server *srv);
+/* Prometheus text exposition, malloc'd; queued and busy: srv_sched_counts (the
+ * caller asks the scheduler, so metrics.c stays below sched.c). */
+char *srv_metrics_text(srv_server *srv, int queued, int busy);
 
 /* ---- the server ------------------------------------------------------------------ */
 
@@ -251,7 +253,8 @@ void srv_sched_drain(srv_server *srv);
 void srv_sched_stop(srv_server *srv);
 void srv_sched_counts(srv_server *srv, int *queued, int *busy);
 
-/* Tokenizer access that is safe from any thread. */
+/* Tokenizer access that is safe from any thread (request.c: below respond.c
+ * and sched.c, which use it too). */
 void srv_tok_lock(srv_server *srv);
 void srv_tok_unlock(srv_server *srv);
 

@@ -3,7 +3,7 @@
  * engine's tok field. */
 #include <string.h>
 
-#include "engine.h"
+#include "api/engine.h"
 #include "tokenizer/tok_impl.h"
 
 static const dfl_tokenizer *tok_of(const dfl_engine *e) { return e ? e->tok : NULL; }
@@ -135,23 +135,44 @@ int dfl_detok_flush(dfl_detok *d, char *out, size_t cap) {
 
 /* ---- chat ------------------------------------------------------------------- */
 
+/* The text of a special token (empty when none). */
+static void special_text(const dfl_tokenizer *t, int32_t id, char out[TOK_MAX_PIECE + 1]) {
+    const char *p;
+    int special, len = t && id >= 0 ? dfl_tok_piece(t, id, &p, &special) : 0;
+    if (len > 0) memcpy(out, p, (size_t)len);
+    out[len > 0 ? len : 0] = 0;
+}
+
+const char *dfl_chat_template(const dfl_engine *e, int *fallback) {
+    const dfl_tokenizer *t = tok_of(e);
+    const char *tmpl = t ? dfl_tok_chat_template(t) : NULL;
+    if (fallback) *fallback = !tmpl;
+    return tmpl ? tmpl : dfl_chatml_template;
+}
+
 int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_chat_msg *msgs,
                     int n, int add_generation_prompt, int enable_thinking, char *out, size_t cap,
                     dfl_error *err) {
     const dfl_tokenizer *t = tok_of(e);
-    const char *tmpl = t ? dfl_tok_chat_template(t) : NULL;
-    const char *bos = NULL;
-    int32_t b = t ? dfl_tok_bos(t) : -1;
-    char bos_text[TOK_MAX_PIECE + 1];
-    if (b >= 0) {
-        const char *p;
-        int special, len = dfl_tok_piece(t, b, &p, &special);
-        if (len > 0) {
-            memcpy(bos_text, p, (size_t)len);
-            bos_text[len] = 0;
-            bos = bos_text;
-        }
+    char bos[TOK_MAX_PIECE + 1], eos[TOK_MAX_PIECE + 1];
+    special_text(t, t ? dfl_tok_bos(t) : -1, bos);
+    special_text(t, t ? dfl_tok_eos(t) : -1, eos);
+    return dfl_chat_render_text(dfl_chat_template(e, NULL), template_name, bos, eos, msgs, n,
+                                add_generation_prompt, enable_thinking, out, cap, err);
+}
+
+int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
+                         const char *messages_json, const char *tools_json,
+                         const char *kwargs_json, int add_generation_prompt, char *out,
+                         size_t cap, dfl_error *err) {
+    const dfl_tokenizer *t = tok_of(e);
+    char bos[TOK_MAX_PIECE + 1], eos[TOK_MAX_PIECE + 1];
+    special_text(t, t ? dfl_tok_bos(t) : -1, bos);
+    special_text(t, t ? dfl_tok_eos(t) : -1, eos);
+    if (!template_text) {
+        const char *tool = t && tools_json ? dfl_tok_chat_template_tool(t) : NULL;
+        template_text = tool ? tool : dfl_chat_template(e, NULL);
     }
-    return dfl_chat_render_text(tmpl, template_name, bos, msgs, n, add_generation_prompt,
-                                enable_thinking, out, cap, err);
+    return dfl_chat_render_vars(template_text, t ? bos : NULL, t ? eos : NULL, messages_json,
+                                tools_json, kwargs_json, add_generation_prompt, 0, out, cap, err);
 }

@@ -624,10 +624,14 @@ static int parse_config(ld *l, const cJSON *cfg, int have_template) {
     const cJSON *ct = item(cfg, "chat_template"), *e;
     const char *tmpl = cJSON_IsString(ct) ? ct->valuestring : NULL;
     const cJSON *list = cJSON_IsArray(ct) ? ct : NULL;
-    cJSON_ArrayForEach(e, list) { /* [{name, template}]: the one named "default" */
+    const char *tool = NULL;
+    cJSON_ArrayForEach(e, list) { /* [{name, template}]: "default", and "tool_use" for tools */
         const char *name = dfl_json_str(e, "name"), *text = dfl_json_str(e, "template");
         if (text && (!tmpl || (name && !strcmp(name, "default")))) tmpl = text;
+        if (text && name && !strcmp(name, "tool_use")) tool = text;
     }
+    if (tool && tok_utf8_check(tool, strlen(tool)) == strlen(tool) && !(t->chat_template_tool = strdup(tool)))
+        return dfl_fail(l->err, DFL_ENOMEM, "tokenizer_config.json: out of memory");
     if (tmpl) {
         size_t n = strlen(tmpl), bad = tok_utf8_check(tmpl, n);
         if (bad < n)

@@ -126,6 +126,7 @@ struct dfl_tokenizer {
     int32_t eog[TOK_MAX_EOG];
     int n_eog;
     char *chat_template;     /* NULL when none */
+    char *chat_template_tool; /* the "tool_use" one of a named list; NULL when none */
     char *source;            /* file name for messages */
 };
 

@@ -25,6 +25,7 @@ void dfl_tok_free(dfl_tokenizer *t) {
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
     free(t->added);
     free(t->chat_template);
+    free(t->chat_template_tool);
     free(t->source);
     free(t);
 }
@@ -363,6 +364,7 @@ int32_t dfl_tok_eos(const dfl_tokenizer *t) { return t->eos_id; }
 int dfl_tok_add_bos(const dfl_tokenizer *t) { return t->add_bos && t->bos_id >= 0; }
 int dfl_tok_strip_leading_space(const dfl_tokenizer *t) { return t->strip_leading_space; }
 const char *dfl_tok_chat_template(const dfl_tokenizer *t) { return t->chat_template; }
+const char *dfl_tok_chat_template_tool(const dfl_tokenizer *t) { return t->chat_template_tool; }
 
 int dfl_tok_is_eog(const dfl_tokenizer *t, int32_t id) {
     for (int i = 0; i < t->n_eog; i++)

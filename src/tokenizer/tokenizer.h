@@ -31,11 +31,22 @@ int dfl_tok_add_bos(const dfl_tokenizer *t);   /* whether encode adds BOS */
 int dfl_tok_strip_leading_space(const dfl_tokenizer *t); /* SPM: decoder strips first space */
 int dfl_tok_is_eog(const dfl_tokenizer *t, int32_t id);
 const char *dfl_tok_chat_template(const dfl_tokenizer *t); /* NULL when none */
+/* tokenizer_config.json's template named "tool_use"; NULL when none */
+const char *dfl_tok_chat_template_tool(const dfl_tokenizer *t);
 
-/* Chat rendering without a Jinja engine: the family is detected from the
- * template text (or forced by name: "chatml", "qwen3", "llama3"). */
-int dfl_chat_render_text(const char *template_text, const char *force_name,
-                         const char *bos_text, const dfl_chat_msg *msgs, int n,
+/* Chat rendering (chat.c): a Jinja template (NULL: ChatML) through jinja.c
+ * with the variables transformers' apply_chat_template passes. JSON texts:
+ * messages an array, tools an array or NULL, kwargs an object or NULL (its
+ * members are variables: enable_thinking, ...). now: strftime_now's clock
+ * (unix seconds; 0 the real one). Returns bytes needed as snprintf. */
+extern const char dfl_chatml_template[];
+int dfl_chat_render_vars(const char *template_text, const char *bos, const char *eos,
+                         const char *messages_json, const char *tools_json,
+                         const char *kwargs_json, int add_generation_prompt, int64_t now,
+                         char *out, size_t cap, dfl_error *err);
+/* The struct API: force "chatml" or a Jinja text overrides template_text. */
+int dfl_chat_render_text(const char *template_text, const char *force, const char *bos_text,
+                         const char *eos_text, const dfl_chat_msg *msgs, int n,
                          int add_generation_prompt, int enable_thinking, char *out, size_t cap,
                          dfl_error *err);
 

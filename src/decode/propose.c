@@ -1,5 +1,5 @@
 /* propose.c - the DFlash drafter and its side store behind the proposer seam. */
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 static dfl_dflash_proposer *self(dfl_proposer *p) { return (dfl_dflash_proposer *)p; }
 

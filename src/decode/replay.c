@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 static dfl_replay_proposer *self(dfl_proposer *p) { return (dfl_replay_proposer *)p; }
 

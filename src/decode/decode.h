@@ -1,5 +1,5 @@
-/* spec.h - the round loop (speculative and classic decode), its proposer
- * seam, the acceptance rule seam and the exactness probe.
+/* decode.h - the round loop (speculative and classic decode), its proposer
+ * seam and the acceptance rule seam.
  *
  * The loop is written once against the target (models/model.h) and a
  * proposer. Its invariants, between rounds:
@@ -11,12 +11,12 @@
  * target's own next token (the bonus), and rolls the target cache and the
  * proposer back to the committed length, feeding the proposer the features
  * of the committed rows only. B = 1 is one classic decode step. */
-#ifndef DFL_SPEC_H
-#define DFL_SPEC_H
+#ifndef DFL_DECODE_H
+#define DFL_DECODE_H
 
 #include "draft/draft.h"
 #include "models/model.h"
-#include "spec/policy.h"
+#include "decode/policy.h"
 
 /* ---- the proposer seam ---------------------------------------------------- */
 
@@ -37,7 +37,7 @@ struct dfl_proposer {
     int max_block;    /* largest B draft accepts */
 };
 
-/* The DFlash drafter behind the seam (src/spec/propose.c). */
+/* The DFlash drafter behind the seam (src/decode/propose.c). */
 typedef struct dfl_dflash_proposer {
     dfl_proposer base;
     dfl_drafter *d;
@@ -89,7 +89,7 @@ typedef struct dfl_loop_opts {
     int (*is_stop)(void *ud, int32_t id);   /* NULL: none */
     void *stop_ud;
     int max_tokens;
-    int n_top_logprobs;   /* 0..20 */
+    int n_top_logprobs;   /* 0..DFL_MAX_TOP_LOGPROBS */
     /* Drafts for rules that need them sampled (rejection), or NULL: rewrites
      * draft[0..n) from the drafter rows, hist[0..pos] committed (anchor last). */
     void (*redraft)(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
@@ -122,23 +122,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
  * feeding the proposer their features when feed is set. */
 int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error *err);
 
-/* ---- the exactness probe -------------------------------------------------- */
-
-/* Runs ids[0..n-1) then, one row at a time, the anchor ids[n-1] and its
- * greedy continuation (B rows); then the same B rows as one block, and every
- * smaller block 2..B-1, comparing logits (and the features of target layers
- * fcap[], when given) bit for bit. state[b] (b = 2..B) gets 1 exact or -1
- * not; r describes block B. json: the report (may be NULL). Uses a private
- * cache of n + B rows. */
-int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int *fcap,
-                     int n_fcap, dfl_probe_result *r, int *state, char *json, size_t cap,
-                     dfl_error *err);
-
-/* The engine's memo: probes block sizes 2..bmax once per engine (on a fixed
- * short prompt) unless already known; *exact = 1 when all are exact, else -1. */
-int dfl_probe_ensure(dfl_engine *e, int bmax, int *exact, dfl_error *err);
-
-/* ==== benchmarks and start-up costs (src/spec/replay.c, calibrate.c; owned
+/* ==== the benchmarks' replay proposer (src/decode/replay.c; owned
  * by the bench work, kept apart from the loop's contracts above) ========= */
 
 /* The replay proposer (replay.c): runs the real proposer `inner` on every
@@ -169,15 +153,5 @@ int dfl_replay_accept_len(const dfl_replay_proposer *r, int pos);
  * + ... + p^n_drafts committed tokens per round, and its inverse. */
 double dfl_replay_tau(double p, int n_drafts);
 double dfl_replay_p_for_tau(double tau, int n_drafts);
-
-/* Start-up costs (calibrate.c): on an engine with a drafter, times one
- * zero-acceptance round -- draft, verify forward with capture, greedy
- * acceptance, rollback, one row into the side store -- for block sizes 1,
- * 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 up to bmax (capped by the engine's
- * max block and forward sizes) whose cost is not known yet, on a private
- * short cache, and seeds e->costs with the best of two. Cheap when nothing
- * is missing; the loop keeps the table current afterwards. Returns the
- * number of sizes measured, or < 0 on error. */
-int dfl_spec_calibrate(dfl_engine *e, int bmax, dfl_error *err);
 
 #endif

@@ -5,7 +5,7 @@
 
 #include "engine.h"
 #include "sample/sample.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 typedef struct stopper {
     const dfl_engine *e;
@@ -61,12 +61,14 @@ int dfl_gen_is_greedy(const dfl_gen_params *p) {
 
 static int check_params(const dfl_gen_params *p, dfl_error *err) {
     if (p->max_tokens < 0) return dfl_fail(err, DFL_EARG, "max_tokens %d < 0", p->max_tokens);
-    if (p->block_size < 0 || p->block_size > 512)
-        return dfl_fail(err, DFL_EARG, "block size %d outside 0 (auto) .. 512", p->block_size);
+    if (p->block_size < 0 || p->block_size > DFL_MAX_BLOCK)
+        return dfl_fail(err, DFL_EARG, "block size %d outside 0 (auto) .. %d", p->block_size,
+                        DFL_MAX_BLOCK);
     if (p->n_stop_ids < 0 || (p->n_stop_ids > 0 && !p->stop_ids))
         return dfl_fail(err, DFL_EARG, "stop ids: %d given without an array", p->n_stop_ids);
-    if (p->n_top_logprobs < 0 || p->n_top_logprobs > 20)
-        return dfl_fail(err, DFL_EARG, "top logprobs %d outside 0..20", p->n_top_logprobs);
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > DFL_MAX_TOP_LOGPROBS)
+        return dfl_fail(err, DFL_EARG, "top logprobs %d outside 0..%d", p->n_top_logprobs,
+                        DFL_MAX_TOP_LOGPROBS);
     return 0;
 }
 
@@ -101,8 +103,7 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
     if (rc) return rc;
     st->exact_checked = exact;
     if (exact < 0) {
-        const char *allow = getenv("DFLASH_ALLOW_INEXACT");
-        if (allow && !strcmp(allow, "1")) {
+        if (e->opts.allow_inexact) {
             note(st, "the probe found the verify path inexact; DFLASH_ALLOW_INEXACT=1 keeps "
                      "speculation on (output may differ from classic decode)");
             return p->block_size ? bmax : 0;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 /* ---- a JSON text buffer that never overflows ------------------------------ */
 
@@ -84,15 +84,15 @@ int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int 
                      dfl_error *err) {
     int vocab = t->c.vocab, fd = n_fcap * t->c.dim;
     if (n < 1) return dfl_fail(err, DFL_EARG, "probe: empty prompt");
-    if (B < 1 || B > t->max_rows || B > 512)
+    if (B < 1 || B > t->max_rows || B > DFL_MAX_BLOCK)
         return dfl_fail(err, DFL_EARG, "probe: block %d outside 1..%d", B,
-                        t->max_rows < 512 ? t->max_rows : 512);
+                        t->max_rows < DFL_MAX_BLOCK ? t->max_rows : DFL_MAX_BLOCK);
     dfl_kv *kv = dfl_kv_new(t, n - 1 + B);
     float *S = dfl_aligned_alloc((size_t)B * vocab * sizeof(float));
     float *K = dfl_aligned_alloc((size_t)B * vocab * sizeof(float));
     float *SF = fd ? dfl_aligned_alloc((size_t)B * fd * sizeof(float)) : NULL;
     float *KF = fd ? dfl_aligned_alloc((size_t)B * fd * sizeof(float)) : NULL;
-    int32_t x[512];
+    int32_t x[DFL_MAX_BLOCK];
     int rc = dfl_target_forward(t, kv, ids, n - 1, n - 1, NULL, NULL, 0, NULL, err);
     /* The single-row arm: the anchor, then its greedy continuation. */
     x[0] = ids[n - 1];
@@ -151,12 +151,12 @@ static int default_prompt(const dfl_target *t, int32_t *ids) {
 }
 
 int dfl_probe_ensure(dfl_engine *e, int bmax, int *exact, dfl_error *err) {
-    if (bmax > 512) bmax = 512;
+    if (bmax > DFL_MAX_BLOCK) bmax = DFL_MAX_BLOCK;
     int need = 0;
     for (int b = 2; b <= bmax; b++) need |= e->probe_state[b] == 0;
     if (need) {
         int32_t ids[8];
-        int n = default_prompt(e->t, ids), state[513] = {0};
+        int n = default_prompt(e->t, ids), state[DFL_MAX_BLOCK + 1] = {0};
         dfl_probe_result r;
         int rc = dfl_probe_target(e->t, ids, n, bmax, NULL, 0, &r, state, NULL, 0, err);
         if (rc) return rc;
@@ -177,7 +177,7 @@ int dfl_probe(dfl_engine *e, const int32_t *prompt, int n_prompt, int block,
     if (n_prompt > e->ctx_size)
         return dfl_fail(err, DFL_ECTX, "probe: prompt of %d tokens exceeds the context of %d",
                         n_prompt, e->ctx_size);
-    int state[513] = {0};
+    int state[DFL_MAX_BLOCK + 1] = {0};
     dfl_probe_result local;
     int rc = dfl_probe_target(e->t, prompt, n_prompt, block, e->d ? e->d->cap : NULL,
                               e->d ? e->d->n_cap : 0, r ? r : &local, state, json, cap, err);
@@ -235,7 +235,7 @@ static int shadow_chain(shadow *w, int n, int n_gen, int B, dfl_draft_report *r,
                         dfl_error *err) {
     dfl_proposer *pr = &w->dp.base;
     size_t fd = (size_t)pr->n_cap * w->q.t->c.dim;
-    int32_t small[512];
+    int32_t small[DFL_MAX_BLOCK];
     int cut = 0;   /* the store has been cut back for a shrunk block */
     for (int gen = 0; gen < n_gen;) {
         int pos = n - 1 + gen, b = B < n_gen - gen ? B : n_gen - gen, a = 0;
@@ -366,6 +366,6 @@ int dfl_debug_draft(dfl_session *s, const int32_t *ids, int n, int B, float *log
     dfl_kv_truncate(s->kv, 0);
     dfl_dstore_truncate(s->ds, 0);
     int rc = dfl_spec_prefill(&q, ids, n - 1, 1, err);
-    int32_t draft[512];
+    int32_t draft[DFL_MAX_BLOCK];
     return rc ? rc : dfl_drafter_draft(e->d, s->ds, ids[n - 1], B, logits, draft, err);
 }

@@ -6,7 +6,7 @@
 #include "engine.h"
 #include "kernels/machine.h"
 #include "sample/sample.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 double dfl_bench_read_bw(const dfl_engine *e) { return dfl_machine_read_bw(e->pool, 0, 5); }
 
@@ -66,7 +66,7 @@ int dfl_bench_forward(dfl_session *s, int ctx, int B, int flags, int reps, doubl
     if (s->ds) dfl_dstore_truncate(s->ds, 0);   /* the placeholder rows have no features */
     if (s->kv->len > ctx) dfl_kv_truncate(s->kv, ctx);
     fill_cache(s, ctx);
-    int32_t tok[512];
+    int32_t tok[DFL_MAX_BLOCK];
     for (int i = 0; i < B; i++) tok[i] = (int32_t)((7919u * (ctx + i + 1)) % (unsigned)t->c.vocab);
     float *logits = (flags & DFL_BENCH_LOGITS) ? s->logits : NULL;
     int n_cap = (flags & DFL_BENCH_CAPTURE) ? e->d->n_cap : 0;
@@ -100,8 +100,9 @@ static int on_token(void *ud, const dfl_token_info *ti) {
 
 static int replay_check(const dfl_engine *e, const dfl_session *s, int n_prompt, int n_ref,
                         const dfl_bench_replay_opts *o, dfl_error *err) {
-    if (o->block < 0 || o->block > 512)
-        return dfl_fail(err, DFL_EARG, "replay: block %d outside 0 (adaptive) .. 512", o->block);
+    if (o->block < 0 || o->block > DFL_MAX_BLOCK)
+        return dfl_fail(err, DFL_EARG, "replay: block %d outside 0 (adaptive) .. %d", o->block,
+                        DFL_MAX_BLOCK);
     if (o->block != 1 && (!e->d || !s->ds))
         return dfl_fail(err, DFL_EARG, "replay: speculation needs a drafter (--draft)");
     if (o->max_tokens < 1)

@@ -12,8 +12,9 @@ int dfl_capture_rows(dfl_session *s, const int32_t *ids, int n, const int *layer
     if (n < 1 || n > s->e->ctx_size)
         return dfl_fail(err, DFL_EARG, "%d rows to capture: expected 1..%d (the context size)",
                         n, s->e->ctx_size);
-    if (n_layers < 1 || n_layers > 64 || !feat)
-        return dfl_fail(err, DFL_EARG, "capture needs 1..64 layers and a feature buffer");
+    if (n_layers < 1 || n_layers > DFL_MAX_CAPTURE_LAYERS || !feat)
+        return dfl_fail(err, DFL_EARG, "capture needs 1..%d layers and a feature buffer",
+                        DFL_MAX_CAPTURE_LAYERS);
     return dfl_debug_forward(s, ids, n, layers, n_layers, NULL, feat, err);
 }
 
@@ -32,6 +33,6 @@ int dfl_export_embeddings(const dfl_engine *e, float *embed, float *lm_head, dfl
 }
 
 int dfl_capture_default_layers(const dfl_engine *e, int n_draft, int *ids) {
-    if (!e->t || n_draft < 1 || n_draft > 64) return 0;
+    if (!e->t || n_draft < 1 || n_draft > DFL_MAX_CAPTURE_LAYERS) return 0;
     return dfl_dflash_default_layers(e->t->c.n_layers, n_draft, ids);
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "sample/sample.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 /* ---- acceptance ----------------------------------------------------------- */
 
@@ -25,8 +25,6 @@ int dfl_accept_greedy(void *ud, const float *logits, int vocab, const int32_t *b
 }
 
 /* ---- helpers -------------------------------------------------------------- */
-
-enum { DFL_MAX_BLOCK = 512 };
 
 static int imin(int a, int b) { return a < b ? a : b; }
 

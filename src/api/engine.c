@@ -1,5 +1,5 @@
 /* engine.c - loading what a run needs (target, drafter, tokenizer, threads)
- * and the per-sequence sessions. Generation itself lives in src/spec/. */
+ * and the per-sequence sessions. dfl_generate (generate.c) runs src/decode/'s round loop. */
 #include "engine.h"
 
 #include <string.h>
@@ -50,7 +50,8 @@ static int load_vocab_only(dfl_engine *e, const char *path, dfl_error *err) {
 static int load_models(dfl_engine *e, dfl_error *err) {
     const dfl_engine_opts *o = &e->opts;
     dfl_load_opts lo = {.dtype = o->dtype, .kv_type = o->kv_type, .pool = e->pool,
-                        .progress = o->progress, .progress_ud = o->progress_ud};
+                        .draft_window = o->draft_window, .progress = o->progress,
+                        .progress_ud = o->progress_ud};
     lo.max_rows = e->max_block > 64 ? e->max_block : 64;
     int rc = dfl_target_load(o->model_path, &lo, &e->t, err);
     if (rc) return rc;
@@ -72,8 +73,8 @@ static int load_models(dfl_engine *e, dfl_error *err) {
 int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) {
     *out = NULL;
     if (!o->model_path) return dfl_fail(err, DFL_EARG, "no model given (--model PATH)");
-    if (o->max_block < 0 || o->max_block > 512)
-        return dfl_fail(err, DFL_EARG, "max block %d outside 1..512", o->max_block);
+    if (o->max_block < 0 || o->max_block > DFL_MAX_BLOCK)
+        return dfl_fail(err, DFL_EARG, "max block %d outside 1..%d", o->max_block, DFL_MAX_BLOCK);
     dfl_engine *e = xcalloc(1, sizeof *e);
     e->opts = *o;
     pthread_mutex_init(&e->mu, NULL);

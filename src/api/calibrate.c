@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 enum { CAL_CTX = 16, CAL_REPS = 2 };
 

@@ -1,4 +1,4 @@
-#include "spec/policy.h"
+#include "decode/policy.h"
 
 #include <string.h>
 

@@ -1,0 +1,146 @@
+/* cmd_template.c - `dflash template`: renders a chat template for given
+ * messages, as transformers' apply_chat_template would, and prints the text.
+ * A template can so be checked from the shell (and against transformers). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+enum { MAX_FILE = 64 << 20 };
+
+static void help(void) {
+    printf("usage: dflash template [--template FILE | -m MODEL] --messages FILE.json [options]\n"
+           "\n"
+           "Prints the chat template's rendering of the messages (no newline added).\n"
+           "\n"
+           "  --template FILE         the Jinja template (default: the model's)\n"
+           "  -m, --model PATH        a model whose template, bos_token and eos_token to use\n"
+           "  --messages FILE         a JSON array of messages ('-' for stdin)\n"
+           "  --tools FILE            a JSON array of tools\n"
+           "  --add-generation-prompt end with the assistant's turn header\n"
+           "  --kwargs JSON           extra variables, e.g. '{\"enable_thinking\": false}'\n"
+           "  --bos S, --eos S        bos_token / eos_token (override the model's)\n"
+           "\n"
+           "A template's raise_exception(msg) prints 'error: msg' and exits 1.\n");
+}
+
+static char *slurp(const char *path) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "dflash: cannot open %s\n", path);
+        exit(1);
+    }
+    size_t n = 0, cap = 1 << 16;
+    char *s = malloc(cap);
+    for (size_t r; s && (r = fread(s + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n + 1 == cap) {
+            if (cap >= MAX_FILE) {
+                fprintf(stderr, "dflash: %s is larger than %d MiB\n", path, MAX_FILE >> 20);
+                exit(1);
+            }
+            char *t = realloc(s, cap *= 2);
+            if (!t) free(s);
+            s = t;
+        }
+    }
+    if (f != stdin) fclose(f);
+    if (!s) {
+        fprintf(stderr, "dflash: out of memory reading %s\n", path);
+        exit(1);
+    }
+    s[n] = 0;
+    return s;
+}
+
+const char *cli_chat_template_file(const char *path) { return slurp(path); }
+
+static const char *need(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "dflash: %s needs a value\n", argv[*i]);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+int cmd_template(int argc, char **argv) {
+    const char *tmpl_file = NULL, *model = NULL, *msgs_file = NULL, *tools_file = NULL;
+    const char *kwargs = NULL, *bos = NULL, *eos = NULL;
+    int gen = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return help(), 0;
+        else if (!strcmp(a, "--template")) tmpl_file = need(argc, argv, &i);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = need(argc, argv, &i);
+        else if (!strcmp(a, "--messages")) msgs_file = need(argc, argv, &i);
+        else if (!strcmp(a, "--tools")) tools_file = need(argc, argv, &i);
+        else if (!strcmp(a, "--kwargs")) kwargs = need(argc, argv, &i);
+        else if (!strcmp(a, "--bos")) bos = need(argc, argv, &i);
+        else if (!strcmp(a, "--eos")) eos = need(argc, argv, &i);
+        else if (!strcmp(a, "--add-generation-prompt")) gen = 1;
+        else {
+            fprintf(stderr, "dflash template: unknown option %s (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!msgs_file || (!tmpl_file && !model)) {
+        fprintf(stderr, "dflash template: needs --messages and --template or --model (see --help)\n");
+        return 2;
+    }
+    dfl_engine *e = NULL;
+    dfl_error err = {0};
+    if (model) {
+        dfl_engine_opts o;
+        dfl_engine_opts_default(&o);
+        o.model_path = model;
+        o.vocab_only = 1;
+        if (dfl_engine_load(&o, &e, &err)) {
+            fprintf(stderr, "dflash: %s\n", err.msg);
+            return 1;
+        }
+    }
+    char *tmpl = tmpl_file ? slurp(tmpl_file) : NULL, *msgs = slurp(msgs_file);
+    char *tools = tools_file ? slurp(tools_file) : NULL;
+    /* --bos/--eos are variables too: kwargs override what the model gives */
+    char *kw = NULL;
+    if (bos || eos) {
+        size_t n = (kwargs ? strlen(kwargs) : 2) + 6 * (strlen(bos ? bos : "") + strlen(eos ? eos : "")) + 64;
+        kw = malloc(n);
+        char *p = kw;
+        p += sprintf(p, "{");
+        const char *names[2] = {"bos_token", "eos_token"}, *vals[2] = {bos, eos};
+        for (int k = 0; k < 2; k++) {
+            if (!vals[k]) continue;
+            p += sprintf(p, "%s\"%s\":\"", p[-1] == '{' ? "" : ",", names[k]);
+            for (const char *c = vals[k]; *c; c++)
+                p += (unsigned char)*c < 0x20 || *c == '"' || *c == '\\' ? sprintf(p, "\\u%04x", (unsigned char)*c)
+                                                                           : sprintf(p, "%c", *c);
+            p += sprintf(p, "\"");
+        }
+        /* then the members of --kwargs */
+        const char *k = kwargs ? strchr(kwargs, '{') : NULL;
+        if (k && strchr(k + 1, '}') && strspn(k + 1, " \t\n") != strlen(k + 1) - strlen(strchr(k + 1, '}')))
+            p += sprintf(p, ",%s", k + 1);
+        else
+            p += sprintf(p, "}");
+        kwargs = kw;
+    }
+    int need_n = dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, NULL, 0, &err);
+    char *out = need_n >= 0 ? malloc((size_t)need_n + 1) : NULL;
+    if (out) dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, out, (size_t)need_n + 1, &err);
+    int rc = 0;
+    if (need_n < 0 || !out) {
+        fprintf(stderr, "error: %s\n", need_n < 0 ? err.msg : "out of memory");
+        rc = 1;
+    } else {
+        fwrite(out, 1, (size_t)need_n, stdout);
+    }
+    free(out);
+    free(kw);
+    free(tmpl);
+    free(msgs);
+    free(tools);
+    dfl_engine_free(e);
+    return rc;
+}
