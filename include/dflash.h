@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define DFL_VERSION "0.1.0"
+
 #ifdef __cplusplus
 extern "C" {
 #endif

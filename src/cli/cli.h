@@ -30,6 +30,8 @@ const char *cli_need(int argc, char **argv, int *i);
 /* Parses an int / float flag value or exits with a message naming the flag. */
 int cli_int(const char *flag, const char *v, long lo, long hi);
 double cli_num(const char *flag, const char *v, double lo, double hi);
+/* A decimal unsigned 64-bit value (seeds): anything else is an error, never 0. */
+uint64_t cli_u64(const char *flag, const char *v);
 /* The engine options users set through the environment: DFLASH_ALLOW_INEXACT=1
  * (allow_inexact) and DFLASH_DRAFT_WINDOW=W (draft_window). */
 void cli_engine_env(dfl_engine_opts *o);

@@ -111,7 +111,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--prompt-tokens")) parse_prompt_tokens(o, cli_need(argc, argv, &i));
         else if (!strcmp(a, "--temp"))
             o->temp = (float)cli_num(a, cli_need(argc, argv, &i), 0, 100);
-        else if (!strcmp(a, "--seed")) o->seed = strtoull(cli_need(argc, argv, &i), NULL, 10);
+        else if (!strcmp(a, "--seed")) o->seed = cli_u64(a, cli_need(argc, argv, &i));
         else if (!strcmp(a, "--max-rows"))
             o->max_rows = cli_int(a, cli_need(argc, argv, &i), 1, 2000000000);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))

@@ -95,7 +95,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) o->gp.top_p = cli_num(a, cli_need(argc, argv, &i), 0, 1);
         else if (!strcmp(a, "--min-p")) o->gp.min_p = cli_num(a, cli_need(argc, argv, &i), 0, 1);
         else if (!strcmp(a, "--seed"))
-            o->gp.seed = strtoull(cli_need(argc, argv, &i), NULL, 10);
+            o->gp.seed = cli_u64(a, cli_need(argc, argv, &i));
         else if (!strcmp(a, "--repeat-penalty"))
             o->gp.repeat_penalty = cli_num(a, cli_need(argc, argv, &i), 0.01, 100);
         else if (!strcmp(a, "--presence-penalty"))

@@ -85,8 +85,8 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
-    if (!o.model_path) o.model_path = cli_default_model();
-    if (!o.draft_path && o.model_path && o.model_path == cli_default_model())
+    /* the built-in model brings its drafter, as in generate */
+    if (!o.model_path && (o.model_path = cli_default_model()) && !o.draft_path)
         o.draft_path = cli_default_draft();
     if (!o.model_path) {
         fprintf(stderr, "dflash serve: no model: give -m PATH\n");

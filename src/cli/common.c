@@ -73,6 +73,22 @@ int cli_int(const char *flag, const char *v, long lo, long hi) {
     return (int)x;
 }
 
+uint64_t cli_u64(const char *flag, const char *v) {
+    if (!v) {
+        fprintf(stderr, "dflash: %s needs a value\n", flag);
+        exit(2);
+    }
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || end == v || *v == '-') {
+        fprintf(stderr, "dflash: %s %s: expected an integer in 0..%llu\n", flag, v,
+                (unsigned long long)UINT64_MAX);
+        exit(2);
+    }
+    return (uint64_t)x;
+}
+
 double cli_num(const char *flag, const char *v, double lo, double hi) {
     if (!v) {
         fprintf(stderr, "dflash: %s needs a value\n", flag);

@@ -30,7 +30,19 @@ static void usage(FILE *f) {
     fprintf(f, "\n'dflash <command> --help' describes each command's options.\n");
 }
 
+#ifndef DFLASH_GIT
+#define DFLASH_GIT ""
+#endif
+
+/* dflash --version, and `dflash CMD --version` for every subcommand. */
+static int version(void) {
+    printf("dflash %s%s\n", DFL_VERSION, *DFLASH_GIT ? " (git " DFLASH_GIT ")" : "");
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc && i <= 2; i++)
+        if (!strcmp(argv[i], "--version") || (i == 1 && !strcmp(argv[i], "-V"))) return version();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
