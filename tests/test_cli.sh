@@ -2,7 +2,8 @@
 # test_cli.sh - CLI behaviour users rely on: --version on the program and on a
 # subcommand; a number that does not parse is an error (exit 2 naming the
 # flag), never a silent 0; `dflash serve` with no -m loads the built-in model
-# with its drafter, as `dflash generate` does.
+# with its drafter, as `dflash generate` does; -f - reads the prompt from
+# standard input, -f FILE from a file, both as -p would.
 set -u
 BIN=${DFLASH_BIN:?}
 pass=0 fail=0
@@ -21,6 +22,14 @@ for args in "generate --seed abc -p hi" "generate --seed -1 -p hi" "generate --s
   "$BIN" $args >/dev/null 2>"$tmp/err"; rc=$?
   [ $rc = 2 ] && grep -q -- "--seed" "$tmp/err" && ok || bad "'$args': exit $rc, $(cat "$tmp/err")"
 done
+
+ids() { "$BIN" generate -n 8 -t 1 -q --print-token-ids "$@" 2>&1 >/dev/null | grep '^generated ids'; }
+want=$(ids -p "Once upon a time")
+printf 'Once upon a time' >"$tmp/p.txt"
+[ -n "$want" ] && [ "$(printf 'Once upon a time' | ids -f -)" = "$want" ] && ok || bad "-f - differs from -p"
+[ "$(ids -f "$tmp/p.txt")" = "$want" ] && ok || bad "-f FILE differs from -p"
+"$BIN" generate -f "$tmp/none.txt" -n 1 >/dev/null 2>"$tmp/err"; rc=$?
+[ $rc != 0 ] && grep -q "none.txt" "$tmp/err" && ok || bad "-f of a missing file: exit $rc, $(cat "$tmp/err")"
 
 "$BIN" serve --host 127.0.0.1 --port 0 -t 1 >"$tmp/serve.log" 2>&1 &
 pid=$!

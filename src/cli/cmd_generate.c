@@ -1,4 +1,5 @@
 /* cmd_generate.c - `dflash generate`: text in, text out, with stats. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@ static void help(void) {
         "  -t, --threads N        threads (default: all cores)\n"
         "prompt:\n"
         "  -p, --prompt TEXT      prompt text\n"
-        "  --prompt-file F        read the prompt from a file\n"
+        "  -f, --prompt-file F    read the prompt from a file ('-': standard input)\n"
         "  --chat                 format the prompt with the model's chat template\n"
         "  --system TEXT          system message (with --chat)\n"
         "  --no-think             enable_thinking=false in the chat template (Qwen3)\n"
@@ -79,7 +80,8 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--prompt-file")) o->prompt_file = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "-f") || !strcmp(a, "--prompt-file"))
+            o->prompt_file = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--system")) o->system = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--no-think")) o->no_think = 1;
@@ -137,9 +139,11 @@ static void parse(opts *o, int argc, char **argv) {
 
 static char *read_prompt(const opts *o) {
     if (!o->prompt_file) return strdup(o->prompt ? o->prompt : "");
-    FILE *f = fopen(o->prompt_file, "rb");
+    int in = !strcmp(o->prompt_file, "-");
+    FILE *f = in ? stdin : fopen(o->prompt_file, "rb");
     if (!f) {
-        fprintf(stderr, "dflash generate: cannot open --prompt-file %s\n", o->prompt_file);
+        fprintf(stderr, "dflash generate: cannot open --prompt-file %s: %s\n", o->prompt_file,
+                strerror(errno));
         exit(1);
     }
     size_t cap = 1 << 16, n = 0;
@@ -148,8 +152,11 @@ static char *read_prompt(const opts *o) {
         n += r;
         if (n + 1 == cap) buf = realloc(buf, cap *= 2);
     }
-    fclose(f);
-    if (!buf) exit(1);
+    if (!in) fclose(f);
+    if (!buf) {
+        fprintf(stderr, "dflash generate: out of memory reading the prompt\n");
+        exit(1);
+    }
     buf[n] = 0;
     return buf;
 }
