@@ -1272,26 +1272,19 @@ static node *p_not(J *j) {
     }
     return p_compare(j);
 }
-static node *p_and(J *j) {
-    node *n = p_not(j);
-    while (at_name(j, "and")) {
+/* sub (kw sub)*, left-associative: `and` over `not`, `or` over `and`. */
+static node *p_chain(J *j, const char *kw, int kind, node *(*sub)(J *)) {
+    node *n = sub(j);
+    while (at_name(j, kw)) {
         tok *t = adv(j);
-        node *a = mk_node(j, E_AND, t);
-        a->a = n, a->b = p_not(j);
+        node *a = mk_node(j, kind, t);
+        a->a = n, a->b = sub(j);
         n = a;
     }
     return n;
 }
-static node *p_or(J *j) {
-    node *n = p_and(j);
-    while (at_name(j, "or")) {
-        tok *t = adv(j);
-        node *a = mk_node(j, E_OR, t);
-        a->a = n, a->b = p_and(j);
-        n = a;
-    }
-    return n;
-}
+static node *p_and(J *j) { return p_chain(j, "and", E_AND, p_not); }
+static node *p_or(J *j) { return p_chain(j, "or", E_OR, p_and); }
 static node *p_expr(J *j, int no_cond) {
     enter(j);
     node *n = p_or(j);
