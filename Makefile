@@ -66,9 +66,9 @@ DEFAULT_TRAIN = --target-layers 1,2,3 --block-size 8 --mask-id 1023 --layers 2 -
 	--ffn 256 --steps 1000 --batch 32 --anchors 32 --gamma 5 --lr 3e-3 --block-mix 0.3 \
 	--log-every 25 --eval-every 250
 
-.PHONY: models models-deps models-stories models-default
+.PHONY: models models-deps models-stories models-default models-smollm2
 
-models: models-stories models-default
+models: models-stories models-default models-smollm2
 
 models-deps:
 	@dpkg-query -W -f='$${Status}\n' fortunes fortunes-min libopenblas0-pthread 2>/dev/null | \
@@ -100,3 +100,27 @@ models-default: build models-deps
 	  tokenizer.json tokenizer_config.json train_log.txt $(CURDIR)/models/default/target/
 	cd $(MODELS_TMP)/default-draft && cp config.json model.safetensors train_log.txt \
 	  $(CURDIR)/models/default/draft/
+
+# SmolLM2-135M-Instruct's drafter: its own greedy chat answers (capture --chat) to
+# instruction prompts over the training split of the shared corpus and the fortunes
+# (tools/chat_prompts.py); the held-out split gives the 20 evaluation prompts.
+SMOL_PROMPTS = --shared $(SHARED) --train 3000 --eval 20 --seed 0
+SMOL_CAPTURE = --dtype q8_0 --chat --generate 96 --max-docs 250 --draft-layers 2 -c 1024 -t 1 -q
+SMOL_TRAIN = --target-layers 1,27 --block-size 8 --mask-id 16 --layers 2 --heads 9 --kv-heads 3 \
+	--head-dim 64 --ffn 1024 --rope-theta 100000 --eps 1e-5 --steps 900 --batch 8 --anchors 16 \
+	--gamma 5 --lr 2e-3 --warmup 50 --block-mix 0.3 --log-every 10 --eval-every 100 \
+	--ckpt-every 50 --dtype bf16 --threads 2
+models-smollm2: build models-deps
+	$(PY) tools/chat_prompts.py $(SMOL_PROMPTS) --out-train $(MODELS_TMP)/smol-train.jsonl \
+	  --out-eval $(MODELS_TMP)/smol-eval.jsonl
+	$(PY) -c 'import json,sys; print("<|endoftext|>".join(json.loads(l)["prompt"] for l in open(sys.argv[1])), end="")' \
+	  $(MODELS_TMP)/smol-train.jsonl >$(MODELS_TMP)/smol-train.txt
+	$(BUILD)/dflash capture -m $(SMOLLM2) --corpus $(MODELS_TMP)/smol-train.txt $(SMOL_CAPTURE) \
+	  --out $(MODELS_TMP)/cap-smol-a & \
+	$(BUILD)/dflash capture -m $(SMOLLM2) --corpus $(MODELS_TMP)/smol-train.txt $(SMOL_CAPTURE) \
+	  --first-doc 250 --out $(MODELS_TMP)/cap-smol-b & wait
+	$(PY) tools/train_dflash.py --capture $(MODELS_TMP)/cap-smol-a --capture $(MODELS_TMP)/cap-smol-b \
+	  --out $(MODELS_TMP)/smol-draft $(SMOL_TRAIN)
+	mkdir -p $(SMOLLM2_DRAFT)
+	cp $(MODELS_TMP)/smol-draft/config.json $(MODELS_TMP)/smol-draft/model.safetensors \
+	  $(MODELS_TMP)/smol-draft/train_log.txt $(SMOLLM2_DRAFT)/
