@@ -298,7 +298,9 @@ static int parse_max_tokens(srv_job *j, const cJSON *root, srv_err *e) {
 
 /* ---- prompts ------------------------------------------------------------------ */
 
-static int tokenize(srv_job *j, const char *text, size_t len, int add_special, srv_err *e) {
+/* param: the request field the text came from ("prompt" or "messages"), for errors. */
+static int tokenize(srv_job *j, const char *text, size_t len, int add_special, const char *param,
+                    srv_err *e) {
     srv_server *srv = j->srv;
     int cap = srv->info.ctx_size;
     dfl_error err = {0};
@@ -310,7 +312,7 @@ static int tokenize(srv_job *j, const char *text, size_t len, int add_special, s
     if (n < 0) return srv_errf(e, 400, NULL, "could not tokenize the prompt: %s", err.msg);
     if (n == 0) return srv_errf(e, 400, NULL, "the prompt is empty");
     if (n >= cap) {
-        srv_errf(e, 400, "messages",
+        srv_errf(e, 400, param,
                  "the prompt is %d tokens; this server's context holds %d (prompt + output)", n,
                  cap);
         e->code = "context_length_exceeded";
@@ -329,7 +331,8 @@ static int parse_prompt(srv_job *j, const cJSON *root, srv_err *e) {
         p = p->child;
     else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
         return srv_errf(e, 400, "prompt", "one prompt per request ('n' and batches are not supported)");
-    if (cJSON_IsString(p)) return tokenize(j, p->valuestring, strlen(p->valuestring), 1, e);
+    if (cJSON_IsString(p))
+        return tokenize(j, p->valuestring, strlen(p->valuestring), 1, "prompt", e);
     if (!cJSON_IsArray(p))
         return srv_errf(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
     int n = cJSON_GetArraySize(p), cap = j->srv->info.ctx_size;
@@ -443,7 +446,7 @@ static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
         }
         if ((size_t)len < cap) {
             /* The template writes the special tokens as text (BOS included). */
-            ret = tokenize(j, rendered, (size_t)len, 0, e);
+            ret = tokenize(j, rendered, (size_t)len, 0, "messages", e);
             goto out;
         }
         cap = (size_t)len + 1;
