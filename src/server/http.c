@@ -230,8 +230,9 @@ static cJSON *parse_small(srv_server *srv, conn_ctx *cc, srv_err *e) {
         srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
         return NULL;
     }
-    if (!srv_json_depth_ok(body, cc->body.len, srv->o.max_json_depth)) {
-        srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", srv->o.max_json_depth);
+    int bad = srv_json_check(body, cc->body.len, srv->o.max_json_depth);
+    if (bad) {
+        srv_json_err(e, bad, srv->o.max_json_depth);
         return NULL;
     }
     cJSON *o = cJSON_ParseWithLengthOpts(body, cc->body.len + 1, NULL, 1);

@@ -42,6 +42,14 @@ int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...) {
     return -1;
 }
 
+void srv_json_err(srv_err *e, int why, int max) {
+    if (why == SRV_JSON_NUL)
+        srv_errf(e, 400, NULL, "a string in the request contains U+0000 (\\u0000), which this "
+                 "server does not accept");
+    else
+        srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", max);
+}
+
 char *srv_err_json(const srv_err *e) {
     cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(o, "message", e->msg);
@@ -483,8 +491,9 @@ srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t 
         srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
         return NULL;
     }
-    if (!srv_json_depth_ok(body, len, srv->o.max_json_depth)) {
-        srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", srv->o.max_json_depth);
+    int bad = srv_json_check(body, len, srv->o.max_json_depth);
+    if (bad) {
+        srv_json_err(e, bad, srv->o.max_json_depth);
         return NULL;
     }
     const char *end = NULL;

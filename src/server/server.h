@@ -60,8 +60,13 @@ void srv_buf_free(srv_buf *b);
 int srv_utf8_valid(const char *s, size_t n);
 /* Appends s[0..n) to b with every invalid byte replaced by U+FFFD. */
 void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n);
-/* 1 when the JSON text nests at most max levels of {} / [] (strings skipped). */
-int srv_json_depth_ok(const char *s, size_t n, int max);
+/* 0 when the JSON text nests at most max levels of {} / [] and no string holds
+ * \u0000; else SRV_JSON_DEEP or SRV_JSON_NUL. */
+enum { SRV_JSON_DEEP = 1, SRV_JSON_NUL = 2 };
+int srv_json_check(const char *s, size_t n, int max);
+/* The 400 for a srv_json_check failure. */
+struct srv_err;
+void srv_json_err(struct srv_err *e, int why, int max);
 /* Monotonic seconds. */
 double srv_now(void);
 /* Compares a secret with a candidate in time that depends only on the secret's length. */

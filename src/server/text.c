@@ -78,22 +78,28 @@ void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n) {
     srv_buf_put(b, s + run, n - run);
 }
 
-int srv_json_depth_ok(const char *s, size_t n, int max) {
+/* \u0000 inside a JSON string: cJSON would end the string there and silently
+ * drop the rest, so requests that carry one are refused instead. */
+static int nul_escape(const char *s, size_t n, size_t i) {
+    return i + 4 < n && s[i] == 'u' && !memcmp(s + i + 1, "0000", 4);
+}
+
+int srv_json_check(const char *s, size_t n, int max) {
     int depth = 0, in_str = 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (in_str) {
-            if (c == '\\') i++;
+            if (c == '\\' && nul_escape(s, n, ++i)) return SRV_JSON_NUL;
             else if (c == '"') in_str = 0;
         } else if (c == '"') {
             in_str = 1;
         } else if (c == '{' || c == '[') {
-            if (++depth > max) return 0;
+            if (++depth > max) return SRV_JSON_DEEP;
         } else if (c == '}' || c == ']') {
             depth--;
         }
     }
-    return 1;
+    return 0;
 }
 
 int srv_secret_equal(const char *secret, const char *given) {

@@ -283,6 +283,14 @@ async def main():
            "prompt token id out of range -> 400")
     is_err(await post(cc, "[" * 5000 + "]" * 5000), 400, "deep JSON nesting -> 400")
     is_err(await post(cc, bytes([0x7b, 0xff, 0xfe, 0x7d])), 400, "invalid UTF-8 -> 400")
+    # U+0000 would cut a string short in the JSON parser: refused, never truncated
+    for what, path, body in (
+            ("chat content", cc, chat_body(messages=[{"role": "user", "content": "a\x00b"}])),
+            ("stop string", cc, chat_body(stop=["a\x00zzz"])),
+            ("/tokenize text", "/tokenize", dumps({"content": "a\x00b"}))):
+        r = await post(path, body)
+        is_err(r, 400, f"U+0000 in the {what} -> 400")
+        check("U+0000" in r.text, f"U+0000 in the {what}: the message says so", r.text[:200])
     ctx = await post(cc, chat_body(messages=[{"role": "user", "content": "word " * (expect["ctx_size"] + 10)}]))
     is_err(ctx, 400, "prompt longer than the context -> 400", "messages")
     ctx = await post("/v1/completions", dumps({"model": model, "prompt": "word " * (expect["ctx_size"] + 10)}))

@@ -138,14 +138,20 @@ static void test_utf8(void) {
 }
 
 static void test_json_depth(void) {
-    CHECK(srv_json_depth_ok("{\"a\":[1,{\"b\":2}]}", 17, 3), "depth 3 ok");
-    CHECK(!srv_json_depth_ok("{\"a\":[1,{\"b\":2}]}", 17, 2), "depth 3 > 2");
-    CHECK(srv_json_depth_ok("{\"a\":\"[[[[{{{{\\\"[[[\"}", 21, 1), "brackets in strings do not count");
+    CHECK(!srv_json_check("{\"a\":[1,{\"b\":2}]}", 17, 3), "depth 3 ok");
+    CHECK(srv_json_check("{\"a\":[1,{\"b\":2}]}", 17, 2) == SRV_JSON_DEEP, "depth 3 > 2");
+    CHECK(!srv_json_check("{\"a\":\"[[[[{{{{\\\"[[[\"}", 21, 1), "brackets in strings do not count");
     char deep[2001];
     memset(deep, '[', 1000);
     memset(deep + 1000, ']', 1000);
     deep[2000] = 0;
-    CHECK(!srv_json_depth_ok(deep, 2000, 64), "1000 levels refused");
+    CHECK(srv_json_check(deep, 2000, 64) == SRV_JSON_DEEP, "1000 levels refused");
+    const char *nul = "{\"stop\":\"a\\u0000zzz\"}", *esc = "{\"s\":\"a\\\\u0000\"}";
+    CHECK(srv_json_check(nul, strlen(nul), 8) == SRV_JSON_NUL, "\\u0000 in a string refused");
+    CHECK(!srv_json_check(esc, strlen(esc), 8), "an escaped backslash before u0000 is text");
+    const char *nul1 = "{\"s\":\"\\u00001\"}", *one = "{\"s\":\"\\u0001\"}";
+    CHECK(srv_json_check(nul1, strlen(nul1), 8) == SRV_JSON_NUL, "\\u0000 then a digit is U+0000");
+    CHECK(!srv_json_check(one, strlen(one), 8), "\\u0001 is fine");
 }
 
 static void test_secret(void) {
