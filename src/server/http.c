@@ -199,10 +199,9 @@ static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c,
 
 /* ---- small endpoints ------------------------------------------------------------ */
 
-static enum MHD_Result get_models(srv_server *srv, struct MHD_Connection *c) {
+/* The served model in OpenAI's model object shape. */
+static cJSON *model_object(srv_server *srv) {
     const dfl_model_info *in = &srv->info;
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", srv->model_id);
     cJSON_AddStringToObject(m, "object", "model");
@@ -219,8 +218,25 @@ static enum MHD_Result get_models(srv_server *srv, struct MHD_Connection *c) {
     cJSON_AddBoolToObject(meta, "draft", in->has_draft);
     cJSON_AddNumberToObject(meta, "draft_block", in->draft_block);
     cJSON_AddNumberToObject(meta, "slots", srv->n_slots);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    return m;
+}
+
+static enum MHD_Result get_models(srv_server *srv, struct MHD_Connection *c) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), model_object(srv));
     return reply_json(srv, c, 200, root);
+}
+
+/* GET /v1/models/{id}: the model when id names it, else OpenAI's 404. */
+static enum MHD_Result get_model(srv_server *srv, struct MHD_Connection *c, const char *id) {
+    if (strcmp(id, srv->model_id)) {
+        srv_err e;
+        srv_errf(&e, 404, "model", "The model '%.200s' does not exist", id);
+        e.code = "model_not_found";
+        return reply_err(srv, c, &e);
+    }
+    return reply_json(srv, c, 200, model_object(srv));
 }
 
 static cJSON *parse_small(srv_server *srv, conn_ctx *cc, srv_err *e) {
@@ -355,7 +371,8 @@ static int authorized(srv_server *srv, struct MHD_Connection *c) {
     return srv_secret_equal(srv->o.api_key, h);
 }
 
-typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPL, R_TOK, R_DETOK } route;
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPL, R_TOK,
+               R_DETOK } route;
 
 static route find_route(const char *url, int *want_post) {
     static const struct {
@@ -375,7 +392,8 @@ static route find_route(const char *url, int *want_post) {
             *want_post = table[i].post;
             return table[i].r;
         }
-    return R_NONE;
+    *want_post = 0;
+    return !strncmp(url, "/v1/models/", 11) && url[11] ? R_MODEL : R_NONE;
 }
 
 static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const char *url,
@@ -415,6 +433,7 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
     }
     switch (r) {
     case R_MODELS: return get_models(srv, c);
+    case R_MODEL: return get_model(srv, c, url + 11);
     case R_CHAT: return run_generation(srv, c, SRV_CHAT, cc);
     case R_COMPL: return run_generation(srv, c, SRV_COMPLETION, cc);
     case R_TOK: return post_tokenize(srv, c, cc);

@@ -64,6 +64,13 @@ async def main():
     h = await get("/health", {})  # no key needed
     check(h.status == 200, "/health is 200 once loaded", h.status)
     check(len(models.data) == 1 and models.data[0].object == "model", "/v1/models lists the model")
+    one = await client.models.retrieve(model)
+    check(one.id == model and one.object == "model", "/v1/models/{id} returns the model", one)
+    try:
+        await client.models.retrieve("no-such-model")
+        check(False, "/v1/models/{unknown id} -> 404")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "/v1/models/{unknown id} -> 404", e.status_code)
 
     # ---- greedy output equals `dflash generate` --------------------------------------
     r = await create(chat, chat_req())
