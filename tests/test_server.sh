@@ -19,11 +19,23 @@ for mode in draft none; do
     "$([ $mode = draft ] && echo "$WORK/draft" || echo none)" "$WORK/expect-$mode.json" ||
     die "dflash generate (expected outputs)"
   args=(-m "$WORK/target" -c 512 --parallel 2 --max-body 1048576)
-  [ $mode = draft ] && args+=(--draft "$WORK/draft" --api-key "$KEY")
+  [ $mode = draft ] && args+=(--draft "$WORK/draft" --api-key "$KEY" --cors https://page.example)
   start_server "$WORK/server-$mode.log" "${args[@]}"
   key=""; [ $mode = draft ] && key=$KEY
   SERVER_URL=$SERVER_URL SERVER_API_KEY=$key EXPECT="$WORK/expect-$mode.json" MAX_BODY=1048576 \
     timeout 600 "$PY" "$CLIENT_DIR/api.py" || { tail -50 "$WORK/server-$mode.log"; die "api.py ($mode)"; }
+  # CORS: with --cors, a preflight gets 204 and the origin; every response names it; off by default
+  pre=$(curl -s -i -X OPTIONS "$SERVER_URL/v1/chat/completions" -H "Origin: https://page.example" \
+        -H "Access-Control-Request-Method: POST" | tr -d '\r')
+  got=$(curl -s -i -H "Authorization: Bearer $key" "$SERVER_URL/v1/models" | tr -d '\r')
+  if [ $mode = draft ]; then
+    grep -q "^HTTP/1.1 204" <<<"$pre" && grep -qi "^access-control-allow-origin: https://page.example" <<<"$pre" &&
+      grep -qi "^access-control-allow-methods: POST" <<<"$pre" || die "CORS preflight: $pre"
+    grep -qi "^access-control-allow-origin: https://page.example" <<<"$got" || die "no CORS header: $got"
+  else
+    grep -q "^HTTP/1.1 405" <<<"$pre" && ! grep -qi "^access-control" <<<"$pre$got" ||
+      die "CORS is on without --cors: $pre"
+  fi
   curl -sf -H "Authorization: Bearer $key" "$SERVER_URL/metrics" >"$WORK/metrics-$mode.txt" ||
     die "GET /metrics"
   promtool check metrics <"$WORK/metrics-$mode.txt" || die "promtool check metrics ($mode)"

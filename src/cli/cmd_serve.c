@@ -21,6 +21,8 @@ static void usage(FILE *f) {
             "  --api-key KEY           require 'Authorization: Bearer KEY' (all but /health);\n"
             "                          the environment's DFLASH_API_KEY is read when not given\n"
             "  --alias NAME            model id clients use (default: the model's name)\n"
+            "  --cors ORIGIN           let browser pages from ORIGIN ('*': any) call the API:\n"
+            "                          CORS headers and OPTIONS preflight (default off)\n"
             "  --chat-template NAME    chatml, or Jinja text (default: the model's own)\n"
             "  --chat-template-file F  the Jinja chat template in file F\n"
             "  --dtype TYPE            convert weights at load (default: keep the file's)\n"
@@ -70,6 +72,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o.threads = cli_int(a, v, 0, 1024);
         else if (!strcmp(a, "--api-key")) o.api_key = *v ? v : NULL;
         else if (!strcmp(a, "--alias")) o.alias = v;
+        else if (!strcmp(a, "--cors")) o.cors = v;
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--chat-template-file")) o.chat_template = cli_chat_template_file(v);
         else if (!strcmp(a, "--dtype")) o.dtype = v;

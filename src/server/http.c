@@ -45,6 +45,13 @@ typedef struct conn_ctx {
 
 /* ---- replies ------------------------------------------------------------------- */
 
+/* With --cors, every response names the allowed origin (browsers read nothing otherwise). */
+static void cors(const srv_server *srv, struct MHD_Response *r) {
+    if (!srv->o.cors) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", srv->o.cors);
+    if (strcmp(srv->o.cors, "*")) MHD_add_response_header(r, "Vary", "Origin");
+}
+
 static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int status,
                              const char *ctype, char *body) {
     struct MHD_Response *r =
@@ -54,6 +61,7 @@ static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int stat
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    cors(srv, r);
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (srv_draining(srv)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -173,6 +181,7 @@ static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c,
             return MHD_NO;
         }
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+        cors(srv, r);
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
@@ -396,11 +405,27 @@ static route find_route(const char *url, int *want_post) {
     return !strncmp(url, "/v1/models/", 11) && url[11] ? R_MODEL : R_NONE;
 }
 
+/* A CORS preflight: which method and headers the browser may send. */
+static enum MHD_Result preflight(srv_server *srv, struct MHD_Connection *c, int post) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    cors(srv, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            post ? "POST, OPTIONS" : "GET, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    srv_metrics_http(&srv->m, 204);
+    return ret;
+}
+
 static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const char *url,
                               const char *method, conn_ctx *cc) {
     int want_post = 0;
     route r = find_route(url, &want_post);
     if (r == R_NONE) return fail(srv, c, 404, "not_found", "no endpoint %.200s", url);
+    if (srv->o.cors && !strcmp(method, "OPTIONS")) return preflight(srv, c, want_post);
     int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (want_post ? strcmp(method, "POST") : !is_get) {
         srv_err e;

@@ -32,7 +32,8 @@ typedef struct srv_opts {
     int allow_inexact, draft_window; /* passed to the engine (dfl_engine_opts) */
     const char *api_key;       /* NULL: no auth */
     const char *alias;         /* model id clients use; default: the model's name */
-    const char *chat_template; /* force "chatml", "qwen3", "llama3"; NULL: the model's */
+    const char *chat_template; /* "chatml" or Jinja text; NULL: the model's */
+    const char *cors;          /* Access-Control-Allow-Origin value ("*" or an origin); NULL: off */
     int queue_max;             /* requests waiting for a slot before 503 */
     size_t max_body;           /* request body limit in bytes */
     int max_json_depth;
