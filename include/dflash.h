@@ -87,6 +87,8 @@ typedef struct dfl_model_info {
     int draft_block;       /* drafter's trained block size */
     int draft_layers;
     int n_threads;
+    uint64_t n_params;     /* target parameters (matrices, embeddings, norms, biases) */
+    char simd[16];         /* kernel path in use: "avx2" or "generic" (the plain-C twins) */
 } dfl_model_info;
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);

@@ -3,7 +3,8 @@
 # subcommand; a number that does not parse is an error (exit 2 naming the
 # flag), never a silent 0; `dflash serve` with no -m loads the built-in model
 # with its drafter, as `dflash generate` does; -f - reads the prompt from
-# standard input, -f FILE from a file, both as -p would.
+# standard input, -f FILE from a file, both as -p would; generate prints a
+# load summary.
 set -u
 BIN=${DFLASH_BIN:?}
 pass=0 fail=0
@@ -30,6 +31,11 @@ printf 'Once upon a time' >"$tmp/p.txt"
 [ "$(ids -f "$tmp/p.txt")" = "$want" ] && ok || bad "-f FILE differs from -p"
 "$BIN" generate -f "$tmp/none.txt" -n 1 >/dev/null 2>"$tmp/err"; rc=$?
 [ $rc != 0 ] && grep -q "none.txt" "$tmp/err" && ok || bad "-f of a missing file: exit $rc, $(cat "$tmp/err")"
+
+# the load summary: architecture, parameters, weights, context, threads, kernels, template, drafter
+"$BIN" generate -p hi -n 2 -t 1 >/dev/null 2>"$tmp/err"
+grep -Eq "^dflash generate: target: llama, [0-9.]+ M parameters .*f32 weights .*context 512 of 512.* 1 threads, (avx2|generic) kernels; chat template: ChatML \(the model has none\); DFlash drafter of 2 layers, block 8$" "$tmp/err" &&
+  ok || bad "load summary: $(grep '^dflash generate:' "$tmp/err")"
 
 "$BIN" serve --host 127.0.0.1 --port 0 -t 1 >"$tmp/serve.log" 2>&1 &
 pid=$!

@@ -32,6 +32,8 @@ int cli_int(const char *flag, const char *v, long lo, long hi);
 double cli_num(const char *flag, const char *v, double lo, double hi);
 /* A decimal unsigned 64-bit value (seeds): anything else is an error, never 0. */
 uint64_t cli_u64(const char *flag, const char *v);
+/* The load summary paragraph on stderr (template_src: where a given template came from). */
+void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template_src);
 /* The engine options users set through the environment: DFLASH_ALLOW_INEXACT=1
  * (allow_inexact) and DFLASH_DRAFT_WINDOW=W (draft_window). */
 void cli_engine_env(dfl_engine_opts *o);

@@ -288,6 +288,8 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "dflash generate: %s\n", err.msg);
         return 1;
     }
+    if (!o.quiet)
+        cli_load_summary("dflash generate", e, o.chat_template ? "given on the command line" : NULL);
     char *text = format_prompt(&o, e, read_prompt(&o));
     /* A chat template writes its own BOS and special tokens (as
      * apply_chat_template does); a plain prompt gets the tokenizer's BOS. */

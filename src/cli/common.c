@@ -134,3 +134,24 @@ void cli_engine_env(dfl_engine_opts *o) {
     o->allow_inexact = a && !strcmp(a, "1");
     o->draft_window = w && atoi(w) > 0 ? atoi(w) : 0;
 }
+
+/* One paragraph on stderr after a load: what runs, and how. */
+void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template_src) {
+    dfl_model_info mi;
+    dfl_engine_info(e, &mi);
+    int fallback = 0;
+    dfl_chat_template(e, &fallback);
+    fprintf(stderr,
+            "%s: %s: %s, %.1f M parameters (%d layers, dim %d, %d/%d heads), %s weights "
+            "(%.1f MB read per token), context %d of %d, K/V %s, %d threads, %s kernels; "
+            "chat template: %s; ",
+            cmd, mi.name, mi.arch, (double)mi.n_params / 1e6, mi.n_layers, mi.dim, mi.n_heads,
+            mi.n_kv_heads, mi.dtype, (double)mi.weight_bytes / 1e6, mi.ctx_size, mi.max_ctx,
+            mi.kv_type, mi.n_threads, mi.simd,
+            template_src ? template_src : fallback ? "ChatML (the model has none)" : "the model's");
+    if (mi.has_draft)
+        fprintf(stderr, "DFlash drafter of %d layers, block %d\n", mi.draft_layers,
+                mi.draft_block);
+    else
+        fprintf(stderr, "no drafter\n");
+}

@@ -100,5 +100,6 @@ int dfl_argmax(const float *x, int n);
 /* CPU features used for dispatch (AVX2+FMA+F16C); 0 forces the twins. */
 int dfl_cpu_has_avx2(void);
 void dfl_kernels_force_ref(int on);   /* tests: route dfl_matmul etc. to twins */
+int dfl_kernels_simd(void);           /* 1 when the AVX2 kernels run, 0: the twins */
 
 #endif
