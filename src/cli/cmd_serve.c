@@ -21,6 +21,8 @@ static void usage(FILE *f) {
             "  --api-key KEY           require 'Authorization: Bearer KEY' (all but /health);\n"
             "                          the environment's DFLASH_API_KEY is read when not given\n"
             "  --alias NAME            model id clients use (default: the model's name)\n"
+            "  --lenient               ignore request fields this server does not implement\n"
+            "                          (default: a 400 naming the field, as OpenAI answers)\n"
             "  --cors ORIGIN           let browser pages from ORIGIN ('*': any) call the API:\n"
             "                          CORS headers and OPTIONS preflight (default off)\n"
             "  --chat-template NAME    chatml, or Jinja text (default: the model's own)\n"
@@ -56,6 +58,10 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--lenient")) {   /* the one option without a value */
+            o.lenient = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "dflash serve: unknown option or missing value: %s\n\n", a);

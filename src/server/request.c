@@ -485,6 +485,33 @@ static int parse_logprobs(srv_job *j, const cJSON *root, srv_err *e) {
     return 0;
 }
 
+/* The request fields this server implements (OpenAI's, and llama.cpp's / dflash's
+ * extensions). Any other is refused by name, as OpenAI does, unless --lenient. */
+static const char *const known_common[] = {
+    "model", "n", "best_of", "stream", "stream_options", "stop", "seed", "temperature", "top_p",
+    "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
+    "logit_bias", "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens",
+    "ignore_eos", "block_size", "spec_accept", "typical",
+    "user", /* an end-user id: OpenAI keeps it for abuse monitoring; it changes no output */
+};
+
+static int known_field(srv_kind kind, const char *k) {
+    for (size_t i = 0; i < sizeof known_common / sizeof known_common[0]; i++)
+        if (!strcmp(k, known_common[i])) return 1;
+    if (kind == SRV_CHAT) return !strcmp(k, "messages") || !strcmp(k, "chat_template_kwargs");
+    return !strcmp(k, "prompt");
+}
+
+static int check_fields(const srv_server *srv, srv_kind kind, const cJSON *root, srv_err *e) {
+    if (srv->o.lenient) return 0;
+    for (const cJSON *c = root->child; c; c = c->next)
+        if (!known_field(kind, c->string))
+            return srv_errf(e, 400, c->string, "'%.100s' is not supported by this server (start "
+                            "it with --lenient to ignore fields it does not implement)",
+                            c->string);
+    return 0;
+}
+
 srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
     memset(e, 0, sizeof *e);
     if (!srv_utf8_valid(body, len)) {
@@ -513,6 +540,7 @@ srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t 
         srv_errf(e, 500, NULL, "out of memory");
         goto fail;
     }
+    if (check_fields(srv, kind, root, e) < 0) goto fail;
     if (parse_common(j, root, e) < 0 || parse_logprobs(j, root, e) < 0) goto fail;
     if ((kind == SRV_CHAT ? parse_messages(j, root, e) : parse_prompt(j, root, e)) < 0) goto fail;
     if (parse_max_tokens(j, root, e) < 0) goto fail;

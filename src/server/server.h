@@ -34,6 +34,7 @@ typedef struct srv_opts {
     const char *alias;         /* model id clients use; default: the model's name */
     const char *chat_template; /* "chatml" or Jinja text; NULL: the model's */
     const char *cors;          /* Access-Control-Allow-Origin value ("*" or an origin); NULL: off */
+    int lenient;               /* ignore request fields the server does not implement */
     int queue_max;             /* requests waiting for a slot before 503 */
     size_t max_body;           /* request body limit in bytes */
     int max_json_depth;

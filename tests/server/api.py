@@ -279,6 +279,16 @@ async def main():
     is_err(await post(cc, chat_body(chat_template_kwargs={"enable_thinking": "no"})), 400,
            "enable_thinking a string -> 400")
     is_err(await post(cc, chat_body(logit_bias={"abc": 1})), 400, "logit_bias bad key -> 400")
+    # fields the server does not implement are refused by name, as OpenAI does
+    for name, val in (("response_format", {"type": "json_object"}), ("tools", []), ("foo", 1)):
+        r = await post(cc, chat_body(**{name: val}))
+        if os.environ.get("LENIENT"):  # serve --lenient: ignored, as before
+            check(r.status == 200, f"--lenient: unimplemented field {name} ignored", r.status)
+        else:
+            is_err(r, 400, f"unimplemented field {name} -> 400 naming it", name)
+    if not os.environ.get("LENIENT"):
+        is_err(await post("/v1/completions", dumps({"model": model, "prompt": "x", "messages": []})),
+               400, "messages on /v1/completions -> 400", "messages")
     unknown_model = await post(cc, chat_body(model="no-such-model"))
     is_err(unknown_model, 404, "unknown model -> 404")
     check(isinstance(unknown_model.json, dict) and (unknown_model.json.get("error") or {}).get("code") ==
