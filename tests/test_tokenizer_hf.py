@@ -225,6 +225,14 @@ def encode_hf(tok, texts, add_special, parse_special):
     return fast(texts, add_special_tokens=add_special)
 
 
+def by_group(names, sizes, *lists):
+    """Cuts lists batched over groups back into (group, slices...) per group."""
+    k = 0
+    for g, n in zip(names, sizes):
+        yield (g, *(x[k:k + n] for x in lists))
+        k += n
+
+
 def test_vocab(binary, name, model, hf, groups, rng):
     t0 = time.time()
     print(f"{name}: {model}", flush=True)
@@ -241,13 +249,10 @@ def test_vocab(binary, name, model, hf, groups, rng):
         got = engine(binary, model, "tokenize", flags, texts)
         if got is None:
             continue
-        k = 0
-        for g in which:
-            n = len(groups[g])
-            compare_ids(f"{name} {mode} {g}", texts[k:k + n], want[k:k + n], got[k:k + n], hf)
+        for g, t, w, o in by_group(which, [len(groups[g]) for g in which], texts, want, got):
+            compare_ids(f"{name} {mode} {g}", t, w, o, hf)
             if not flags:
-                ids_of[g] = [w.ids for w in want[k:k + n]]
-            k += n
+                ids_of[g] = [x.ids for x in w]
     # decode: the oracle's ids of every text, every id of the vocabulary (shuffled, 7 a line),
     # and random sequences (mostly short, so split characters end lines too)
     every = list(range(v))
@@ -270,11 +275,9 @@ def test_vocab(binary, name, model, hf, groups, rng):
         got = engine(binary, model, "detokenize", flags, seqs)
         if got is None:
             continue
-        k = 0
-        for g in ids_of:
-            n = len(ids_of[g])
-            compare_text(f"{name} {mode} {g}", seqs[k:k + n], want[k:k + n], got[k:k + n])
-            k += n
+        for g, q, w, o in by_group(list(ids_of), [len(x) for x in ids_of.values()], seqs, want,
+                                   got):
+            compare_text(f"{name} {mode} {g}", q, w, o)
     print(f"{name}: {time.time() - t0:.1f} s")
 
 
