@@ -49,6 +49,7 @@ enum {
     DFL_MAX_BLOCK = 512,          /* largest verify block (max_block, block_size) */
     DFL_MAX_TOP_LOGPROBS = 20,    /* alternatives per token (n_top_logprobs) */
     DFL_MAX_CAPTURE_LAYERS = 64,  /* target layers one capture reads (drafter features) */
+    DFL_MAX_PARALLEL = 256,       /* sequences generating at once (dfl_engine_opts.n_parallel) */
 };
 
 typedef struct dfl_engine_opts {
@@ -64,6 +65,8 @@ typedef struct dfl_engine_opts {
     int allow_inexact;        /* speculate even when the probe finds the verify path inexact
                                  (output may differ from classic decode); the CLI sets it
                                  from DFLASH_ALLOW_INEXACT=1 */
+    int n_parallel;           /* sessions that generate at once (threads calling dfl_generate
+                                 on distinct sessions); their rows share forwards. 0: 1 */
     int draft_window;         /* > 0: a draft block attends to the last W context rows only
                                  (an approximation); 0: all. The CLI: DFLASH_DRAFT_WINDOW=W */
     dfl_progress_fn progress;
@@ -171,6 +174,11 @@ typedef struct dfl_gen_params {
     const int32_t *stop_ids; int n_stop_ids; /* extra stop tokens */
     int ignore_eos;
     int n_top_logprobs;     /* 0..DFL_MAX_TOP_LOGPROBS: report top-k logprobs per token */
+    /* Benchmarks only (dflash serve --replay-tau): the drafter still runs every round,
+     * but its proposals follow replay_ref, this prompt's greedy continuation, and are
+     * right as often as a drafter of mean acceptance length replay_tau would be (see
+     * dfl_bench_replay). Greedy only; NULL: the drafter's own proposals. */
+    const int32_t *replay_ref; int n_replay_ref; double replay_tau;
 } dfl_gen_params;
 
 void dfl_gen_params_default(dfl_gen_params *p);
@@ -191,6 +199,8 @@ typedef struct dfl_stats {
     int accept_rule;                 /* DFL_ACCEPT_* the rounds used (exact when greedy) */
     uint64_t accepted_lossy;         /* typical: drafts kept by the threshold alone */
     uint64_t resampled;              /* rejection: rounds ended by a residual draw */
+    uint64_t shared_forwards;        /* decode forwards that carried other sequences' rows */
+    uint64_t shared_rows;            /* those rows, summed over them */
 } dfl_stats;
 
 /* Why dfl_generate returned 0. The stop token itself (EOS/EOT or one of
@@ -308,20 +318,15 @@ int dfl_export_embeddings(const dfl_engine *e, float *embed, float *lm_head, dfl
  * drafter config without target_layer_ids gets); returns how many. */
 int dfl_capture_default_layers(const dfl_engine *e, int n_draft, int *ids);
 
-/* ---- server: one engine, several sessions ------------------------------ */
-/* Asked for by src/server (dflash serve); see docs/server.md.
- *
- * Returns nonzero when dfl_generate may run on distinct sessions of e from
- * several threads at once. The engine then holds a fair (first come, first
- * served) per-engine lock around each forward pass -- a prefill chunk, a
- * verify block, a decode step, a draft -- never across the token callback,
- * so concurrent generations interleave round by round and none starves. The
- * functions taking a const dfl_engine * (tokenizer, detokenizer on distinct
- * dfl_detok, chat render, info) are then safe from any thread at any time.
- * Returns 0 when the engine does not do this: callers serialise whole
- * dfl_generate calls and tokenizer calls themselves (the server then runs
- * one request at a time, first come first served). */
-int dfl_engine_concurrent(const dfl_engine *e);
+/* ---- several sessions ------------------------------------------------- */
+/* dfl_generate may run on distinct sessions of one engine from several
+ * threads at once (dflash serve's slots). Their forwards meet in the target's
+ * combiner and run as one batch (a decode row, a verify block or a prefill
+ * chunk from each), and every row's result is what it would be alone: a
+ * greedy request's output never depends on the others. The functions taking
+ * a const dfl_engine * (tokenizer, detokenizer on distinct dfl_detok, chat
+ * render, info) are safe from any thread at any time. Set n_parallel in
+ * dfl_engine_opts to the number of such threads so batches have room. */
 
 /* ---- benchmarks (src/api/bench.c; dflash bench, docs/benchmarks.md) ---- */
 

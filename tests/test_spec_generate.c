@@ -218,25 +218,11 @@ static void test_fail_closed(dfl_engine *e, const int32_t *prompt, int n) {
 }
 
 int main(void) {
-    const char *src = getenv("DFLASH_SRC");
-    if (!src) src = "..";
     const char *dir = test_tmpdir();
-    char cmd[4096], model[512], draft[512], py[512];
-    /* the tools need the project venv (gguf, safetensors); ctest passes its python */
-    if (getenv("DFLASH_PYTHON")) snprintf(py, sizeof py, "%s", getenv("DFLASH_PYTHON"));
-    else snprintf(py, sizeof py, "%s/build/venv/bin/python", src);
-    snprintf(model, sizeof model, "%s/target", dir);
-    snprintf(draft, sizeof draft, "%s/drafter", dir);
-    snprintf(cmd, sizeof cmd,
-             "%s %s/tools/make_checkpoint.py --arch qwen3 --dim 64 --layers 4 "
-             "--heads 4 --kv-heads 2 --head-dim 16 --ffn 192 --vocab 512 --untied --dtype bf16 "
-             "--quiet "
-             "--out %s && %s %s/tools/make_checkpoint.py --drafter --target %s "
-             "--layers 2 --block-size 16 --quiet --out %s", py, src, model, py, src, model, draft);
-    if (system(cmd) != 0) {
-        CHECK(0, "could not make the random checkpoints: %s", cmd);
+    char model[512], draft[512];
+    if (test_make_pair(dir, "--arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 16 "
+                       "--ffn 192 --vocab 512 --untied --dtype bf16", model, draft))
         return test_summary();
-    }
     dfl_engine_opts o;
     dfl_engine_opts_default(&o);
     o.model_path = model;

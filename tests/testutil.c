@@ -51,3 +51,22 @@ void test_rmdir(const char *dir) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
+
+int test_make_pair(const char *dir, const char *target_flags, char *model, char *draft) {
+    const char *src = getenv("DFLASH_SRC");
+    if (!src) src = "..";
+    char cmd[4096], py[512];
+    /* the tools need the project venv (gguf, safetensors); ctest passes its python */
+    if (getenv("DFLASH_PYTHON")) snprintf(py, sizeof py, "%s", getenv("DFLASH_PYTHON"));
+    else snprintf(py, sizeof py, "%s/build/venv/bin/python", src);
+    snprintf(model, 512, "%s/target", dir);
+    snprintf(draft, 512, "%s/drafter", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s %s/tools/make_checkpoint.py %s --quiet --out %s && "
+             "%s %s/tools/make_checkpoint.py --drafter --target %s --layers 2 --block-size 16 "
+             "--quiet --out %s", py, src, target_flags, model, py, src, model, draft);
+    if (system(cmd) == 0) return 0;
+    test_failed++;
+    fprintf(stderr, "FAIL: could not make the random checkpoints: %s\n", cmd);
+    return -1;
+}

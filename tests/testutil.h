@@ -27,5 +27,9 @@ const char *test_asset(const char *rel);
 /* A fresh temporary directory (removed by the caller with test_rmdir). */
 const char *test_tmpdir(void);
 void test_rmdir(const char *dir);
+/* A random target (tools/make_checkpoint.py target_flags) in dir/target and a
+ * 2-layer block-16 DFlash drafter for it in dir/drafter; model and draft
+ * (512 bytes each) get the paths. Returns 0, or -1 after counting a failure. */
+int test_make_pair(const char *dir, const char *target_flags, char *model, char *draft);
 
 #endif

@@ -54,6 +54,8 @@ static int load_models(dfl_engine *e, dfl_error *err) {
                         .draft_window = o->draft_window, .progress = o->progress,
                         .progress_ud = o->progress_ud};
     lo.max_rows = e->max_block > 64 ? e->max_block : 64;
+    /* Room for one prefill chunk and every other session's largest block. */
+    if (o->n_parallel > 1) lo.batch_rows = lo.max_rows + (o->n_parallel - 1) * e->max_block;
     int rc = dfl_target_load(o->model_path, &lo, &e->t, err);
     if (rc) return rc;
     rc = load_tokenizer(e, o->model_path, e->t->gguf, err);
@@ -74,6 +76,9 @@ static int load_models(dfl_engine *e, dfl_error *err) {
 int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) {
     *out = NULL;
     if (!o->model_path) return dfl_fail(err, DFL_EARG, "no model given (--model PATH)");
+    if (o->n_parallel < 0 || o->n_parallel > DFL_MAX_PARALLEL)
+        return dfl_fail(err, DFL_EARG, "%d parallel sessions outside 1..%d", o->n_parallel,
+                        DFL_MAX_PARALLEL);
     if (o->max_block < 0 || o->max_block > DFL_MAX_BLOCK)
         return dfl_fail(err, DFL_EARG, "max block %d outside 1..%d", o->max_block, DFL_MAX_BLOCK);
     dfl_engine *e = xcalloc(1, sizeof *e);

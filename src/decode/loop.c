@@ -121,7 +121,20 @@ static int park_row(run *r, dfl_error *err) {
 
 /* Drafts B-1 tokens after the anchor (B > 1), verifies the block with
  * capture, commits, rolls back. Returns 0 or an error code. */
-static int round_step(run *r, int B, int *accepted, dfl_error *err) {
+/* What the forward of a round cost its sequence: its time alone, or, when it
+ * carried other sequences' rows, the marginal cost of its own rows in that
+ * batch (rows are cheap next to others while the weights' read dominates,
+ * dear once the machine computes), so the policy sees what a bigger block
+ * costs under the load it runs in. The wait for the others is not counted. */
+static double marginal(const dfl_target *t, const dfl_fwd *f, double call) {
+    if (!f->others) return call;
+    double all = dfl_target_tick_cost(t, f->others + f->n);
+    double rest = dfl_target_tick_cost(t, f->others);
+    if (all > rest && rest > 0) return all - rest;
+    return f->seconds * f->n / (f->others + f->n);
+}
+
+static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err) {
     dfl_seq *q = r->q;
     dfl_proposer *pr = q->pr;
     const dfl_loop_opts *o = r->o;
@@ -137,9 +150,9 @@ static int round_step(run *r, int B, int *accepted, dfl_error *err) {
     if (B > 1 && o->redraft) o->redraft(o->accept_ud, dlog, B - 1, q->hist, pos, block + 1);
     double t1 = dfl_now();
     int n_cap = r->spec && q->feat ? pr->n_cap : 0;
-    rc = dfl_target_forward(t, q->kv, block, B, 0, q->logits, n_cap ? pr->cap : NULL, n_cap,
-                            q->feat, err);
-    if (rc) return rc;
+    dfl_fwd f = {.kv = q->kv, .tok = block, .n = B, .logits = q->logits,
+                 .cap = n_cap ? pr->cap : NULL, .n_cap = n_cap, .feat = q->feat};
+    if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
     double t2 = dfl_now();
     dfl_accept_fn accept = o->accept ? o->accept : dfl_accept_greedy;
     int a = accept(o->accept_ud, q->logits, vocab, block, B, pos, q->hist, dlog, tgt);
@@ -165,6 +178,8 @@ static int round_step(run *r, int B, int *accepted, dfl_error *err) {
     r->st->t_verify += t2 - t1;
     count_round(r, B, a, emitted);
     *accepted = a;
+    *cost = (t1 - t0) + (t4 - t2) + marginal(t, &f, t2 - t1);
+    if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
 }
 
@@ -226,8 +241,12 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
 
     double t0 = dfl_now();
     int keep = reuse_prefix(q, prompt, n_prompt, r.spec);
+    dfl_target_join(q->t);
     rc = dfl_spec_prefill(q, prompt + keep, n_prompt - 1 - keep, r.spec, err);
-    if (rc) return rc;
+    if (rc) {
+        dfl_target_leave(q->t);
+        return rc;
+    }
     double t1 = dfl_now();
     st->t_prefill += t1 - t0;
 
@@ -243,9 +262,9 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
         if (r.stop) break;
         int B = pick_block(&r, &pol), a = 0, ctx = q->kv->len;
-        double rs = dfl_now();
-        if ((rc = round_step(&r, B, &a, err))) break;
-        dfl_costs_update(costs, B, ctx, dfl_now() - rs);
+        double cost = 0;
+        if ((rc = round_step(&r, B, &a, &cost, err))) break;
+        dfl_costs_update(costs, B, ctx, cost);
         if (B > 1) dfl_policy_observe(&pol, B, a);
         else dfl_policy_classic_step(&pol);
     }
@@ -254,6 +273,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         rc = flush_pending(&r, err);
         st->t_draft += dfl_now() - f0;
     }
+    dfl_target_leave(q->t);
     double t2 = dfl_now();
     st->t_decode += t2 - t1;
     st->t_other += (t2 - t1) - (st->t_draft - d0) - (st->t_verify - v0);

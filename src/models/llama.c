@@ -129,7 +129,9 @@ static uint64_t mat_bytes(const dfl_mat *m) { return (uint64_t)m->rows * m->row_
 
 static void alloc_scratch(dfl_target *t) {
     const dfl_config *c = &t->c;
-    int R = t->max_rows, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    int R = t->batch_rows, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    if (R > t->max_rows)
+        t->logits = dfl_aligned_alloc((size_t)(R - t->max_rows) * c->vocab * sizeof(float));
     t->x = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
     t->xn = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
     t->q = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
@@ -198,6 +200,8 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
     t->pool = o->pool;
     dfl_ticket_init(&t->lock);
     t->max_rows = o->max_rows > 0 ? o->max_rows : 64;
+    t->batch_rows = o->batch_rows > t->max_rows ? o->batch_rows : t->max_rows;
+    t->comb = dfl_combiner_new(t->batch_rows);
     alloc_scratch(t);
     *out = t;
     return 0;
@@ -206,6 +210,7 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
 void dfl_target_free(dfl_target *t) {
     if (!t) return;
     if (t->x) dfl_ticket_destroy(&t->lock);
+    dfl_combiner_free(t->comb);
     free(t->lm_head.wt);
     for (int l = 0; t->layers && l < t->c.n_layers; l++) {
         dfl_layer *y = &t->layers[l];
@@ -222,6 +227,7 @@ void dfl_target_free(dfl_target *t) {
     }
     free(t->x), free(t->xn), free(t->q), free(t->k), free(t->v), free(t->att);
     free(t->h1), free(t->h2), free(t->n_keys), free(t->qscratch), free(t->rope_cs);
+    free(t->logits);
     free(t);
 }
 
@@ -268,10 +274,17 @@ static void norm_rows(float *y, const float *x, const float *w, int n, int d, fl
     for (int r = 0; r < n; r++) dfl_rmsnorm(y + (size_t)r * d, x + (size_t)r * d, w, d, eps);
 }
 
-/* q/k projections, per-head norm (Qwen3), RoPE; K and V land in the cache. */
-static void attn_inputs(dfl_target *t, const dfl_layer *L, dfl_kv *kv, int l, int n, int pos0) {
+/* Where a forward's rows are: sequence i's rows start at row off[i]. */
+typedef struct rows {
+    dfl_fwd *f;
+    int n_seq, n;          /* sequences, rows in all */
+    int off[DFL_MAX_PARALLEL + 1];
+} rows;
+
+/* q/k projections, per-head norm (Qwen3), RoPE; K and V land in each row's cache. */
+static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     const dfl_config *c = &t->c;
-    int hd = c->head_dim, qd = c->n_heads * hd, kvd = kv->kv_dim;
+    int n = b->n, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     matmul(t, &L->wq, n, t->xn, t->q);
     matmul(t, &L->wk, n, t->xn, t->k);
     matmul(t, &L->wv, n, t->xn, t->v);
@@ -287,32 +300,46 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, dfl_kv *kv, int l, in
         dfl_rope_apply_cs(&t->rope, t->q + (size_t)r * qd, c->n_heads, cs);
         dfl_rope_apply_cs(&t->rope, t->k + (size_t)r * kvd, c->n_kv_heads, cs);
     }
-    for (int h = 0; h < c->n_kv_heads; h++)
-        for (int r = 0; r < n; r++) {
-            size_t i = (size_t)r * kvd + h * hd;
-            dfl_quant_row(kv->type, t->k + i, dfl_kv_row(kv, kv->k, l, h, pos0 + r), hd);
-            dfl_quant_row(kv->type, t->v + i, dfl_kv_row(kv, kv->v, l, h, pos0 + r), hd);
-        }
+    for (int i = 0; i < b->n_seq; i++) {
+        dfl_kv *kv = b->f[i].kv;
+        for (int h = 0; h < c->n_kv_heads; h++)
+            for (int r = b->off[i]; r < b->off[i + 1]; r++) {
+                size_t x = (size_t)r * kvd + h * hd;
+                int pos = kv->len + r - b->off[i];
+                dfl_quant_row(kv->type, t->k + x, dfl_kv_row(kv, kv->k, l, h, pos), hd);
+                dfl_quant_row(kv->type, t->v + x, dfl_kv_row(kv, kv->v, l, h, pos), hd);
+            }
+    }
 }
 
 static void residual_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-static void layer_forward(dfl_target *t, int l, dfl_kv *kv, int n, int pos0) {
+/* Each sequence's rows attend to its own cache: a row's result never
+ * depends on the other sequences in the call. */
+static void attend(dfl_target *t, const rows *b, int l) {
+    const dfl_config *c = &t->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    for (int i = 0; i < b->n_seq; i++) {
+        dfl_kv *kv = b->f[i].kv;
+        int r0 = b->off[i], m = b->off[i + 1] - r0;
+        dfl_kv_view v = {dfl_kv_row(kv, kv->k, l, 0, 0), dfl_kv_row(kv, kv->v, l, 0, 0),
+                         kv->type, hd, (size_t)kv->cap * hd};
+        dfl_attention(t->pool, m, t->q + (size_t)r0 * qd, &v, t->n_keys + r0, c->n_heads,
+                      c->n_kv_heads, hd, 1.0f / sqrtf((float)hd), t->att + (size_t)r0 * qd);
+    }
+}
+
+static void layer_forward(dfl_target *t, int l, const rows *b) {
     const dfl_config *c = &t->c;
     const dfl_layer *L = &t->layers[l];
-    int hd = c->head_dim, qd = c->n_heads * hd;
+    int n = b->n;
     norm_rows(t->xn, t->x, L->attn_norm, n, c->dim, c->norm_eps);
-    attn_inputs(t, L, kv, l, n, pos0);
-    for (int r = 0; r < n; r++) t->n_keys[r] = pos0 + r + 1;
-    dfl_kv_view v = {dfl_kv_row(kv, kv->k, l, 0, 0), dfl_kv_row(kv, kv->v, l, 0, 0), kv->type, hd,
-                     (size_t)kv->cap * hd};
-    dfl_attention(t->pool, n, t->q, &v, t->n_keys, c->n_heads, c->n_kv_heads, hd,
-                  1.0f / sqrtf((float)hd), t->att);
+    attn_inputs(t, L, b, l);
+    attend(t, b, l);
     matmul(t, &L->wo, n, t->att, t->xn);
     residual_add(t->x, t->xn, (size_t)n * c->dim);
-    (void)qd;
 
     norm_rows(t->xn, t->x, L->ffn_norm, n, c->dim, c->norm_eps);
     matmul(t, &L->w_gate, n, t->xn, t->h1);
@@ -322,53 +349,76 @@ static void layer_forward(dfl_target *t, int l, dfl_kv *kv, int n, int pos0) {
     residual_add(t->x, t->xn, (size_t)n * c->dim);
 }
 
-static void capture(const dfl_target *t, int l, const int *cap, int n_cap, int n, float *feat) {
+static void capture(const dfl_target *t, int l, const rows *b) {
     int d = t->c.dim;
-    for (int j = 0; j < n_cap; j++) {
-        if (cap[j] != l) continue;
-        for (int r = 0; r < n; r++)
-            memcpy(feat + ((size_t)r * n_cap + j) * d, t->x + (size_t)r * d, d * sizeof(float));
+    for (int i = 0; i < b->n_seq; i++) {
+        const dfl_fwd *f = &b->f[i];
+        for (int j = 0; j < f->n_cap; j++) {
+            if (f->cap[j] != l) continue;
+            for (int r = 0; r < f->n; r++)
+                memcpy(f->feat + ((size_t)r * f->n_cap + j) * d,
+                       t->x + (size_t)(b->off[i] + r) * d, d * sizeof(float));
+        }
     }
 }
 
-/* One chunk of at most max_rows rows. */
-static void forward_chunk(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, int logits_from,
-                          float *logits, const int *cap, int n_cap, float *feat) {
+/* Normed final rows of every sequence that wants logits, packed from row 0 of
+ * xn; returns how many. */
+static int pack_logit_rows(dfl_target *t, const rows *b) {
     const dfl_config *c = &t->c;
-    int pos0 = kv->len;
-    dfl_target_embed(t, tok, n, t->x);
-    for (int r = 0; r < n; r++) dfl_rope_cs(&t->rope, pos0 + r, t->rope_cs + (size_t)r * c->head_dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        layer_forward(t, l, kv, n, pos0);
-        if (n_cap) capture(t, l, cap, n_cap, n, feat);
+    int m = 0;
+    for (int i = 0; i < b->n_seq; i++) {
+        const dfl_fwd *f = &b->f[i];
+        if (!f->logits || f->logits_from >= f->n) continue;
+        int k = f->n - f->logits_from;
+        norm_rows(t->xn + (size_t)m * c->dim, t->x + (size_t)(b->off[i] + f->logits_from) * c->dim,
+                  t->out_norm, k, c->dim, c->norm_eps);
+        m += k;
     }
-    kv->len += n;
-    if (!logits || logits_from >= n) return;
-    int m = n - logits_from;
-    norm_rows(t->xn, t->x + (size_t)logits_from * c->dim, t->out_norm, m, c->dim, c->norm_eps);
-    dfl_target_lm_head(t, t->xn, m, logits, t->qscratch);
+    return m;
 }
 
-int dfl_target_forward(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, int logits_from,
-                       float *logits, const int *cap, int n_cap, float *feat, dfl_error *err) {
-    if (n < 0 || kv->len + n > kv->cap)
-        return dfl_fail(err, DFL_ECTX, "context full: %d + %d rows exceed --ctx-size %d",
-                        kv->len, n, kv->cap);
-    for (int i = 0; i < n; i++)
-        if (tok[i] < 0 || tok[i] >= t->c.vocab)
-            return dfl_fail(err, DFL_EARG, "token id %d outside the vocabulary (0..%d)", tok[i],
-                            t->c.vocab - 1);
-    /* Chunk by chunk, so a long prefill lets other sessions in between. */
-    for (int a = 0; a < n; a += t->max_rows) {
-        int m = n - a < t->max_rows ? n - a : t->max_rows;
-        int lf = logits_from - a < 0 ? 0 : logits_from - a;
-        float *lg = logits ? logits + (size_t)(a + lf - logits_from) * t->c.vocab : NULL;
-        float *ft = n_cap ? feat + (size_t)a * n_cap * t->c.dim : NULL;
-        dfl_ticket_lock(&t->lock);
-        forward_chunk(t, kv, tok + a, m, lf, lg, cap, n_cap, ft);
-        dfl_ticket_unlock(&t->lock);
+/* One lm_head call for all sequences' rows (it is the largest matrix: read
+ * once per forward, not once per sequence), then each its own rows. A single
+ * sequence gets them in place; so does every sequence when the rows do not
+ * fit t->logits. */
+static void logits_out(dfl_target *t, const rows *b) {
+    int V = t->c.vocab, m = pack_logit_rows(t, b), want = 0;
+    for (int i = 0; i < b->n_seq; i++) want += b->f[i].logits && b->f[i].logits_from < b->f[i].n;
+    if (!m) return;
+    int shared = want > 1 && t->logits && m <= t->batch_rows - t->max_rows;
+    if (shared) dfl_target_lm_head(t, t->xn, m, t->logits, t->qscratch);
+    for (int i = 0, a = 0; i < b->n_seq; i++) {
+        const dfl_fwd *f = &b->f[i];
+        if (!f->logits || f->logits_from >= f->n) continue;
+        int k = f->n - f->logits_from;
+        if (shared)
+            memcpy(f->logits, t->logits + (size_t)a * V, (size_t)k * V * sizeof(float));
+        else
+            dfl_target_lm_head(t, t->xn + (size_t)a * t->c.dim, k, f->logits, t->qscratch);
+        a += k;
     }
-    return 0;
+}
+
+void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq) {
+    const dfl_config *c = &t->c;
+    rows b = {.f = f, .n_seq = n_seq};
+    for (int i = 0; i < n_seq; i++) {
+        b.off[i + 1] = b.off[i] + f[i].n;
+        for (int r = 0; r < f[i].n; r++) {
+            int row = b.off[i] + r, pos = f[i].kv->len + r;
+            dfl_target_embed(t, f[i].tok + r, 1, t->x + (size_t)row * c->dim);
+            dfl_rope_cs(&t->rope, pos, t->rope_cs + (size_t)row * c->head_dim);
+            t->n_keys[row] = pos + 1;
+        }
+    }
+    b.n = b.off[n_seq];
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_forward(t, l, &b);
+        capture(t, l, &b);
+    }
+    for (int i = 0; i < n_seq; i++) f[i].kv->len += f[i].n;
+    logits_out(t, &b);
 }
 
 void dfl_target_embed(const dfl_target *t, const int32_t *tok, int n, float *out) {

@@ -1,9 +1,16 @@
 /* model.h - the target seam: dense Llama / Qwen2 / Qwen3 decoders.
  *
  * A target is loaded once (weights mmap'd or converted at load, scratch sized
- * for max_rows). A dfl_kv is one sequence's cache. target_forward runs a batch
- * of rows; every row's logits and captured features are bit-identical
- * whatever the batch size (batch-invariant kernels). */
+ * for batch_rows). A dfl_kv is one sequence's cache. A forward runs rows of
+ * one or several sequences, each row tagged with its sequence and position;
+ * every row's logits and captured features are bit-identical whatever else
+ * shares the call (batch-invariant kernels, attention per sequence), so what
+ * one user gets never depends on who else is served.
+ *
+ * Threads that call dfl_target_forward at once on distinct sequences meet in
+ * a combiner: the first becomes the leader, waits until every generating
+ * sequence (dfl_target_join) has its rows queued or a short grace passes,
+ * and runs all queued rows that fit batch_rows as one forward. */
 #ifndef DFL_MODEL_H
 #define DFL_MODEL_H
 
@@ -43,6 +50,8 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err);
 /* Builds the RoPE table for c (caller frees r->inv_freq). */
 void dfl_rope_init(dfl_rope *r, const dfl_config *c);
 
+typedef struct dfl_combiner dfl_combiner;
+
 typedef struct dfl_layer {
     dfl_mat wq;       /* (n_heads*hd, dim) */
     dfl_mat wk;       /* (n_kv*hd, dim) */
@@ -70,19 +79,23 @@ typedef struct dfl_target {
     dfl_pool *pool;
     dfl_ticket lock;      /* one forward at a time: the pool and scratch are shared by
                              every session (the drafter's forwards take it too) */
-    int max_rows;         /* rows per forward call */
+    int max_rows;         /* rows of one sequence per forward (a prefill chunk) */
+    int batch_rows;       /* rows of all sequences per forward (>= max_rows) */
+    dfl_combiner *comb;   /* concurrent forwards meet here */
     dfl_type kv_type;     /* element type of every cache made for it */
     uint64_t weight_bytes;/* bytes one decode step reads */
-    /* scratch, sized at load for max_rows */
-    float *x;             /* (max_rows, dim) residual */
-    float *xn;            /* (max_rows, dim) normed */
-    float *q;             /* (max_rows, n_heads*hd) */
-    float *k, *v;         /* (max_rows, n_kv*hd) */
-    float *att;           /* (max_rows, n_heads*hd) */
-    float *h1, *h2;       /* (max_rows, ffn) */
+    /* scratch, sized at load for batch_rows (R) */
+    float *x;             /* (R, dim) residual */
+    float *xn;            /* (R, dim) normed */
+    float *q;             /* (R, n_heads*hd) */
+    float *k, *v;         /* (R, n_kv*hd) */
+    float *att;           /* (R, n_heads*hd) */
+    float *h1, *h2;       /* (R, ffn) */
     void *qscratch;       /* quantized activations */
-    int *n_keys;          /* (max_rows) */
-    float *rope_cs;       /* (max_rows, hd) each row's RoPE cos | sin, once per forward */
+    int *n_keys;          /* (R) */
+    float *rope_cs;       /* (R, hd) each row's RoPE cos | sin, once per forward */
+    float *logits;        /* (R - max_rows, vocab) logits of a several-sequence forward,
+                             before they go to each caller; NULL when R == max_rows */
 } dfl_target;
 
 typedef struct dfl_kv {
@@ -105,7 +118,8 @@ static inline void *dfl_kv_row(const dfl_kv *kv, void *buf, int l, int h, int po
 typedef struct dfl_load_opts {
     const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */
     const char *kv_type;  /* K/V cache elements: NULL/"f16" or "f32" */
-    int max_rows;         /* largest forward batch */
+    int max_rows;         /* rows of one sequence per forward (default 64) */
+    int batch_rows;       /* rows of all sequences per forward; 0: max_rows */
     int draft_window;     /* drafters: see dfl_engine_opts.draft_window */
     dfl_pool *pool;
     dfl_progress_fn progress;
@@ -120,14 +134,48 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
 void dfl_kv_free(dfl_kv *kv);
 void dfl_kv_truncate(dfl_kv *kv, int n_keep);
 
-/* Runs n rows (n <= max_rows) that continue kv at positions kv->len ... .
+/* One sequence's rows in a forward: tok[i] at position kv->len + i, each row's
+ * parent the row before it (tree rows, whose parent is a node of a draft
+ * tree, come with tree verification).
  * logits: when not NULL, rows [logits_from, n) get logits at
  *         logits[(r - logits_from) * vocab].
  * feat:   when n_cap > 0, [n, n_cap*dim]: output of decoder layer cap[j]
- *         (0-based, before the final norm) at columns j*dim.
- * Returns 0 or DFL_ECTX when the cache is full. */
+ *         (0-based, before the final norm) at columns j*dim. */
+typedef struct dfl_fwd {
+    dfl_kv *kv;
+    const int32_t *tok;   /* (n) */
+    int n, logits_from;
+    float *logits;
+    const int *cap;
+    int n_cap;
+    float *feat;
+    /* filled by the forward */
+    int others;           /* rows of other sequences that shared the call */
+    double seconds;       /* the call's time */
+} dfl_fwd;
+
+/* Runs f[0..n_seq): distinct sequences, rows in all <= batch_rows, each
+ * f[i].n <= max_rows; the caller holds t->lock. No checks: callers check. */
+void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq);
+
+/* Runs n rows that continue kv, in chunks of max_rows, each chunk through the
+ * combiner (batched with other threads' rows). Returns 0, DFL_ECTX when the
+ * cache is full or DFL_EARG for a token outside the vocabulary. The _ex form
+ * takes the call as a dfl_fwd and leaves the last chunk's others and seconds
+ * in it. */
 int dfl_target_forward(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, int logits_from,
                        float *logits, const int *cap, int n_cap, float *feat, dfl_error *err);
+int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err);
+
+/* A sequence starts / stops generating: the combiner's leader waits for the
+ * rows of joined sequences (up to DFL_GATHER_US) before it runs a forward. */
+void dfl_target_join(dfl_target *t);
+dfl_combiner *dfl_combiner_new(int batch_rows);
+void dfl_combiner_free(dfl_combiner *c);
+void dfl_target_leave(dfl_target *t);
+/* Moving average of a forward's seconds by its total rows (0 when unmeasured):
+ * the marginal cost of B rows joining `others` is cost(others + B) - cost(others). */
+double dfl_target_tick_cost(const dfl_target *t, int rows);
 
 /* The drafter borrows these. */
 void dfl_target_embed(const dfl_target *t, const int32_t *tok, int n, float *out /* (n, dim) */);

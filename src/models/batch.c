@@ -1,0 +1,197 @@
+/* batch.c - the combiner: forwards that threads call at once on distinct
+ * sequences run as one.
+ *
+ * Why: decode rows of several sequences cost little more than one (the
+ * weights are read once per forward), so a server whose slots took turns
+ * would give four users a quarter of the machine each. Each waiting call is
+ * queued; the call at the head becomes the leader once the machine is free,
+ * waits until every joined sequence has its rows queued (they are drafting
+ * or committing meanwhile, and a forward without them would leave them for
+ * the next one), then runs every queued call that fits batch_rows as one
+ * forward. Rows are batch invariant, so which calls meet never changes a
+ * result: only how fast it comes. */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "models/model.h"
+
+/* How long a leader waits for joined sequences still on their way: long
+ * enough for a drafter pass or a commit, short enough that a sequence stuck
+ * elsewhere costs the others little. */
+enum { DFL_GATHER_US = 20000 };
+
+typedef struct waiter {
+    dfl_fwd *f;
+    int done;
+} waiter;
+
+struct dfl_combiner {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* queue, busy, n_active or a done flag changed */
+    waiter *queue[DFL_MAX_PARALLEL];
+    int n_queued;
+    int busy;                  /* a leader is running a forward */
+    int n_active;              /* joined sequences */
+    double *tick;              /* (batch_rows + 1) seconds per forward by its rows */
+    int max_rows;
+};
+
+dfl_combiner *dfl_combiner_new(int batch_rows) {
+    dfl_combiner *c = xcalloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->tick = xcalloc((size_t)batch_rows + 1, sizeof *c->tick);
+    c->max_rows = batch_rows;
+    return c;
+}
+
+void dfl_combiner_free(dfl_combiner *c) {
+    if (!c) return;
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->tick);
+    free(c);
+}
+
+void dfl_target_join(dfl_target *t) {
+    pthread_mutex_lock(&t->comb->mu);
+    t->comb->n_active++;
+    pthread_mutex_unlock(&t->comb->mu);
+}
+
+void dfl_target_leave(dfl_target *t) {
+    pthread_mutex_lock(&t->comb->mu);
+    t->comb->n_active--;
+    pthread_cond_broadcast(&t->comb->cv);
+    pthread_mutex_unlock(&t->comb->mu);
+}
+
+double dfl_target_tick_cost(const dfl_target *t, int rows) {
+    dfl_combiner *c = t->comb;
+    if (rows <= 0) return 0;
+    if (rows > c->max_rows) rows = c->max_rows;
+    pthread_mutex_lock(&c->mu);
+    double s = c->tick[rows];
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+static struct timespec deadline(double from_now_s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double ns = ts.tv_nsec + from_now_s * 1e9;
+    ts.tv_sec += (time_t)(ns / 1e9);
+    ts.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+    return ts;
+}
+
+/* Takes the queued calls that fit (the head always does) out of the queue. */
+static int take(dfl_target *t, waiter **out) {
+    dfl_combiner *c = t->comb;
+    int k = 0, rows = 0, w = 0;
+    for (int i = 0; i < c->n_queued; i++) {
+        waiter *x = c->queue[i];
+        if (k == 0 || rows + x->f->n <= t->batch_rows) {
+            out[k++] = x;
+            rows += x->f->n;
+        } else {
+            c->queue[w++] = x;
+        }
+    }
+    c->n_queued = w;
+    return k;
+}
+
+/* Runs the taken calls; called without the mutex. */
+static double run(dfl_target *t, waiter **ws, int k, int *rows) {
+    dfl_fwd f[DFL_MAX_PARALLEL];
+    *rows = 0;
+    for (int i = 0; i < k; i++) {
+        f[i] = *ws[i]->f;
+        *rows += f[i].n;
+    }
+    dfl_ticket_lock(&t->lock);
+    double t0 = dfl_now();
+    dfl_target_forward_rows(t, f, k);
+    double dt = dfl_now() - t0;
+    dfl_ticket_unlock(&t->lock);
+    for (int i = 0; i < k; i++) {
+        ws[i]->f->others = *rows - f[i].n;
+        ws[i]->f->seconds = dt;
+    }
+    return dt;
+}
+
+static void lead(dfl_target *t) {
+    dfl_combiner *c = t->comb;
+    waiter *ws[DFL_MAX_PARALLEL];
+    int k = take(t, ws), rows;
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+    double dt = run(t, ws, k, &rows);
+    pthread_mutex_lock(&c->mu);
+    c->tick[rows] = c->tick[rows] > 0 ? 0.9 * c->tick[rows] + 0.1 * dt : dt;
+    for (int i = 0; i < k; i++) ws[i]->done = 1;
+    c->busy = 0;
+    pthread_cond_broadcast(&c->cv);
+}
+
+/* One call of at most max_rows rows, batched with whatever else is queued. */
+static void submit(dfl_target *t, dfl_fwd *f) {
+    dfl_combiner *c = t->comb;
+    waiter me = {f, 0};
+    pthread_mutex_lock(&c->mu);
+    while (c->n_queued == DFL_MAX_PARALLEL) pthread_cond_wait(&c->cv, &c->mu);
+    c->queue[c->n_queued++] = &me;
+    pthread_cond_broadcast(&c->cv);
+    double since = dfl_now();
+    while (!me.done) {
+        int head = !c->busy && c->n_queued && c->queue[0] == &me;
+        double waited = dfl_now() - since;
+        if (head && (c->n_queued >= c->n_active || waited * 1e6 >= DFL_GATHER_US)) {
+            lead(t);
+        } else if (head) {
+            struct timespec ts = deadline(DFL_GATHER_US * 1e-6 - waited);
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        } else {
+            pthread_cond_wait(&c->cv, &c->mu);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err) {
+    dfl_kv *kv = f->kv;
+    int n = f->n;
+    if (n < 0 || kv->len + n > kv->cap)
+        return dfl_fail(err, DFL_ECTX, "context full: %d + %d rows exceed --ctx-size %d",
+                        kv->len, n, kv->cap);
+    for (int i = 0; i < n; i++)
+        if (f->tok[i] < 0 || f->tok[i] >= t->c.vocab)
+            return dfl_fail(err, DFL_EARG, "token id %d outside the vocabulary (0..%d)",
+                            f->tok[i], t->c.vocab - 1);
+    /* Chunk by chunk: a long prefill takes max_rows rows per forward, so the
+     * other sequences' rounds go on between its chunks. */
+    for (int a = 0; a < n; a += t->max_rows) {
+        int m = n - a < t->max_rows ? n - a : t->max_rows;
+        int lf = f->logits_from - a < 0 ? 0 : f->logits_from - a;
+        dfl_fwd ch = *f;
+        ch.tok = f->tok + a;
+        ch.n = m;
+        ch.logits_from = lf;
+        ch.logits = f->logits ? f->logits + (size_t)(a + lf - f->logits_from) * t->c.vocab : NULL;
+        ch.feat = f->n_cap ? f->feat + (size_t)a * f->n_cap * t->c.dim : NULL;
+        submit(t, &ch);
+        f->others = ch.others;
+        f->seconds = ch.seconds;
+    }
+    return 0;
+}
+
+int dfl_target_forward(dfl_target *t, dfl_kv *kv, const int32_t *tok, int n, int logits_from,
+                       float *logits, const int *cap, int n_cap, float *feat, dfl_error *err) {
+    dfl_fwd f = {.kv = kv, .tok = tok, .n = n, .logits_from = logits_from, .logits = logits,
+                 .cap = cap, .n_cap = n_cap, .feat = feat};
+    return dfl_target_forward_ex(t, &f, err);
+}

@@ -1,0 +1,220 @@
+/* test_batch.c - one forward for many sequences.
+ *
+ * 1. The seam: rows of several sequences in one dfl_target_forward_rows call
+ *    (decode rows, verify blocks, prefill chunks, with drafts rolled back and
+ *    run again) give every row the bits of single-row decode, logits and
+ *    captured features alike. Random mixes over many seeds, for three weight
+ *    types, on the SIMD kernels and on the plain-C twins.
+ * 2. The combiner: threads generating at once on their own sessions (their
+ *    forwards batched) get, token for token, what each gets alone: classic,
+ *    fixed blocks and the adaptive policy, over several seeds. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dflash.h"
+#include "api/engine.h"
+#include "kernels/kernels.h"
+#include "testutil.h"
+
+enum { NSEQ = 6, LEN = 96, CTX = 256, NCAP = 2, MAXG = 160, NTHREAD = 6 };
+static const int CAP[NCAP] = {1, 3};
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+/* ---- 1. the seam ---------------------------------------------------------- */
+
+typedef struct ref {
+    float *logits;   /* (LEN, vocab) single-row decode, row by row */
+    float *feat;     /* (LEN, NCAP*dim) */
+} ref;
+
+static void solo(dfl_target *t, const int32_t *tok, ref *r) {
+    dfl_kv *kv = dfl_kv_new(t, CTX);
+    size_t V = t->c.vocab, fd = (size_t)NCAP * t->c.dim;
+    dfl_error err = {0};
+    for (int p = 0; p < LEN; p++)
+        dfl_target_forward(t, kv, tok + p, 1, 0, r->logits + p * V, CAP, NCAP, r->feat + p * fd,
+                           &err);
+    dfl_kv_free(kv);
+}
+
+/* Runs the NSEQ streams to LEN in random mixed forwards; returns the rows
+ * whose logits or features differ from solo decode. */
+static int mixed(dfl_target *t, int32_t (*tok)[LEN], ref *refs, uint64_t seed, int *max_seqs) {
+    size_t V = t->c.vocab, fd = (size_t)NCAP * t->c.dim;
+    dfl_kv *kv[NSEQ];
+    float *lg[NSEQ], *ft[NSEQ];
+    for (int s = 0; s < NSEQ; s++) {
+        kv[s] = dfl_kv_new(t, CTX);
+        lg[s] = malloc(t->max_rows * V * sizeof(float));
+        ft[s] = malloc(t->max_rows * fd * sizeof(float));
+    }
+    int bad = 0;
+    for (;;) {
+        dfl_fwd f[NSEQ];
+        int n = 0, rows = 0;
+        for (int s = 0; s < NSEQ; s++) {
+            int left = LEN - kv[s]->len;
+            if (left <= 0 || rng_next(&seed) % 4 == 0) continue;
+            int kind = (int)(rng_next(&seed) % 3);   /* decode row, block, prefill chunk */
+            int m = kind == 0 ? 1 : kind == 1 ? 2 + (int)(rng_next(&seed) % 15) : t->max_rows;
+            if (m > left) m = left;
+            if (rows + m > t->batch_rows) continue;
+            f[n++] = (dfl_fwd){.kv = kv[s], .tok = tok[s] + kv[s]->len, .n = m, .logits = lg[s],
+                               .cap = CAP, .n_cap = NCAP, .feat = ft[s]};
+            rows += m;
+        }
+        if (!n) {
+            int done = 1;
+            for (int s = 0; s < NSEQ; s++) done &= kv[s]->len >= LEN;
+            if (done) break;
+            continue;
+        }
+        if (n > *max_seqs) *max_seqs = n;
+        int pos0[NSEQ];
+        for (int i = 0; i < n; i++) pos0[i] = f[i].kv->len;
+        dfl_ticket_lock(&t->lock);
+        dfl_target_forward_rows(t, f, n);
+        dfl_ticket_unlock(&t->lock);
+        for (int i = 0; i < n; i++) {
+            int s = 0;
+            while (kv[s] != f[i].kv) s++;
+            for (int r = 0; r < f[i].n; r++) {
+                int p = pos0[i] + r;
+                bad += memcmp(lg[s] + r * V, refs[s].logits + p * V, V * sizeof(float)) != 0 ||
+                       memcmp(ft[s] + r * fd, refs[s].feat + p * fd, fd * sizeof(float)) != 0;
+            }
+            /* a verify that rejected its last drafts: they run again later */
+            if (f[i].n > 1 && rng_next(&seed) % 3 == 0)
+                dfl_kv_truncate(kv[s], pos0[i] + 1 + (int)(rng_next(&seed) % (f[i].n - 1)));
+        }
+    }
+    for (int s = 0; s < NSEQ; s++) dfl_kv_free(kv[s]), free(lg[s]), free(ft[s]);
+    return bad;
+}
+
+static void test_seam(dfl_engine *e, const char *dtype) {
+    dfl_target *t = e->t;
+    size_t V = t->c.vocab, fd = (size_t)NCAP * t->c.dim;
+    int32_t tok[NSEQ][LEN];
+    ref refs[NSEQ];
+    for (int pass = 0; pass < 2; pass++) {
+        dfl_kernels_force_ref(pass);
+        uint64_t s0 = 0x9e3779b97f4a7c15ull + pass;
+        for (int s = 0; s < NSEQ; s++) {
+            for (int p = 0; p < LEN; p++) tok[s][p] = (int32_t)(rng_next(&s0) % V);
+            refs[s].logits = malloc(LEN * V * sizeof(float));
+            refs[s].feat = malloc(LEN * fd * sizeof(float));
+            solo(t, tok[s], &refs[s]);
+        }
+        int bad = 0, max_seqs = 0, seeds = 12;
+        for (int k = 0; k < seeds; k++) bad += mixed(t, tok, refs, 1000 + k * 7919, &max_seqs);
+        CHECK(bad == 0, "%s, %s kernels: %d rows of mixed forwards differ from single-row decode",
+              dtype, pass ? "plain-C" : "SIMD", bad);
+        CHECK(max_seqs >= 4, "%s: the mixes never put 4 sequences in one forward (%d)", dtype,
+              max_seqs);
+        for (int s = 0; s < NSEQ; s++) free(refs[s].logits), free(refs[s].feat);
+    }
+    dfl_kernels_force_ref(0);
+}
+
+/* ---- 2. the combiner ------------------------------------------------------ */
+
+typedef struct job {
+    dfl_engine *e;
+    int32_t prompt[16];
+    int n_prompt, block;
+    int32_t ids[MAXG];
+    int n;
+    dfl_stats st;
+    int rc;
+} job;
+
+static int on_tok(void *ud, const dfl_token_info *ti) {
+    job *j = ud;
+    if (j->n < MAXG) j->ids[j->n++] = ti->id;
+    return 0;
+}
+
+static void *gen(void *arg) {
+    job *j = arg;
+    dfl_session *s;
+    dfl_error err = {0};
+    j->n = 0;
+    j->rc = dfl_session_new(j->e, &s, &err);
+    if (j->rc) return NULL;
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.max_tokens = 96 + j->block * 3;   /* unequal lengths: others leave mid-run */
+    p.ignore_eos = 1;
+    p.block_size = j->block;
+    j->rc = dfl_generate(s, j->prompt, j->n_prompt, &p, on_tok, j, &j->st, &err);
+    if (j->rc) fprintf(stderr, "generate: %s\n", err.msg);
+    dfl_session_free(s);
+    return NULL;
+}
+
+static void test_crowd(dfl_engine *e) {
+    static const int blocks[NTHREAD] = {1, 4, 0, 8, 1, 0};
+    uint64_t shared = 0;
+    for (int seed = 0; seed < 4; seed++) {
+        job solo_j[NTHREAD], crowd[NTHREAD];
+        uint64_t rs = 0x1234567ull + seed;
+        for (int i = 0; i < NTHREAD; i++) {
+            job *j = &solo_j[i];
+            memset(j, 0, sizeof *j);
+            j->e = e;
+            j->block = blocks[i];
+            j->n_prompt = 3 + (int)(rng_next(&rs) % 12);
+            for (int k = 0; k < j->n_prompt; k++) j->prompt[k] = (int32_t)(rng_next(&rs) % 512);
+            crowd[i] = *j;
+            gen(j);
+        }
+        pthread_t th[NTHREAD];
+        for (int i = 0; i < NTHREAD; i++) pthread_create(&th[i], NULL, gen, &crowd[i]);
+        for (int i = 0; i < NTHREAD; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < NTHREAD; i++) {
+            CHECK(crowd[i].rc == 0 && crowd[i].n == solo_j[i].n &&
+                      !memcmp(crowd[i].ids, solo_j[i].ids, sizeof(int32_t) * crowd[i].n),
+                  "seed %d, block %d: the crowd's %d tokens differ from the solo run's %d", seed,
+                  blocks[i], crowd[i].n, solo_j[i].n);
+            shared += crowd[i].st.shared_forwards;
+        }
+    }
+    CHECK(shared > 0, "no forward of the crowd carried two sequences: nothing was batched");
+    printf("crowd: %llu forwards shared\n", (unsigned long long)shared);
+}
+
+int main(void) {
+    const char *dir = test_tmpdir();
+    char model[512], draft[512];
+    if (test_make_pair(dir, "--arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 "
+                            "--head-dim 16 --ffn 192 --vocab 512 --untied --dtype bf16",
+                       model, draft))
+        return test_summary();
+    static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
+    for (int d = 0; d < 3; d++) {
+        dfl_engine_opts o;
+        dfl_engine_opts_default(&o);
+        o.model_path = model;
+        o.draft_path = draft;
+        o.dtype = dtypes[d];
+        o.n_threads = 2;
+        o.ctx_size = CTX;
+        o.n_parallel = NTHREAD;
+        dfl_engine *e;
+        dfl_error err = {0};
+        int rc = dfl_engine_load(&o, &e, &err);
+        CHECK(rc == 0, "load %s: %s", dtypes[d], err.msg);
+        if (rc) continue;
+        test_seam(e, dtypes[d]);
+        if (d != 1) test_crowd(e);
+        dfl_engine_free(e);
+    }
+    test_rmdir(dir);
+    return test_summary();
+}
