@@ -69,6 +69,9 @@ static int check_params(const dfl_gen_params *p, dfl_error *err) {
     if (p->n_top_logprobs < 0 || p->n_top_logprobs > DFL_MAX_TOP_LOGPROBS)
         return dfl_fail(err, DFL_EARG, "top logprobs %d outside 0..%d", p->n_top_logprobs,
                         DFL_MAX_TOP_LOGPROBS);
+    if (p->replay_ref && (p->n_replay_ref < 1 || !(p->replay_tau >= 1)))
+        return dfl_fail(err, DFL_EARG, "replay: %d reference tokens at tau %g (need >= 1, >= 1)",
+                        p->n_replay_ref, p->replay_tau);
     return 0;
 }
 
@@ -115,12 +118,20 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
     return p->block_size ? bmax : 0;
 }
 
-/* Sessions on other threads may generate at the same time: the engine's
- * memo (probe results, round costs) is set under e->mu, and every forward
- * takes the target's fair lock (models/llama.c, draft/dflash.c). */
-int dfl_engine_concurrent(const dfl_engine *e) {
-    (void)e;
-    return 1;
+/* The replay proposer over dp for p->replay_ref (*path: the prompt and the
+ * reference by position, freed by the caller). */
+static dfl_proposer *replay(dfl_replay_proposer *rp, dfl_dflash_proposer *dp, const dfl_engine *e,
+                            const int32_t *prompt, int n_prompt, const dfl_gen_params *p,
+                            int32_t **path) {
+    int n = n_prompt + p->n_replay_ref;
+    *path = xmalloc((size_t)n * sizeof(int32_t));
+    memcpy(*path, prompt, (size_t)n_prompt * sizeof(int32_t));
+    memcpy(*path + n_prompt, p->replay_ref, (size_t)p->n_replay_ref * sizeof(int32_t));
+    double flat[DFL_POLICY_MAX];
+    int n_p = e->d->block_size - 1 < DFL_POLICY_MAX ? e->d->block_size - 1 : DFL_POLICY_MAX;
+    for (int i = 0; i < n_p; i++) flat[i] = dfl_replay_p_for_tau(p->replay_tau, n_p);
+    dfl_replay_proposer_init(rp, &dp->base, *path, n, e->t->c.vocab, flat, n_p, p->seed);
+    return &rp->base;
 }
 
 int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_gen_params *p,
@@ -147,9 +158,12 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     dfl_seq q = {.t = t, .kv = s->kv, .hist = s->hist, .logits = s->logits,
                  .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block};
     dfl_dflash_proposer dp;
+    dfl_replay_proposer rp;
+    int32_t *path = NULL;
     if (e->d && s->ds) {
         dfl_dflash_proposer_init(&dp, e->d, s->ds);
         q.pr = &dp.base;
+        if (p->replay_ref && !smp) q.pr = replay(&rp, &dp, e, prompt, n_prompt, p, &path);
     }
     pthread_mutex_lock(&e->mu);
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
@@ -172,5 +186,6 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     st->accepted_lossy += sm.lossy;
     st->resampled += sm.resampled;
     dfl_sampler_free(smp);
+    free(path);
     return rc;
 }

@@ -34,7 +34,10 @@ static void usage(FILE *f) {
             "  --shutdown-grace S      on SIGINT/SIGTERM let running requests finish this long\n"
             "                          (default 10), then cancel them\n"
             "  --temp T                temperature for requests that give none (default 1,\n"
-            "                          as OpenAI's API; 0 makes them greedy)\n");
+            "                          as OpenAI's API; 0 makes them greedy)\n"
+            "  --replay-tau X          benchmarks only: a greedy request whose prompt was\n"
+            "                          answered before replays that answer as the drafter's\n"
+            "                          proposals at mean acceptance length X (bench/bench_serve.py)\n");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -73,7 +76,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--draft") || !strcmp(a, "-md")) o.draft_path = v;
         else if (!strcmp(a, "--host")) o.host = v;
         else if (!strcmp(a, "--port")) o.port = cli_int(a, v, 0, 65535);
-        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) o.parallel = cli_int(a, v, 1, 256);
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel"))
+            o.parallel = cli_int(a, v, 1, DFL_MAX_PARALLEL);
+        else if (!strcmp(a, "--replay-tau")) o.replay_tau = cli_num(a, v, 1, DFL_MAX_BLOCK);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o.ctx_size = cli_int(a, v, 0, 1 << 24);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o.threads = cli_int(a, v, 0, 1024);
         else if (!strcmp(a, "--api-key")) o.api_key = *v ? v : NULL;

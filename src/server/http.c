@@ -292,9 +292,7 @@ static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, 
     int cap = (int)(len < (size_t)1 << 28 ? len : (size_t)1 << 28) + 16, n;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
     dfl_error err = {0};
-    srv_tok_lock(srv);
     n = dfl_tokenize(srv->e, content->valuestring, len, add, parse, ids, cap, &err);
-    srv_tok_unlock(srv);
     if (n < 0 || n > cap) {
         free(ids);
         cJSON_Delete(o);
@@ -309,14 +307,12 @@ static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, 
         char buf[512];
         srv_buf txt = {0};
         dfl_detok d;
-        srv_tok_lock(srv);
         dfl_detok_init(&d, srv->e, 1);
         d.first = 0;
         int k = dfl_detok_push(&d, ids[i], buf, sizeof buf);
         if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
         k = dfl_detok_flush(&d, buf, sizeof buf);
         if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
-        srv_tok_unlock(srv);
         srv_buf_put(&txt, "", 0);
         cJSON *p = cJSON_CreateObject();
         cJSON_AddNumberToObject(p, "id", ids[i]);
@@ -349,7 +345,6 @@ static enum MHD_Result post_detokenize(srv_server *srv, struct MHD_Connection *c
     srv_buf raw = {0}, txt = {0};
     char buf[4096];
     dfl_detok d;
-    srv_tok_lock(srv);
     dfl_detok_init(&d, srv->e, 1);
     for (cJSON *t = toks->child; t; t = t->next) {
         int k = dfl_detok_push(&d, (int32_t)t->valuedouble, buf, sizeof buf);
@@ -357,7 +352,6 @@ static enum MHD_Result post_detokenize(srv_server *srv, struct MHD_Connection *c
     }
     int k = dfl_detok_flush(&d, buf, sizeof buf);
     if (k > 0) srv_buf_put(&raw, buf, (size_t)k);
-    srv_tok_unlock(srv);
     srv_utf8_sanitize(&txt, raw.p ? raw.p : "", raw.len);
     srv_buf_put(&txt, "", 0);
     cJSON *r = cJSON_CreateObject();
@@ -548,6 +542,7 @@ static void *load_engine(void *arg) {
     eo.ctx_size = srv->o.ctx_size;
     eo.allow_inexact = srv->o.allow_inexact;
     eo.draft_window = srv->o.draft_window;
+    eo.n_parallel = srv->o.parallel;
     eo.progress = on_progress;
     eo.progress_ud = &last;
     if (dfl_engine_load(&eo, &srv->e, &err)) {
@@ -563,11 +558,11 @@ static void *load_engine(void *arg) {
         return NULL;
     }
     fprintf(stderr,
-            "dflash serve: ready: model '%s' (%s, %s), %s, %d slot%s of %d tokens, engine %s\n",
+            "dflash serve: ready: model '%s' (%s, %s), %s, %d slot%s of %d tokens, "
+            "continuous batching\n",
             srv->model_id, srv->info.arch, srv->info.dtype,
             srv->info.has_draft ? "DFlash drafter" : "no drafter", srv->n_slots,
-            srv->n_slots == 1 ? "" : "s", srv->info.ctx_size,
-            srv->concurrent ? "interleaves slots per forward" : "runs one request at a time");
+            srv->n_slots == 1 ? "" : "s", srv->info.ctx_size);
     __atomic_store_n(&srv->ready, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&ld->done, 1, __ATOMIC_RELEASE);
     return NULL;
@@ -618,7 +613,6 @@ int srv_main(const srv_opts *o) {
     srv_server *srv = &S;
     srv->o = *o;
     pthread_mutex_init(&srv->mu, NULL);
-    pthread_mutex_init(&srv->tok_mu, NULL);
     pthread_cond_init(&srv->idle_cv, NULL);
     srv_metrics_init(&srv->m);
 

@@ -44,6 +44,8 @@ void srv_metrics_job(srv_metrics *m, const srv_job *j) {
     m->proposed += j->st.proposed;
     m->accepted += j->st.accepted;
     m->committed += j->st.committed;
+    m->shared_forwards += j->st.shared_forwards;
+    m->shared_rows += j->st.shared_rows;
     m->classic_steps += j->st.classic_steps;
     int r = j->st.accept_rule;
     if (j->st.rounds && r >= 0 && r < 3) {
@@ -148,6 +150,11 @@ char *srv_metrics_text(srv_server *srv, int queued, int busy) {
     metric(&b, "dflash_decode_tokens_per_second", "gauge",
            "Mean generation speed of one request (generated tokens / decode seconds).",
            c.t_decode > 0 ? (double)c.gen_tokens / c.t_decode : 0);
+    metric(&b, "dflash_batched_forwards_total", "counter",
+           "Decode forwards of a request that also carried other requests' rows.",
+           (double)c.shared_forwards);
+    metric(&b, "dflash_batched_rows_total", "counter",
+           "Rows of other requests those forwards carried, summed.", (double)c.shared_rows);
     metric(&b, "dflash_spec_rounds_total", "counter",
            "Speculative rounds (one draft + one verify).", (double)c.rounds);
     metric(&b, "dflash_spec_proposed_total", "counter", "Draft tokens proposed.",

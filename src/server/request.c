@@ -16,16 +16,6 @@
 
 #include "server.h"
 
-/* ---- the tokenizer lock (parsing, emitting, sched and http tokenize) ------ */
-
-void srv_tok_lock(srv_server *srv) {
-    if (!srv->concurrent) pthread_mutex_lock(&srv->tok_mu);
-}
-
-void srv_tok_unlock(srv_server *srv) {
-    if (!srv->concurrent) pthread_mutex_unlock(&srv->tok_mu);
-}
-
 int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...) {
     va_list ap;
     e->status = status;
@@ -314,9 +304,7 @@ static int tokenize(srv_job *j, const char *text, size_t len, int add_special, c
     dfl_error err = {0};
     j->prompt = malloc(sizeof(int32_t) * (size_t)cap);
     if (!j->prompt) return srv_errf(e, 500, NULL, "out of memory");
-    srv_tok_lock(srv);
     int n = dfl_tokenize(srv->e, text, len, add_special, 1, j->prompt, cap, &err);
-    srv_tok_unlock(srv);
     if (n < 0) return srv_errf(e, 400, NULL, "could not tokenize the prompt: %s", err.msg);
     if (n == 0) return srv_errf(e, 400, NULL, "the prompt is empty");
     if (n >= cap) {
@@ -444,10 +432,8 @@ static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
     for (int tries = 0; tries < 2; tries++) {
         free(rendered);
         rendered = malloc(cap);
-        srv_tok_lock(srv);
         int len = dfl_chat_render(srv->e, srv->o.chat_template, msgs, n, 1, thinking, rendered,
                                   cap, &err);
-        srv_tok_unlock(srv);
         if (len < 0) {
             srv_errf(e, 400, "messages", "could not render the chat template: %s", err.msg);
             goto out;

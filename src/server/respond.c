@@ -49,14 +49,12 @@ static void token_text(srv_job *j, int32_t id, srv_buf *out) {
     char buf[256];
     dfl_detok d;
     out->len = 0;
-    srv_tok_lock(j->srv);
     dfl_detok_init(&d, j->srv->e, 1);
     d.first = 0;   /* a token's text keeps its leading space */
     int n = dfl_detok_push(&d, id, buf, sizeof buf);
     if (n > 0) srv_utf8_sanitize(out, buf, (size_t)n);
     n = dfl_detok_flush(&d, buf, sizeof buf);
     if (n > 0) srv_utf8_sanitize(out, buf, (size_t)n);
-    srv_tok_unlock(j->srv);
     srv_buf_put(out, "", 0);
 }
 

@@ -6,10 +6,10 @@
  * keeps that prefix, so a follow-up turn is not prefilled again), else to the
  * least recently used one; jobs wait in arrival order when every slot is busy.
  *
- * Sharing the engine: when dfl_engine_concurrent() says so, the engine itself
- * takes a fair lock around each forward and the workers' generations
- * interleave round by round (dflash's engine does). With an engine that
- * does not, whole dfl_generate calls run here one at a time. */
+ * Sharing the engine: the workers call dfl_generate at once; the engine
+ * runs their forwards together (continuous batching: each forward carries
+ * every busy slot's decode row, verify block or prefill chunk), and a
+ * greedy request's output is the same alone or among others. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +117,58 @@ void srv_sched_counts(srv_server *srv, int *queued, int *busy) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+/* ---- replay references (--replay-tau: benchmarks only) --------------------------- */
+
+/* The first greedy answer to each prompt, kept so that a later request with
+ * the same prompt can replay it as the drafter's proposals (a drafter of a
+ * chosen acceptance on a model whose own drafter is random). Bounded: the
+ * first SRV_REPLAY_MAX prompts only. */
+enum { SRV_REPLAY_MAX = 256 };
+typedef struct srv_replay {
+    int32_t *ids;          /* (n_prompt + n_ref): the prompt, then its answer */
+    int n_prompt, n_ref;
+} srv_replay;
+
+static srv_replay *replay_find(srv_server *srv, const srv_job *j) {
+    for (int i = 0; i < SRV_REPLAY_MAX && srv->replay[i].ids; i++) {
+        srv_replay *r = &srv->replay[i];
+        if (r->n_prompt == j->n_prompt &&
+            !memcmp(r->ids, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt))
+            return r;
+    }
+    return NULL;
+}
+
+/* Points j's parameters at the stored answer to its prompt; 1 when there is one. */
+static int replay_use(srv_server *srv, srv_job *j, dfl_gen_params *gp) {
+    if (!srv->replay) return 0;   /* dfl_generate replays greedy requests only */
+    pthread_mutex_lock(&srv->mu);
+    srv_replay *r = replay_find(srv, j);
+    pthread_mutex_unlock(&srv->mu);
+    if (!r) return 0;
+    gp->replay_ref = r->ids + r->n_prompt;   /* entries are never changed nor freed early */
+    gp->n_replay_ref = r->n_ref;
+    gp->replay_tau = srv->o.replay_tau;
+    return 1;
+}
+
+static void replay_keep(srv_server *srv, const srv_job *j, const int32_t *out, int n) {
+    if (!srv->replay || n < 1) return;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(j->n_prompt + n));
+    if (!ids) return;
+    memcpy(ids, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
+    memcpy(ids + j->n_prompt, out, sizeof(int32_t) * (size_t)n);
+    pthread_mutex_lock(&srv->mu);
+    int i = 0;
+    while (i < SRV_REPLAY_MAX && srv->replay[i].ids) i++;
+    if (i < SRV_REPLAY_MAX && !replay_find(srv, j)) {
+        srv->replay[i] = (srv_replay){ids, j->n_prompt, n};
+        ids = NULL;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    free(ids);
+}
+
 /* ---- running a job --------------------------------------------------------------- */
 
 static int cancelled(srv_job *j) { return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED); }
@@ -147,10 +199,8 @@ static int on_token(void *ud, const dfl_token_info *tok) {
     if (c->s->n_hist < srv->info.ctx_size) c->s->hist[c->s->n_hist++] = tok->id;
     srv_metrics_tokens(&srv->m, 1);
     char piece[4096];
-    srv_tok_lock(srv);
     int eog = !j->gp.ignore_eos && dfl_token_is_eog(srv->e, tok->id);
     int n = eog ? 0 : dfl_detok_push(&j->detok, tok->id, piece, sizeof piece);
-    srv_tok_unlock(srv);
     if (release(j, tok, piece, n, 0) || eog) {
         j->finish = SRV_FIN_STOP;
         return 1;
@@ -164,10 +214,13 @@ static void log_job(const srv_slot *s, const srv_job *j) {
     const dfl_stats *st = &j->st;
     fprintf(stderr,
             "dflash serve: %s slot %d: %d prompt (%d cached) + %d tokens, %.1f tok/s, "
-            "%llu rounds tau %.2f, queued %.0f ms, total %.0f ms: %s\n",
+            "%llu rounds tau %.2f, %.1f rows of others per forward, queued %.0f ms, "
+            "total %.0f ms: %s\n",
             j->id, s->idx, j->n_prompt, j->n_cached, j->n_gen,
             st->t_decode > 0 ? j->n_gen / st->t_decode : 0.0, (unsigned long long)st->rounds,
             st->rounds ? (double)st->committed / (double)st->rounds : 0.0,
+            st->rounds + st->classic_steps
+                ? (double)st->shared_rows / (double)(st->rounds + st->classic_steps) : 0.0,
             (j->t_start - j->t_submit) * 1e3, (j->t_end - j->t_submit) * 1e3, fin[j->finish]);
 }
 
@@ -179,20 +232,19 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
     dfl_detok_init(&j->detok, srv->e, 0);
     srv_emit_begin(j);
     s->n_hist = 0;
-    if (!srv->concurrent) pthread_mutex_lock(&srv->gen_lock);
     if (!cancelled(j)) {
         dfl_gen_params gp = j->gp;
         memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
         s->n_hist = j->n_prompt;
+        int replayed = replay_use(srv, j, &gp);
         rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
         if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
+        if (!replayed && rc == DFL_OK && !cancelled(j))
+            replay_keep(srv, j, s->hist + j->n_prompt, s->n_hist - j->n_prompt);
     }
-    if (!srv->concurrent) pthread_mutex_unlock(&srv->gen_lock);
 
     char piece[64];
-    srv_tok_lock(srv);
     int n = dfl_detok_flush(&j->detok, piece, sizeof piece);
-    srv_tok_unlock(srv);
     if (j->finish == SRV_FIN_NONE && release(j, NULL, piece, n, 1)) j->finish = SRV_FIN_STOP;
 
     /* A callback's stop is not an error: dfl_generate returns 0 with
@@ -241,12 +293,11 @@ static void *worker(void *arg) {
 /* ---- start and stop ------------------------------------------------------------- */
 
 int srv_sched_start(srv_server *srv, dfl_error *err) {
-    srv->concurrent = dfl_engine_concurrent(srv->e) != 0;
-    pthread_mutex_init(&srv->gen_lock, NULL);
     srv->n_slots = srv->o.parallel;
     srv->slots = calloc((size_t)srv->n_slots, sizeof *srv->slots);
     /* Room for queue_max waiting jobs plus one per slot on its way to it. */
     srv->q_cap = srv->o.queue_max + srv->n_slots;
+    if (srv->o.replay_tau > 0) srv->replay = calloc(SRV_REPLAY_MAX, sizeof *srv->replay);
     srv->queue = calloc((size_t)srv->q_cap, sizeof *srv->queue);
     for (int i = 0; i < srv->n_slots; i++) {
         srv_slot *s = &srv->slots[i];
@@ -297,6 +348,9 @@ void srv_sched_stop(srv_server *srv) {
     }
     free(srv->slots);
     free(srv->queue);
+    for (int i = 0; srv->replay && i < SRV_REPLAY_MAX; i++) free(srv->replay[i].ids);
+    free(srv->replay);
+    srv->replay = NULL;
     srv->slots = NULL;
     srv->queue = NULL;
 }

@@ -41,6 +41,7 @@ typedef struct srv_opts {
     int conn_timeout_s;        /* idle connection timeout */
     double shutdown_grace_s;   /* let in-flight requests finish this long on SIGTERM */
     double default_temp;       /* temperature when a request gives none */
+    double replay_tau;         /* > 0: benchmarks' replayed drafter (dfl_gen_params.replay_*) */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);
@@ -198,6 +199,7 @@ typedef struct srv_metrics {
     uint64_t prompt_tokens, cached_tokens, gen_tokens;
     double t_prefill, t_decode;
     uint64_t rounds, proposed, accepted, committed, classic_steps;
+    uint64_t shared_forwards, shared_rows;   /* dfl_stats: continuous batching at work */
     /* the same per acceptance rule (DFL_ACCEPT_*), for requests that speculated */
     uint64_t rule_rounds[3], rule_proposed[3], rule_accepted[3], rule_committed[3];
     uint64_t rule_tokens[3];
@@ -225,11 +227,11 @@ struct srv_server {
     int ready;                   /* engine loaded, workers up (srv_ready) */
     int draining;                /* SIGINT/SIGTERM: no new work (srv_draining) */
     int live_jobs;               /* jobs not yet freed: their responses may still be in flight */
-    int concurrent;              /* dfl_engine_concurrent(e) */
-    pthread_mutex_t gen_lock;    /* whole requests one at a time when !concurrent */
-    pthread_mutex_t tok_mu;      /* tokenizer calls when !concurrent */
 
-    pthread_mutex_t mu;          /* guards slots' job/hist, the queue, counters below */
+    pthread_mutex_t mu;          /* guards slots' job/hist, the queue, counters below,
+                                    the replay references */
+    struct srv_replay *replay;   /* (SRV_REPLAY_MAX) with --replay-tau: earlier greedy
+                                    answers by prompt */
     pthread_cond_t idle_cv;      /* a slot became idle */
     int stopping;                /* workers exit */
     srv_slot *slots;
@@ -262,7 +264,5 @@ void srv_sched_counts(srv_server *srv, int *queued, int *busy);
 
 /* Tokenizer access that is safe from any thread (request.c: below respond.c
  * and sched.c, which use it too). */
-void srv_tok_lock(srv_server *srv);
-void srv_tok_unlock(srv_server *srv);
 
 #endif

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""bench_serve.py - concurrent streaming clients against OpenAI-compatible
+servers: dflash serve (classic, and DFlash with a replayed drafter at chosen
+acceptance lengths) and llama-server, on the same GGUF, with the same client
+(the official openai package), one server at a time, in one run.
+
+For every server and concurrency N (1 2 4 8): a fresh server with N slots;
+a warm-up pass (every prompt once, one at a time: for the replay servers
+this records each prompt's greedy answer, which later requests replay);
+then N clients each send REQS streaming requests back to back. Reported:
+aggregate tok/s (all completion tokens / wall time), per-request decode
+tok/s (tokens after the first / time after the first; median and range),
+time to first token p50 / p99, the server's peak RSS (VmHWM).
+
+  build/venv/bin/python bench/bench_serve.py --model M.gguf [--draft D]
+      [--llama-server PATH] [--clients 1,2,4,8] [--taus 3,6.5] [--out results.json]
+
+The llama.cpp build is one made by hand from its public source; nothing of it
+is fetched, built or committed here. Prints a markdown table; --out keeps
+every number with the command that made it (bench/plot_serve.py draws it)."""
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+import openai
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = ("the sea river stone light winter garden clock paper bird music north engine story "
+         "letter mountain silver morning city road lamp").split()
+
+
+def prompts(n):
+    """n distinct prompts of 30-60 words (deterministic)."""
+    out, x = [], 12345
+    for i in range(n):
+        ws = []
+        for _ in range(30 + (i * 7) % 31):
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+            ws.append(WORDS[x % len(WORDS)])
+        out.append(f"Story {i}: " + " ".join(ws))
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peak_rss_kb(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Server:
+    def __init__(self, cmd, port, log):
+        self.cmd, self.port = cmd, port
+        self.log = open(log, "w")
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.p.poll() is not None:
+                raise SystemExit(f"server exited at start: {' '.join(cmd)} (see {log})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"server not ready after 600 s: {' '.join(cmd)}")
+
+    def stop(self):
+        rss = peak_rss_kb(self.p.pid)
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self.log.close()
+        return rss
+
+
+async def one(client, model, prompt, max_tokens):
+    t0 = time.perf_counter()
+    first, n = None, 0
+    stream = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    usage = None
+    async for ch in stream:
+        if ch.usage:
+            usage = ch.usage.completion_tokens
+        for c in ch.choices:
+            if c.text:
+                n += 1
+                if first is None:
+                    first = time.perf_counter()
+    t1 = time.perf_counter()
+    tokens = usage or n
+    first = first or t1
+    return {"ttft": first - t0, "tokens": tokens,
+            "decode_tps": (tokens - 1) / (t1 - first) if tokens > 1 and t1 > first else 0.0}
+
+
+async def stage(port, model, ps, n_clients, reqs, max_tokens):
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                                max_retries=0, timeout=3600)
+    for p in ps:   # warm-up; the replay servers keep each greedy answer
+        await one(client, model, p, max_tokens)
+
+    async def worker(k):
+        return [await one(client, model, ps[(k + i * n_clients) % len(ps)], max_tokens)
+                for i in range(reqs)]
+    t0 = time.perf_counter()
+    rs = [r for rows in await asyncio.gather(*(worker(k) for k in range(n_clients))) for r in rows]
+    wall = time.perf_counter() - t0
+    await client.close()
+    ttft = sorted(r["ttft"] for r in rs)
+    tps = [r["decode_tps"] for r in rs]
+    return {"aggregate_tps": sum(r["tokens"] for r in rs) / wall,
+            "request_tps_median": statistics.median(tps), "request_tps_min": min(tps),
+            "request_tps_max": max(tps),
+            "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2],
+            "ttft_p99_ms": 1e3 * ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
+            "requests": len(rs), "wall_s": wall}
+
+
+def configs(a):
+    base = [a.dflash, "serve", "-m", a.model, "-t", str(a.threads), "-c", str(a.ctx)]
+    out = [("dflash classic", lambda n, port: base + ["--port", str(port), "-np", str(n)])]
+    for tau in a.taus:
+        out.append((f"dflash DFlash tau {tau:g}",
+                    lambda n, port, tau=tau: base + ["--port", str(port), "-np", str(n), "--draft",
+                                                     a.draft, "--replay-tau", str(tau)]))
+    if a.llama_server:
+        out.append(("llama-server", lambda n, port: [
+            a.llama_server, "-m", a.model, "-t", str(a.threads), "-np", str(n),
+            "-c", str(a.ctx * n), "--port", str(port), "--host", "127.0.0.1", "-cb"]))
+    return out
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="target GGUF (both servers load it)")
+    ap.add_argument("--draft", help="DFlash drafter for the replay servers")
+    ap.add_argument("--dflash", default=os.path.join(HERE, "build", "dflash"))
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (optional)")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--taus", default="3,6.5")
+    ap.add_argument("--requests", type=int, default=3, help="requests per client")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=512, help="context per slot")
+    ap.add_argument("--only", help="run the configs whose name contains this")
+    ap.add_argument("--out", default="/tmp/dflash-bench-serve.json")
+    a = ap.parse_args()
+    a.taus = [float(x) for x in a.taus.split(",") if x] if a.draft else []
+    clients = [int(x) for x in a.clients.split(",")]
+    ps = prompts(max(clients) * a.requests)
+    results = []
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {a.threads} threads; model {a.model}; "
+          f"{a.max_tokens} tokens per request, {a.requests} requests per client", file=sys.stderr)
+    for name, cmd_of in configs(a):
+        if a.only and a.only not in name:
+            continue
+        for n in clients:
+            port = free_port()
+            cmd = cmd_of(n, port)
+            srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
+            try:
+                r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
+                                      a.max_tokens))
+            finally:
+                rss = srv.stop()
+            r.update(server=name, clients=n, peak_rss_mb=rss / 1024, cmd=" ".join(cmd))
+            results.append(r)
+            print(f"{name:24s} N={n}: {r['aggregate_tps']:.1f} tok/s aggregate, "
+                  f"{r['request_tps_median']:.1f} per request, TTFT p50 {r['ttft_p50_ms']:.0f} ms, "
+                  f"RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
+            with open(a.out, "w") as f:
+                json.dump({"cpu": cpu_name(), "threads": a.threads, "model": a.model,
+                           "max_tokens": a.max_tokens, "results": results}, f, indent=1)
+    print("| server | clients | aggregate tok/s | x 1 client | per-request tok/s (min-max) "
+          "| TTFT p50 / p99 ms | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        one_c = next((x for x in results if x["server"] == r["server"] and x["clients"] == 1), r)
+        print(f"| {r['server']} | {r['clients']} | {r['aggregate_tps']:.1f} | "
+              f"{r['aggregate_tps'] / one_c['aggregate_tps']:.2f} | "
+              f"{r['request_tps_median']:.1f} ({r['request_tps_min']:.1f}-{r['request_tps_max']:.1f}) | "
+              f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['peak_rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
