@@ -569,9 +569,10 @@ dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
     s->window = d->window;
     s->n_layers = d->c.n_layers;
     s->kv_dim = d->c.n_kv_heads * d->c.head_dim;
-    size_t n = (size_t)s->n_layers * s->cap * s->kv_dim;
-    s->k = dfl_aligned_alloc(n * sizeof(float));
-    s->v = dfl_aligned_alloc(n * sizeof(float));
+    s->type = d->t->kv_type;
+    size_t n = (size_t)s->n_layers * s->cap * s->kv_dim * dfl_type_block_bytes(s->type);
+    s->k = dfl_aligned_alloc(n);
+    s->v = dfl_aligned_alloc(n);
     return s;
 }
 
@@ -601,8 +602,8 @@ static void norm_rows(float *y, const float *x, const float *w, int n, int dim, 
     for (int r = 0; r < n; r++) dfl_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
 }
 
-static float *store_row(const dfl_dstore *s, float *base, int l, int pos) {
-    return base + ((size_t)l * s->cap + pos) * s->kv_dim;
+static void *store_row(const dfl_dstore *s, void *base, int l, int pos) {
+    return (char *)base + ((size_t)l * s->cap + pos) * s->kv_dim * dfl_type_block_bytes(s->type);
 }
 
 /* The RoPE cos/sin of n rows at positions pos0.., for every layer. */
@@ -612,18 +613,20 @@ static void rope_rows(dfl_drafter *d, int n, int pos0) {
 }
 
 /* K and V of n rows xs (already normed as the caller wants) at positions
- * pos0.. (their cos/sin in rope_cs), written straight into the store (norm
- * and RoPE in place). */
+ * pos0.. (their cos/sin in rope_cs), k-normed and rotated in scratch, then
+ * stored in the store's type. */
 static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, int n, int pos0) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
-    float *K = store_row(s, s->k, l, pos0), *V = store_row(s, s->v, l, pos0);
-    matmul(d, &L->wk, n, xs, c->dim, K, s->kv_dim);
-    matmul(d, &L->wv, n, xs, c->dim, V, s->kv_dim);
-    norm_rows(K, K, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
-    for (int r = 0; r < n; r++)
-        dfl_rope_apply_cs(&d->rope, K + (size_t)r * s->kv_dim, c->n_kv_heads,
-                          d->rope_cs + (size_t)r * c->head_dim);
+    matmul(d, &L->wk, n, xs, c->dim, d->k, s->kv_dim);
+    matmul(d, &L->wv, n, xs, c->dim, d->v, s->kv_dim);
+    norm_rows(d->k, d->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    for (int r = 0; r < n; r++) {
+        float *k = d->k + (size_t)r * s->kv_dim, *v = d->v + (size_t)r * s->kv_dim;
+        dfl_rope_apply_cs(&d->rope, k, c->n_kv_heads, d->rope_cs + (size_t)r * c->head_dim);
+        dfl_quant_row(s->type, k, store_row(s, s->k, l, pos0 + r), s->kv_dim);
+        dfl_quant_row(s->type, v, store_row(s, s->v, l, pos0 + r), s->kv_dim);
+    }
 }
 
 static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, int skip) {
@@ -680,7 +683,7 @@ static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, i
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
     if (lo < s->lo) lo = s->lo;
     for (int r = 0; r < n; r++) d->n_keys[r] = pos0 + B - lo;   /* no mask */
-    dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), DFL_F32, s->kv_dim,
+    dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), s->type, s->kv_dim,
                      (size_t)hd};
     dfl_attention(d->t->pool, n, d->q, &v, d->n_keys, c->n_heads, c->n_kv_heads, hd,
                   1.0f / sqrtf((float)hd), d->att);

@@ -50,7 +50,8 @@ typedef struct dfl_dstore {
     int lo;                    /* rows below lo were never projected (older than the window) */
     int window;                /* the drafter's window when made */
     int n_layers, kv_dim;
-    float *k, *v;              /* (n_layers, cap, kv_dim) */
+    dfl_type type;             /* the target's --kv-type: DFL_F16 (half the memory) or DFL_F32 */
+    void *k, *v;               /* (n_layers, cap, kv_dim) of type */
 } dfl_dstore;
 
 /* path: a z-lab folder (config.json + safetensors) or a llama.cpp "dflash"
@@ -64,6 +65,7 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
  * [1, n_target-3] (one draft layer: n_target/2). Returns n_draft. */
 int dfl_dflash_default_layers(int n_target, int n_draft, int *ids);
 void dfl_drafter_free(dfl_drafter *d);
+/* A store for ctx context rows, of the target's K/V type. */
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx);
 void dfl_dstore_free(dfl_dstore *s);
 void dfl_dstore_truncate(dfl_dstore *s, int n_keep);
