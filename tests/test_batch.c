@@ -7,7 +7,10 @@
  *    types, on the SIMD kernels and on the plain-C twins.
  * 2. The combiner: threads generating at once on their own sessions (their
  *    forwards batched) get, token for token, what each gets alone: classic,
- *    fixed blocks and the adaptive policy, over several seeds. */
+ *    fixed blocks and the adaptive policy, over several seeds.
+ * 3. Sliding-window layers (a window of 16; their ring of 80 rows wraps):
+ *    all of the above, and speculative output equal to classic over 200
+ *    tokens, across the window boundary many times. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +20,7 @@
 #include "kernels/kernels.h"
 #include "testutil.h"
 
-enum { NSEQ = 6, LEN = 96, CTX = 256, NCAP = 2, MAXG = 160, NTHREAD = 6 };
+enum { NSEQ = 6, LEN = 96, CTX = 256, NCAP = 2, MAXG = 240, NTHREAD = 6 };
 static const int CAP[NCAP] = {1, 3};
 
 static uint64_t rng_next(uint64_t *s) {
@@ -127,7 +130,7 @@ static void test_seam(dfl_engine *e, const char *dtype) {
 typedef struct job {
     dfl_engine *e;
     int32_t prompt[16];
-    int n_prompt, block;
+    int n_prompt, block, max_tokens;
     int32_t ids[MAXG];
     int n;
     dfl_stats st;
@@ -149,13 +152,33 @@ static void *gen(void *arg) {
     if (j->rc) return NULL;
     dfl_gen_params p;
     dfl_gen_params_default(&p);
-    p.max_tokens = 96 + j->block * 3;   /* unequal lengths: others leave mid-run */
+    /* unequal lengths: the others leave mid-run */
+    p.max_tokens = j->max_tokens ? j->max_tokens : 96 + (j->block == 1 ? 0 : 3 * j->block);
     p.ignore_eos = 1;
     p.block_size = j->block;
     j->rc = dfl_generate(s, j->prompt, j->n_prompt, &p, on_tok, j, &j->st, &err);
     if (j->rc) fprintf(stderr, "generate: %s\n", err.msg);
     dfl_session_free(s);
     return NULL;
+}
+
+/* Speculative decode at every block size equals classic decode, id for id. */
+static void test_spec_exact(dfl_engine *e) {
+    static const int blocks[] = {2, 4, 8, 16, 0};
+    for (int k = 0; k < 3; k++) {
+        job ref = {.e = e, .block = 1, .n_prompt = 5 + 3 * k, .max_tokens = 220};
+        for (int i = 0; i < ref.n_prompt; i++) ref.prompt[i] = (int32_t)((i * 97 + k * 31) % 512);
+        gen(&ref);
+        CHECK(ref.rc == 0 && ref.n == 220, "classic: %d tokens", ref.n);
+        for (int b = 0; b < 5; b++) {
+            job j = ref;
+            j.block = blocks[b];
+            gen(&j);
+            int n = j.n < ref.n ? j.n : ref.n;
+            CHECK(j.rc == 0 && n == 220 && !memcmp(j.ids, ref.ids, sizeof(int32_t) * n),
+                  "prompt %d, block %d: speculative ids differ from classic", k, blocks[b]);
+        }
+    }
 }
 
 static void test_crowd(dfl_engine *e) {
@@ -189,15 +212,12 @@ static void test_crowd(dfl_engine *e) {
     printf("crowd: %llu forwards shared\n", (unsigned long long)shared);
 }
 
-int main(void) {
+static void run_model(const char *flags, const char *name, int n_dtypes) {
     const char *dir = test_tmpdir();
     char model[512], draft[512];
-    if (test_make_pair(dir, "--arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 "
-                            "--head-dim 16 --ffn 192 --vocab 512 --untied --dtype bf16",
-                       model, draft))
-        return test_summary();
+    if (test_make_pair(dir, flags, model, draft)) return;
     static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < n_dtypes; d++) {
         dfl_engine_opts o;
         dfl_engine_opts_default(&o);
         o.model_path = model;
@@ -209,12 +229,23 @@ int main(void) {
         dfl_engine *e;
         dfl_error err = {0};
         int rc = dfl_engine_load(&o, &e, &err);
-        CHECK(rc == 0, "load %s: %s", dtypes[d], err.msg);
+        CHECK(rc == 0, "%s, load %s: %s", name, dtypes[d], err.msg);
         if (rc) continue;
+        printf("%s, %s\n", name, dtypes[d]);
         test_seam(e, dtypes[d]);
         if (d != 1) test_crowd(e);
+        if (d == 0) test_spec_exact(e);
         dfl_engine_free(e);
     }
     test_rmdir(dir);
+}
+
+int main(void) {
+    const char *common = "--arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 16 "
+                         "--ffn 192 --vocab 512 --untied --dtype bf16";
+    char sliding[512];
+    snprintf(sliding, sizeof sliding, "%s --sliding-window 16", common);
+    run_model(common, "full attention", 3);
+    run_model(sliding, "sliding window 16", 2);
     return test_summary();
 }

@@ -63,6 +63,37 @@ static void expect(const char *base, const char *key, const char *val, int code,
           code, sub);
 }
 
+/* Sliding layers: layer_types, Mistral's sliding_window, Qwen2's use_sliding_window. */
+static void test_hf_sliding(void) {
+    dfl_config c;
+    dfl_error e;
+    int rc = cfg_with(QWEN2, "use_sliding_window", "true", &c, &e);
+    CHECK(rc == 0 && c.sliding_window == 32768 && c.layer_kind[0] == DFL_LAYER_SLIDING &&
+              c.layer_kind[23] == DFL_LAYER_SLIDING, "qwen2 use_sliding_window: %s", e.msg);
+    char *s = strdup(QWEN3);
+    char *at = strstr(s, "\"sliding_window\":null");
+    memcpy(at, "\"sliding_window\":1000", 21);   /* same length: 'null,' -> '1000,' */
+    char lt[2048] = "[";
+    for (int l = 0; l < 28; l++)
+        strcat(lt, l % 4 ? "\"sliding_attention\"," : "\"full_attention\",");
+    lt[strlen(lt) - 1] = ']';
+    rc = cfg_with(s, "layer_types", lt, &c, &e);
+    CHECK(rc == 0 && c.sliding_window == 1000 && c.layer_kind[0] == DFL_LAYER_FULL &&
+              c.layer_kind[1] == DFL_LAYER_SLIDING && c.layer_kind[4] == DFL_LAYER_FULL,
+          "layer_types: %s", e.msg);
+    rc = cfg_with(QWEN3, "layer_types", lt, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "no sliding_window"), "window missing: %s", e.msg);
+    lt[2] = 'x';
+    rc = cfg_with(s, "layer_types", lt, &c, &e);
+    CHECK(rc == DFL_EUNSUP && strstr(e.msg, "layer_types[0]"), "unknown layer type: %s", e.msg);
+    free(s);
+    rc = cfg_with(LLAMA31, "sliding_window", "64", &c, &e);
+    CHECK(rc == 0 && c.sliding_window == 0 && c.layer_kind[5] == DFL_LAYER_FULL,
+          "llama ignores sliding_window: %s", e.msg);
+    rc = cfg_with(LLAMA31, "architectures", "[\"MistralForCausalLM\"]", &c, &e);
+    CHECK(rc == 0 && c.sliding_window == 0, "mistral without a window: %s", e.msg);
+}
+
 static void test_hf_valid(void) {
     dfl_config c;
     dfl_error e;
@@ -153,7 +184,7 @@ static void test_hf_refused(void) {
     expect(QWEN3, "hidden_act", "\"gelu\"", DFL_EUNSUP, "hidden_act gelu");
     expect(QWEN3, "attention_bias", "true", DFL_EUNSUP, "attention_bias = true");
     expect(LLAMA31, "mlp_bias", "true", DFL_EUNSUP, "mlp_bias = true");
-    expect(QWEN2, "use_sliding_window", "true", DFL_EUNSUP, "use_sliding_window");
+    expect(QWEN3, "layer_types", "[\"full_attention\"]", DFL_EFORMAT, "layer_types");
     expect(QWEN3, "partial_rotary_factor", "0.5", DFL_EUNSUP, "partial_rotary_factor = 0.5");
     /* rope scaling */
     expect(QWEN3, "rope_scaling", "{\"rope_type\":\"dynamic\",\"factor\":2}", DFL_EUNSUP,
@@ -431,6 +462,7 @@ static void test_rope(void) {
 }
 
 int main(void) {
+    test_hf_sliding();
     test_hf_valid();
     test_hf_refused();
     test_hf_file();

@@ -4,8 +4,9 @@
 Checkpoints are made by transformers itself (XxxConfig, from_config,
 save_pretrained), so nothing of ours writes or reads them on the reference
 side. For Llama (llama3 RoPE, GQA, untied; yarn RoPE, MHA with head_dim !=
-dim/heads, tied), Mistral (linear RoPE, 4 query heads a KV head), Qwen2 (q/k/v
-biases) and Qwen3 (q/k norms, tied and untied), each in float32 and bfloat16:
+dim/heads, tied), Mistral (linear RoPE, 4 query heads a KV head; a sliding
+window of 16), Qwen2 (q/k/v biases) and Qwen3 (q/k norms, tied and untied;
+layer_types mixing sliding and full layers), each in float32 and bfloat16:
 1. `dflash dump` logits and hidden states (--capture; every layer but the
    last) against model(ids, output_hidden_states=True), for a prefill (all
    rows as one block) and decode (`--decode K`: K rows as a block, then one
@@ -69,6 +70,15 @@ ARCHS = [  # (name, config class, config kwargs, seed)
           num_key_value_heads=1, sliding_window=None,
           rope_parameters=dict(rope_type="linear", rope_theta=1e6, factor=2.0),
           tie_word_embeddings=False), 36),
+    # sliding windows far shorter than prompt + output: the ring cache wraps many times
+    ("mistral-swa16-gqa2", "MistralConfig",
+     dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=2, sliding_window=16, tie_word_embeddings=False), 41),
+    ("qwen3-layer-types-swa12", "Qwen3Config",
+     dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=16, use_sliding_window=True, sliding_window=12,
+          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+          tie_word_embeddings=False), 9),
     ("qwen2-bias-gqa4-tied", "Qwen2Config",
      dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
           num_key_value_heads=2, tie_word_embeddings=True), 4),

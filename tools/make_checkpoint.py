@@ -321,6 +321,13 @@ def target_config(s, bos, eos):
     if s["arch"] == "mistral":
         del c["attention_bias"]
         c["sliding_window"] = None
+    w = s.get("sliding_window")
+    if w:  # Mistral: every layer; Qwen2/3: 3 sliding layers to 1 full, as Laguna and Gemma
+        c["sliding_window"] = w
+        if s["arch"] in ("qwen2", "qwen3"):
+            c["use_sliding_window"] = True
+            c["layer_types"] = ["full_attention" if i % 4 == 0 else "sliding_attention"
+                                for i in range(s["layers"])]
     return dict(sorted(c.items()))
 
 
@@ -522,7 +529,7 @@ def make_target(out, preset=None, **kw):
 
     kw: arch, dim, layers, heads, kv_heads, head_dim, ffn, vocab, max_ctx,
     rope_theta, eps, tied, rope_scaling (none|llama3|yarn|linear), rope_factor,
-    rope_orig_ctx, rope_low_freq, rope_high_freq, dtype (f32|bf16|f16), seed,
+    rope_orig_ctx, rope_low_freq, rope_high_freq, sliding_window, dtype (f32|bf16|f16), seed,
     tokenizer (path to tokenizer.json, "synthetic", or "none"), shard_mb, quiet."""
     s = resolve(preset, **kw)
     os.makedirs(out, exist_ok=True)
@@ -719,6 +726,9 @@ def main(argv=None):
     ap.add_argument("--rope-orig-ctx", type=int)
     ap.add_argument("--rope-low-freq", type=float)
     ap.add_argument("--rope-high-freq", type=float)
+    ap.add_argument("--sliding-window", type=int,
+                    help="keys a sliding layer attends (mistral: every layer; qwen2/3: all but "
+                         "every 4th)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", help="tokenizer.json to copy (with tokenizer_config.json beside "
                     "it); 'synthetic' (default: a small byte-level BPE) or 'none'")
@@ -745,7 +755,8 @@ def main(argv=None):
     kw = {k: getattr(a, k) for k in ("arch", "dim", "layers", "heads", "kv_heads", "head_dim", "ffn",
                                      "vocab", "max_ctx", "rope_theta", "eps", "tied", "rope_scaling",
                                      "rope_factor", "rope_orig_ctx", "rope_low_freq", "rope_high_freq",
-                                     "dtype", "seed", "tokenizer", "shard_mb", "quiet")}
+                                     "sliding_window", "dtype", "seed", "tokenizer", "shard_mb",
+                                     "quiet")}
     make_target(a.out, a.preset, **kw)
     return 0
 

@@ -33,18 +33,16 @@ double dfl_bench_row_flops(const dfl_engine *e) {
  * no prompt ever reuses them. */
 static void fill_cache(dfl_session *s, int n) {
     dfl_kv *kv = s->kv;
+    float *k = xmalloc(sizeof(float) * 2 * (size_t)kv->kv_dim), *v = k + kv->kv_dim;
     for (int l = 0; l < kv->n_layers; l++)
-        for (int h = 0; h < kv->n_kv_heads; h++)
-            for (int r = kv->len; r < n; r++) {
-                float k[DFL_MAX_HEAD_DIM], v[DFL_MAX_HEAD_DIM];
-                for (int d = 0; d < kv->head_dim; d++) {
-                    int i = h * kv->head_dim + d;
-                    k[d] = 0.01f * (float)((r * 7 + i * 3) % 17) - 0.08f;
-                    v[d] = 0.01f * (float)((r * 5 + i) % 13) - 0.06f;
-                }
-                dfl_quant_row(kv->type, k, dfl_kv_row(kv, kv->k, l, h, r), kv->head_dim);
-                dfl_quant_row(kv->type, v, dfl_kv_row(kv, kv->v, l, h, r), kv->head_dim);
+        for (int r = kv->len; r < n; r++) {
+            for (int i = 0; i < kv->kv_dim; i++) {
+                k[i] = 0.01f * (float)((r * 7 + i * 3) % 17) - 0.08f;
+                v[i] = 0.01f * (float)((r * 5 + i) % 13) - 0.06f;
             }
+            dfl_kv_store(kv, l, r, k, v);
+        }
+    free(k);
     for (int r = kv->len; r < n; r++) s->hist[r] = -1;
     kv->len = n;
 }

@@ -223,7 +223,9 @@ static int reuse_prefix(dfl_seq *q, const int32_t *prompt, int n, int spec) {
         int pl = q->pr->len(q->pr);
         if (spec && pl < keep) keep = pl;
     }
-    dfl_kv_truncate(q->kv, keep);
+    /* (a recurrent state may not go back that far: the sequence restarts) */
+    keep = dfl_kv_truncate(q->kv, keep);
+    if (q->pr && q->pr->len(q->pr) > keep) q->pr->truncate(q->pr, keep);
     return keep;
 }
 

@@ -12,7 +12,7 @@
 /* Limits: generous for real models, small enough that products of two of
  * them never overflow an int and no allocation they size is absurd. */
 enum {
-    MAX_LAYERS = 1024, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
+    MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
     MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20
 };
 
@@ -183,8 +183,6 @@ static int hf_refuse_features(const cJSON *j, int arch, const char *file, dfl_er
     b = 0;
     TRY(dfl_json_bool(j, "mlp_bias", &b, file, err));
     if (b) return dfl_fail(err, DFL_EUNSUP, "%s: mlp_bias = true not supported", file);
-    TRY(dfl_json_bool(j, "use_sliding_window", &b, file, err));
-    if (b) return dfl_fail(err, DFL_EUNSUP, "%s: use_sliding_window = true not supported", file);
     double prf = 1;
     TRY(dfl_json_num(j, "partial_rotary_factor", 0, 1, &prf, file, err));
     if (prf != 1)
@@ -249,6 +247,47 @@ static int hf_rope(const cJSON *j, dfl_config *c, const char *file, dfl_error *e
     return 0;
 }
 
+static int is_mistral(const cJSON *j) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *name = cJSON_IsArray(a) && cJSON_IsString(cJSON_GetArrayItem(a, 0))
+                           ? cJSON_GetArrayItem(a, 0)->valuestring : dfl_json_str(j, "model_type");
+    return name && (!strncmp(name, "Mistral", 7) || !strcmp(name, "mistral"));
+}
+
+/* Which layers attend a sliding window: layer_types when given (transformers
+ * 5 writes it); else Mistral's sliding_window covers every layer, and
+ * Qwen2/3's use_sliding_window the layers from max_window_layers on. */
+static int hf_layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    int n_sliding = 0;
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer_types is not a list of %d names", file,
+                            c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const cJSON *v = cJSON_GetArrayItem(lt, l);
+            const char *name = cJSON_IsString(v) ? v->valuestring : "";
+            if (!strcmp(name, "sliding_attention")) c->layer_kind[l] = DFL_LAYER_SLIDING;
+            else if (strcmp(name, "full_attention"))
+                return dfl_fail(err, DFL_EUNSUP, "%s: layer_types[%d] = '%.40s' not supported "
+                                "(full_attention, sliding_attention are)", file, l, name);
+            n_sliding += c->layer_kind[l] == DFL_LAYER_SLIDING;
+        }
+    } else if (sw && !cJSON_IsNull(sw)) {
+        int use = 0, from = 0;
+        TRY(dfl_json_bool(j, "use_sliding_window", &use, file, err));
+        TRY(opt_int(j, "max_window_layers", 0, MAX_LAYERS, &from, file, err));
+        if (is_mistral(j)) use = 1, from = 0;
+        for (int l = from; use && l < c->n_layers; l++, n_sliding++)
+            c->layer_kind[l] = DFL_LAYER_SLIDING;
+    }
+    if (!n_sliding) return 0;
+    if (!sw || cJSON_IsNull(sw))
+        return dfl_fail(err, DFL_EFORMAT, "%s: sliding layers but no sliding_window", file);
+    return need_int(j, "sliding_window", 1, MAX_CTX, &c->sliding_window, file, err);
+}
+
 int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config *c,
                           dfl_error *err) {
     memset(c, 0, sizeof *c);
@@ -286,6 +325,7 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     c->eos_id = arch == ARCH_LLAMA ? 2 : -1;
     TRY(token_id(j, "bos_token_id", &c->bos_id, file, err));
     TRY(token_id(j, "eos_token_id", &c->eos_id, file, err));
+    TRY(hf_layer_types(j, c, file, err));
     return dfl_config_validate(c, file, err);
 }
 

@@ -231,31 +231,14 @@ void dfl_target_free(dfl_target *t) {
     free(t);
 }
 
-/* ---- KV cache ----------------------------------------------------------- */
+/* ---- sequence state ----------------------------------------------------- */
 
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
-    dfl_kv *kv = xcalloc(1, sizeof *kv);
-    kv->cap = cap;
-    kv->n_layers = t->c.n_layers;
-    kv->n_kv_heads = t->c.n_kv_heads;
-    kv->head_dim = t->c.head_dim;
-    kv->kv_dim = t->c.n_kv_heads * t->c.head_dim;
-    kv->type = t->kv_type;
-    size_t n = (size_t)kv->n_layers * cap * kv->kv_dim;
-    kv->k = xcalloc(n, dfl_type_block_bytes(kv->type));
-    kv->v = xcalloc(n, dfl_type_block_bytes(kv->type));
-    return kv;
-}
-
-void dfl_kv_free(dfl_kv *kv) {
-    if (!kv) return;
-    free(kv->k);
-    free(kv->v);
-    free(kv);
-}
-
-void dfl_kv_truncate(dfl_kv *kv, int n_keep) {
-    if (n_keep < kv->len) kv->len = n_keep < 0 ? 0 : n_keep;
+    const dfl_config *c = &t->c;
+    dfl_kv_shape s = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                      .head_dim = c->head_dim, .type = t->kv_type, .kind = c->layer_kind,
+                      .window = c->sliding_window, .max_rows = t->max_rows};
+    return dfl_kv_make(&s, cap);
 }
 
 /* ---- forward ------------------------------------------------------------ */
@@ -302,13 +285,9 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l)
     }
     for (int i = 0; i < b->n_seq; i++) {
         dfl_kv *kv = b->f[i].kv;
-        for (int h = 0; h < c->n_kv_heads; h++)
-            for (int r = b->off[i]; r < b->off[i + 1]; r++) {
-                size_t x = (size_t)r * kvd + h * hd;
-                int pos = kv->len + r - b->off[i];
-                dfl_quant_row(kv->type, t->k + x, dfl_kv_row(kv, kv->k, l, h, pos), hd);
-                dfl_quant_row(kv->type, t->v + x, dfl_kv_row(kv, kv->v, l, h, pos), hd);
-            }
+        for (int r = b->off[i]; r < b->off[i + 1]; r++)
+            dfl_kv_store(kv, l, kv->len + r - b->off[i], t->k + (size_t)r * kvd,
+                         t->v + (size_t)r * kvd);
     }
 }
 
@@ -317,17 +296,22 @@ static void residual_add(float *x, const float *y, size_t n) {
 }
 
 /* Each sequence's rows attend to its own cache: a row's result never
- * depends on the other sequences in the call. */
+ * depends on the other sequences in the call. A sliding layer's rows each
+ * start at their own first key, so they go one call each (the kernel's key
+ * blocks count from a row's first key: the same split alone or batched). */
 static void attend(dfl_target *t, const rows *b, int l) {
     const dfl_config *c = &t->c;
     int hd = c->head_dim, qd = c->n_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < b->n_seq; i++) {
         dfl_kv *kv = b->f[i].kv;
-        int r0 = b->off[i], m = b->off[i + 1] - r0;
-        dfl_kv_view v = {dfl_kv_row(kv, kv->k, l, 0, 0), dfl_kv_row(kv, kv->v, l, 0, 0),
-                         kv->type, hd, (size_t)kv->cap * hd};
-        dfl_attention(t->pool, m, t->q + (size_t)r0 * qd, &v, t->n_keys + r0, c->n_heads,
-                      c->n_kv_heads, hd, 1.0f / sqrtf((float)hd), t->att + (size_t)r0 * qd);
+        int r0 = b->off[i], m = b->off[i + 1] - r0, one = kv->layer[l].kind != DFL_LAYER_FULL;
+        for (int r = r0; r < r0 + m; r += one ? 1 : m) {
+            int nk;
+            dfl_kv_view v = dfl_kv_keys(kv, l, kv->len + r - r0, &nk);
+            dfl_attention(t->pool, one ? 1 : m, t->q + (size_t)r * qd, &v, one ? &nk : t->n_keys + r,
+                          c->n_heads, c->n_kv_heads, hd, scale, t->att + (size_t)r * qd);
+        }
     }
 }
 
@@ -413,6 +397,7 @@ void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq) {
         }
     }
     b.n = b.off[n_seq];
+    for (int i = 0; i < n_seq; i++) dfl_kv_begin(f[i].kv, f[i].n);
     for (int l = 0; l < c->n_layers; l++) {
         layer_forward(t, l, &b);
         capture(t, l, &b);

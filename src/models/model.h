@@ -17,8 +17,10 @@
 #include "base/base.h"
 #include "io/io.h"
 #include "kernels/kernels.h"
+#include "models/seqstate.h"
 
 enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 };
+enum { DFL_MAX_LAYERS = 1024 };
 enum { ROPE_SCALE_NONE = 0, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN };
 
 typedef struct dfl_config {
@@ -33,6 +35,8 @@ typedef struct dfl_config {
     int rope_orig_ctx;
     int qkv_bias, qk_norm, tied_embed;
     int bos_id, eos_id;       /* -1 when unknown */
+    int sliding_window;       /* keys a sliding layer's row attends, itself included; 0: none */
+    unsigned char layer_kind[DFL_MAX_LAYERS]; /* DFL_LAYER_* of each layer */
 } dfl_config;
 
 /* Parses and range-checks a Hugging Face config.json (target models). */
@@ -98,23 +102,6 @@ typedef struct dfl_target {
                              before they go to each caller; NULL when R == max_rows */
 } dfl_target;
 
-typedef struct dfl_kv {
-    int len;              /* committed rows */
-    int cap;              /* rows allocated (ctx size) */
-    int n_layers, n_kv_heads, head_dim, kv_dim;
-    dfl_type type;        /* DFL_F16 (half the bytes a long-context step reads) or DFL_F32 */
-    void *k, *v;          /* (n_layers, n_kv_heads, cap, head_dim) each; K after norm and
-                           * RoPE. One contiguous run per head: a decode step streams each
-                           * head's keys, which the hardware prefetcher follows (rows of
-                           * interleaved heads sit kv_dim elements apart, a page each) */
-} dfl_kv;
-
-/* Row pos of kv head h in layer l of buf (kv->k or kv->v). */
-static inline void *dfl_kv_row(const dfl_kv *kv, void *buf, int l, int h, int pos) {
-    size_t row = (size_t)kv->head_dim * dfl_type_block_bytes(kv->type);
-    return (char *)buf + (((size_t)l * kv->n_kv_heads + h) * kv->cap + pos) * row;
-}
-
 typedef struct dfl_load_opts {
     const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */
     const char *kv_type;  /* K/V cache elements: NULL/"f16" or "f32" */
@@ -130,9 +117,8 @@ typedef struct dfl_load_opts {
 int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, dfl_error *err);
 void dfl_target_free(dfl_target *t);
 
+/* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
-void dfl_kv_free(dfl_kv *kv);
-void dfl_kv_truncate(dfl_kv *kv, int n_keep);
 
 /* One sequence's rows in a forward: tok[i] at position kv->len + i, each row's
  * parent the row before it (tree rows, whose parent is a node of a draft

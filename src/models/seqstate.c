@@ -1,0 +1,118 @@
+/* seqstate.c - one sequence's state by layer kind (see seqstate.h). */
+#include <string.h>
+
+#include "models/seqstate.h"
+
+static size_t elem(const dfl_kv *kv) { return dfl_type_block_bytes(kv->type); }
+
+/* Rows stored per kv head: a ring keeps each row twice. */
+static size_t stored_rows(const dfl_kv_layer *L) {
+    return L->ring ? 2 * (size_t)L->rows : (size_t)L->rows;
+}
+
+dfl_kv *dfl_kv_make(const dfl_kv_shape *s, int cap) {
+    dfl_kv *kv = xcalloc(1, sizeof *kv);
+    kv->cap = cap;
+    kv->n_layers = s->n_layers;
+    kv->n_kv_heads = s->n_kv_heads;
+    kv->head_dim = s->head_dim;
+    kv->kv_dim = s->n_kv_heads * s->head_dim;
+    kv->type = s->type;
+    kv->window = s->window;
+    kv->rec_floats = s->rec_floats;
+    kv->n_snap = s->n_snap;
+    kv->layer = xcalloc(s->n_layers, sizeof *kv->layer);
+    for (int l = 0; l < s->n_layers; l++) {
+        dfl_kv_layer *L = &kv->layer[l];
+        L->kind = s->kind ? s->kind[l] : DFL_LAYER_FULL;
+        if (L->kind == DFL_LAYER_RECURRENT) {
+            L->rec = xcalloc((size_t)(1 + s->n_snap) * s->rec_floats, sizeof(float));
+            continue;
+        }
+        /* a ring only where it is smaller than the context it serves */
+        L->ring = L->kind == DFL_LAYER_SLIDING && s->window + s->max_rows < cap;
+        L->rows = L->ring ? s->window + s->max_rows : cap;
+        size_t n = stored_rows(L) * kv->kv_dim;
+        L->k = xcalloc(n, elem(kv));
+        L->v = xcalloc(n, elem(kv));
+    }
+    return kv;
+}
+
+void dfl_kv_free(dfl_kv *kv) {
+    if (!kv) return;
+    for (int l = 0; l < kv->n_layers; l++)
+        free(kv->layer[l].k), free(kv->layer[l].v), free(kv->layer[l].rec);
+    free(kv->layer);
+    free(kv);
+}
+
+float *dfl_kv_rec(const dfl_kv *kv, int l) { return kv->layer[l].rec; }
+
+float *dfl_kv_snap(const dfl_kv *kv, int l, int i) {
+    return kv->layer[l].rec + (size_t)(1 + i) * kv->rec_floats;
+}
+
+static int has_rec(const dfl_kv *kv) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layer[l].kind == DFL_LAYER_RECURRENT) return 1;
+    return 0;
+}
+
+void dfl_kv_begin(dfl_kv *kv, int n) {
+    (void)n;
+    if (!kv->n_snap || !has_rec(kv)) return;
+    kv->snap_base = kv->len;
+    kv->snap_n = 1;
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layer[l].kind == DFL_LAYER_RECURRENT)
+            memcpy(dfl_kv_snap(kv, l, 0), dfl_kv_rec(kv, l), sizeof(float) * kv->rec_floats);
+}
+
+int dfl_kv_truncate(dfl_kv *kv, int n_keep) {
+    if (n_keep < 0) n_keep = 0;
+    if (n_keep >= kv->len) return kv->len;
+    if (has_rec(kv)) {
+        int i = n_keep - kv->snap_base;
+        if (i < 0 || i >= kv->snap_n) {   /* not recoverable: start the sequence again */
+            for (int l = 0; l < kv->n_layers; l++)
+                if (kv->layer[l].rec)
+                    memset(kv->layer[l].rec, 0, sizeof(float) * kv->rec_floats);
+            kv->snap_n = 0;
+            return kv->len = 0;
+        }
+        for (int l = 0; l < kv->n_layers; l++)
+            if (kv->layer[l].kind == DFL_LAYER_RECURRENT)
+                memcpy(dfl_kv_rec(kv, l), dfl_kv_snap(kv, l, i), sizeof(float) * kv->rec_floats);
+        kv->snap_n = i + 1;
+    }
+    return kv->len = n_keep;
+}
+
+static void *slot(const dfl_kv *kv, void *base, const dfl_kv_layer *L, int h, int row) {
+    size_t per_head = stored_rows(L) * kv->head_dim;
+    return (char *)base + ((size_t)h * per_head + (size_t)row * kv->head_dim) * elem(kv);
+}
+
+void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v) {
+    const dfl_kv_layer *L = &kv->layer[l];
+    int hd = kv->head_dim, row = L->ring ? pos % L->rows : pos;
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+        dfl_quant_row(kv->type, k + (size_t)h * hd, slot(kv, L->k, L, h, row), hd);
+        dfl_quant_row(kv->type, v + (size_t)h * hd, slot(kv, L->v, L, h, row), hd);
+        if (!L->ring) continue;
+        dfl_quant_row(kv->type, k + (size_t)h * hd, slot(kv, L->k, L, h, row + L->rows), hd);
+        dfl_quant_row(kv->type, v + (size_t)h * hd, slot(kv, L->v, L, h, row + L->rows), hd);
+    }
+}
+
+dfl_kv_view dfl_kv_keys(const dfl_kv *kv, int l, int pos, int *n_keys) {
+    const dfl_kv_layer *L = &kv->layer[l];
+    int first = 0;
+    if (L->kind == DFL_LAYER_SLIDING && pos + 1 > kv->window) first = pos + 1 - kv->window;
+    int row = L->ring ? first % L->rows : first;
+    *n_keys = pos + 1 - first;
+    dfl_kv_view v = {slot(kv, L->k, L, 0, row), slot(kv, L->v, L, 0, row), kv->type,
+                     kv->head_dim, stored_rows(L) * kv->head_dim};
+    return v;
+}

@@ -1,0 +1,74 @@
+/* seqstate.h - one sequence's state, every layer by its kind.
+ *
+ *   full attention   K/V for every position up to the context size;
+ *   sliding window   a ring of window + max_rows positions (position p at
+ *                    row p % R), so the rows a verify block or a prefill
+ *                    chunk writes never overwrite a key that one of its own
+ *                    rows, or a row kept after a rollback, still reads. Each
+ *                    row is written twice, at p % R and p % R + R, so any R
+ *                    consecutive positions are contiguous: the attention
+ *                    kernel reads a window as one run of keys;
+ *   recurrent        a fixed-size state per layer, with one snapshot per row
+ *                    of the last forward (up to n_snap), so a rollback into
+ *                    that forward is a copy.
+ *
+ * One rollback, dfl_kv_truncate, serves every kind. */
+#ifndef DFL_SEQSTATE_H
+#define DFL_SEQSTATE_H
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+enum { DFL_LAYER_FULL = 0, DFL_LAYER_SLIDING = 1, DFL_LAYER_RECURRENT = 2 };
+
+/* What a model's sequences hold (dfl_target_kv_shape). */
+typedef struct dfl_kv_shape {
+    int n_layers, n_kv_heads, head_dim;
+    dfl_type type;              /* K/V elements: DFL_F16 or DFL_F32 */
+    const unsigned char *kind;  /* (n_layers) DFL_LAYER_* */
+    int window;                 /* sliding layers: keys a row attends, itself included */
+    int max_rows;               /* rows one forward adds to a sequence */
+    int rec_floats;             /* recurrent layers: floats of state */
+    int n_snap;                 /* recurrent layers: rows of a forward that can be rolled back to */
+} dfl_kv_shape;
+
+typedef struct dfl_kv_layer {
+    int kind;
+    int ring;                   /* sliding and a ring (else every position is kept) */
+    int rows;                   /* positions: R = window + max_rows in a ring (stored
+                                   twice), else cap */
+    void *k, *v;                /* (n_kv_heads, rows or 2R, head_dim) of type */
+    float *rec;                 /* recurrent: (1 + n_snap, rec_floats); row 0 the live state */
+} dfl_kv_layer;
+
+typedef struct dfl_kv {
+    int len;                    /* committed rows */
+    int cap;                    /* positions it may reach (ctx size) */
+    int n_layers, n_kv_heads, head_dim, kv_dim;
+    dfl_type type;
+    int window;
+    dfl_kv_layer *layer;        /* (n_layers) */
+    int rec_floats, n_snap;
+    int snap_base, snap_n;      /* recurrent: snapshot i is the state after snap_base + i rows,
+                                   i < snap_n (set by dfl_kv_begin) */
+} dfl_kv;
+
+dfl_kv *dfl_kv_make(const dfl_kv_shape *s, int cap);
+void dfl_kv_free(dfl_kv *kv);
+/* Keeps the first n_keep rows; returns the rows kept, which is fewer (0)
+ * when a recurrent state cannot be taken back that far. */
+int dfl_kv_truncate(dfl_kv *kv, int n_keep);
+/* A forward of n rows starts at kv->len: snapshot 0 of every recurrent
+ * layer takes the live state. */
+void dfl_kv_begin(dfl_kv *kv, int n);
+/* Stores one row's K and V (kv_dim floats each, heads in order) at pos. */
+void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v);
+/* The keys a row at pos reads in layer l: the view starts at the first of
+ * them; *n_keys gets how many (pos + 1, or at most window when sliding). */
+dfl_kv_view dfl_kv_keys(const dfl_kv *kv, int l, int pos, int *n_keys);
+/* Recurrent state of layer l: the live one, or snapshot i (state after
+ * snap_base + i rows). */
+float *dfl_kv_rec(const dfl_kv *kv, int l);
+float *dfl_kv_snap(const dfl_kv *kv, int l, int i);
+
+#endif
