@@ -355,7 +355,7 @@ static void test_rope(void) {
     float inv[HD / 2];
     for (int i = 0; i < HD / 2; i++) inv[i] = (float)pow(1e6, -2.0 * i / HD);
     for (int neox = 0; neox <= 1; neox++) {
-        dfl_rope r = {HD, neox, inv, neox ? 1.0f : 1.25f};
+        dfl_rope r = {.head_dim = HD, .neox = neox, .inv_freq = inv, .mscale = neox ? 1.0f : 1.25f};
         int poss[] = {0, 1, 7, 1000, 32767};
         for (int pi = 0; pi < 5; pi++) {
             int pos = poss[pi];

@@ -54,7 +54,9 @@ void dfl_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 
 /* RoPE tables: cos/sin for each position and frequency pair. */
 typedef struct dfl_rope {
-    int head_dim;       /* rotated dims (== head_dim for all supported models) */
+    int head_dim;       /* rotated dims: the first head_dim of each head */
+    int stride;         /* dims from one head to the next (partial rotary: > head_dim);
+                           0: head_dim */
     int neox;           /* 1: rotate halves (HF); 0: interleaved pairs (Meta/GGUF llama) */
     float *inv_freq;    /* [head_dim/2], with llama3 / yarn scaling applied */
     float mscale;       /* yarn attention factor applied to cos/sin */

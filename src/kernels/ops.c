@@ -38,10 +38,10 @@ void dfl_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
  *   a' = a*cos - b*sin,  b' = b*cos + a*sin.
  * neox pairs (i, i + hd/2); interleaved pairs (2i, 2i + 1). */
 static void rope_pair(const dfl_rope *r, float *x, int n_heads, int i, float c, float s) {
-    int hd = r->head_dim, half = hd / 2;
+    int hd = r->head_dim, half = hd / 2, stride = r->stride ? r->stride : hd;
     int ia = r->neox ? i : 2 * i, ib = r->neox ? i + half : 2 * i + 1;
     for (int h = 0; h < n_heads; h++) {
-        float *p = x + (size_t)h * hd;
+        float *p = x + (size_t)h * stride;
         float a = p[ia], b = p[ib];
         p[ia] = a * c - b * s;
         p[ib] = b * c + a * s;

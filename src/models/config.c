@@ -8,16 +8,11 @@
 #include <string.h>
 
 #include "models/model.h"
-
-/* Limits: generous for real models, small enough that products of two of
- * them never overflow an int and no allocation they size is absurd. */
-enum {
-    MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
-    MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20
-};
+#include "models/config_json.h"
 
 static const char *arch_name(int a) {
-    return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3" : "?";
+    return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
+         : a == ARCH_LAGUNA ? "laguna" : "?";
 }
 
 /* ---- validation --------------------------------------------------------- */
@@ -61,9 +56,15 @@ static int validate_rope(const dfl_config *c, const char *src, dfl_error *err) {
     }
 }
 
+/* Rotated dims of a head: partial rotary turns the first head_dim * partial
+ * (transformers: int(head_dim * partial_rotary_factor)). */
+static int rot_dims(int hd, float partial) {
+    return (partial > 0 && partial < 1 ? (int)(hd * (double)partial) : hd) & ~1;
+}
+
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     if (!src) src = "config";
-    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN3, "arch");
+    RANGE(c->arch, ARCH_LLAMA, ARCH_LAGUNA, "arch");
     RANGE(c->n_layers, 1, MAX_LAYERS, "num_hidden_layers");
     RANGE(c->dim, 1, MAX_DIM, "hidden_size");
     RANGE(c->n_heads, 1, MAX_HEADS, "num_attention_heads");
@@ -90,6 +91,25 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     RANGE(c->tied_embed, 0, 1, "tie_word_embeddings");
     RANGE(c->bos_id, -1, c->vocab - 1, "bos_token_id");
     RANGE(c->eos_id, -1, c->vocab - 1, "eos_token_id");
+    for (int l = 0; l < c->n_layers; l++) {
+        int h = c->layer_heads[l] ? c->layer_heads[l] : c->n_heads;
+        if (h < 1 || h > MAX_HEADS || h % c->n_kv_heads)
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d has %d query heads (expected a "
+                            "multiple of num_key_value_heads = %d up to %d)", src, l, h,
+                            c->n_kv_heads, MAX_HEADS);
+        if (c->mlp_kind[l] == DFL_MLP_MOE && !c->n_experts)
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d is sparse but num_experts is 0", src, l);
+    }
+    if (c->n_experts) {
+        RANGE(c->n_experts, 1, MAX_EXPERTS, "num_experts");
+        RANGE(c->top_k, 1, c->n_experts, "num_experts_per_tok");
+        RANGE(c->moe_ffn, 1, MAX_FFN, "moe_intermediate_size");
+        RANGE(c->shared_ffn, 0, MAX_FFN, "shared_expert_intermediate_size");
+    }
+    if (rot_dims(c->head_dim, c->rope_partial) < 2 ||
+        rot_dims(c->head_dim, c->swa_rope_partial) < 2)
+        return dfl_fail(err, DFL_EFORMAT, "%s: partial_rotary_factor rotates fewer than 2 dims",
+                        src);
     return validate_rope(c, src, err);
 }
 
@@ -103,6 +123,7 @@ static const struct {
     {"MistralForCausalLM", "mistral", ARCH_LLAMA},
     {"Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
+    {"LagunaForCausalLM", "laguna", ARCH_LAGUNA},
 };
 
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
@@ -118,18 +139,12 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
                         "LlamaForCausalLM)", file);
     return dfl_fail(err, DFL_EUNSUP,
                     "%s: architecture %.100s not supported (LlamaForCausalLM, MistralForCausalLM, "
-                    "Qwen2ForCausalLM, Qwen3ForCausalLM are)",
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM are)",
                     file, name ? name : mt);
 }
 
 /* rc of a getter: 0 ok, 1 absent (fine for optional keys), < 0 error. */
-#define TRY(x)                    \
-    do {                          \
-        int rc_ = (x);            \
-        if (rc_ < 0) return rc_;  \
-    } while (0)
-
-static int need_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out,
+int need_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out,
                     const char *file, dfl_error *err) {
     int64_t v;
     int rc = dfl_json_int(j, key, lo, hi, &v, file, err);
@@ -140,7 +155,7 @@ static int need_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int
     return rc;
 }
 
-static int opt_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out,
+int opt_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out,
                    const char *file, dfl_error *err) {
     int64_t v;
     int rc = dfl_json_int(j, key, lo, hi, &v, file, err);
@@ -148,7 +163,7 @@ static int opt_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int 
     return rc;
 }
 
-static int opt_float(const cJSON *j, const char *key, double lo, double hi, float *out,
+int opt_float(const cJSON *j, const char *key, double lo, double hi, float *out,
                      const char *file, dfl_error *err) {
     double v;
     int rc = dfl_json_num(j, key, lo, hi, &v, file, err);
@@ -185,13 +200,11 @@ static int hf_refuse_features(const cJSON *j, int arch, const char *file, dfl_er
     if (b) return dfl_fail(err, DFL_EUNSUP, "%s: mlp_bias = true not supported", file);
     double prf = 1;
     TRY(dfl_json_num(j, "partial_rotary_factor", 0, 1, &prf, file, err));
-    if (prf != 1)
+    if (prf != 1 && arch != ARCH_LAGUNA)
         return dfl_fail(err, DFL_EUNSUP, "%s: partial_rotary_factor = %g not supported (1 is)",
                         file, prf);
     return 0;
 }
-
-static const float F_MAX = 3.0e38f;
 
 /* rope_scaling (transformers 4.x) or rope_parameters (5.x): type and factors. */
 static int hf_rope(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
@@ -201,6 +214,10 @@ static int hf_rope(const cJSON *j, dfl_config *c, const char *file, dfl_error *e
     c->rope_theta = 10000;
     TRY(opt_float(j, "rope_theta", 0, F_MAX, &c->rope_theta, file, err));
     if (!r || cJSON_IsNull(r)) return 0;
+    return cfg_rope(r, key, c, file, err);
+}
+
+int cfg_rope(const cJSON *r, const char *key, dfl_config *c, const char *file, dfl_error *err) {
     if (!cJSON_IsObject(r))
         return dfl_fail(err, DFL_EFORMAT, "%s: %s is not an object or null", file, key);
     TRY(opt_float(r, "rope_theta", 0, F_MAX, &c->rope_theta, file, err));
@@ -326,6 +343,7 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     TRY(token_id(j, "bos_token_id", &c->bos_id, file, err));
     TRY(token_id(j, "eos_token_id", &c->eos_id, file, err));
     TRY(hf_layer_types(j, c, file, err));
+    if (arch == ARCH_LAGUNA) TRY(dfl_laguna_config(j, c, file, err));
     return dfl_config_validate(c, file, err);
 }
 
@@ -527,19 +545,32 @@ static void yarn_freqs(double *f, int half, const dfl_config *c) {
 }
 
 void dfl_rope_init(dfl_rope *r, const dfl_config *c) {
-    int half = c->head_dim / 2;
+    int rot = rot_dims(c->head_dim, c->rope_partial), half = rot / 2;
     double *f = xmalloc((size_t)half * sizeof *f);
-    for (int i = 0; i < half; i++) f[i] = 1.0 / pow(c->rope_theta, (2.0 * i) / c->head_dim);
+    for (int i = 0; i < half; i++) f[i] = 1.0 / pow(c->rope_theta, (2.0 * i) / rot);
     if (c->rope_scale_type == ROPE_SCALE_LINEAR)
         for (int i = 0; i < half; i++) f[i] /= c->rope_factor;
     else if (c->rope_scale_type == ROPE_SCALE_LLAMA3)
         for (int i = 0; i < half; i++) f[i] = llama3_freq(f[i], c);
     else if (c->rope_scale_type == ROPE_SCALE_YARN)
         yarn_freqs(f, half, c);
-    r->head_dim = c->head_dim;
+    r->head_dim = rot;
+    r->stride = c->head_dim;
     r->neox = c->rope_neox;
     r->mscale = c->rope_scale_type == ROPE_SCALE_YARN ? c->rope_attn_factor : 1.0f;
     r->inv_freq = xmalloc((size_t)half * sizeof(float));
     for (int i = 0; i < half; i++) r->inv_freq[i] = (float)f[i];
     free(f);
+}
+
+void dfl_rope_init_swa(dfl_rope *r, const dfl_config *c) {
+    dfl_config *s = xmalloc(sizeof *s);
+    *s = *c;
+    if (c->swa_rope_theta > 0) {
+        s->rope_theta = c->swa_rope_theta;
+        s->rope_partial = c->swa_rope_partial;
+        s->rope_scale_type = ROPE_SCALE_NONE;
+    }
+    dfl_rope_init(r, s);
+    free(s);
 }

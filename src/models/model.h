@@ -19,8 +19,10 @@
 #include "kernels/kernels.h"
 #include "models/seqstate.h"
 
-enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 };
+enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA };
 enum { DFL_MAX_LAYERS = 1024 };
+enum { DFL_MLP_DENSE = 0, DFL_MLP_MOE = 1 };
+enum { DFL_GATE_NONE = 0, DFL_GATE_HEAD = 1, DFL_GATE_ELEMENT = 2 };
 enum { ROPE_SCALE_NONE = 0, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN };
 
 typedef struct dfl_config {
@@ -37,6 +39,15 @@ typedef struct dfl_config {
     int bos_id, eos_id;       /* -1 when unknown */
     int sliding_window;       /* keys a sliding layer's row attends, itself included; 0: none */
     unsigned char layer_kind[DFL_MAX_LAYERS]; /* DFL_LAYER_* of each layer */
+    unsigned char mlp_kind[DFL_MAX_LAYERS];   /* DFL_MLP_* of each layer */
+    short layer_heads[DFL_MAX_LAYERS];        /* query heads of each layer (0: n_heads) */
+    float rope_partial;       /* fraction of head_dim full-attention layers rotate (0: all) */
+    float swa_rope_theta;     /* sliding layers' RoPE when it differs (plain RoPE); 0: same */
+    float swa_rope_partial;
+    int gating;               /* DFL_GATE_*: softplus gate on each head's output */
+    int n_experts, top_k, moe_ffn, shared_ffn;   /* DFL_MLP_MOE layers */
+    float routed_scale;       /* routed experts' sum is scaled by this */
+    float router_softcap;     /* > 0: router logits = c * tanh(logits / c) */
 } dfl_config;
 
 /* Parses and range-checks a Hugging Face config.json (target models). */
@@ -51,19 +62,37 @@ int dfl_config_from_cjson(const struct cJSON *j, const char *file, int arch, dfl
 int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err);
 /* Cross-field checks shared by both (heads * head_dim, GQA ratio, ranges). */
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err);
-/* Builds the RoPE table for c (caller frees r->inv_freq). */
+/* Builds the RoPE table for c (caller frees r->inv_freq); _swa the sliding
+ * layers' (swa_rope_*, or the same as full attention's). */
 void dfl_rope_init(dfl_rope *r, const dfl_config *c);
+void dfl_rope_init_swa(dfl_rope *r, const dfl_config *c);
 
 typedef struct dfl_combiner dfl_combiner;
 
+/* A mixture-of-experts MLP: a sigmoid router picks top_k experts per row
+ * (by score + sel_bias), their SwiGLU outputs weighted by the normalised
+ * scores times routed_scale, plus a shared expert. */
+typedef struct dfl_moe {
+    dfl_mat router;       /* (n_experts, dim) */
+    const float *sel_bias;/* (n_experts) e_score_correction_bias, selection only; NULL: none */
+    dfl_mat *gate, *up;   /* [n_experts] (moe_ffn, dim) */
+    dfl_mat *down;        /* [n_experts] (dim, moe_ffn) */
+    dfl_mat sh_gate, sh_up;/* (shared_ffn, dim); rows 0: no shared expert */
+    dfl_mat sh_down;      /* (dim, shared_ffn) */
+} dfl_moe;
+
 typedef struct dfl_layer {
+    int n_heads;      /* query heads of this layer */
+    const dfl_rope *rope; /* this layer's RoPE (full-attention or sliding set) */
     dfl_mat wq;       /* (n_heads*hd, dim) */
     dfl_mat wk;       /* (n_kv*hd, dim) */
     dfl_mat wv;       /* (n_kv*hd, dim) */
     dfl_mat wo;       /* (dim, n_heads*hd) */
-    dfl_mat w_gate;   /* (ffn, dim) */
+    dfl_mat wg;       /* (n_heads or n_heads*hd, dim) output gate; rows 0: none */
+    dfl_mat w_gate;   /* (ffn, dim) dense MLP */
     dfl_mat w_up;     /* (ffn, dim) */
     dfl_mat w_down;   /* (dim, ffn) */
+    dfl_moe *moe;     /* MoE MLP instead, or NULL */
     const float *bq, *bk, *bv;        /* (n_heads*hd), (n_kv*hd) x2; qwen2 only */
     const float *attn_norm, *ffn_norm;/* (dim) */
     const float *q_norm, *k_norm;     /* (hd); qwen3 only */
@@ -75,7 +104,8 @@ typedef struct dfl_target {
     dfl_mat lm_head;      /* (vocab, dim); == embed when tied */
     const float *out_norm;/* (dim) */
     dfl_layer *layers;    /* [n_layers] */
-    dfl_rope rope;
+    dfl_rope rope;        /* full-attention layers' */
+    dfl_rope rope_swa;    /* sliding layers' (a copy of rope when the same) */
     dfl_tensors ts;       /* file tensors (mappings) */
     gguf_file *gguf;      /* when loaded from GGUF (tokenizer reads it) */
     int unpermute;        /* GGUF llama: q/k rows stored interleaved, undone at load */
@@ -97,7 +127,14 @@ typedef struct dfl_target {
     float *h1, *h2;       /* (R, ffn) */
     void *qscratch;       /* quantized activations */
     int *n_keys;          /* (R) */
-    float *rope_cs;       /* (R, hd) each row's RoPE cos | sin, once per forward */
+    float *rope_cs;       /* (R, 2*hd) each row's RoPE cos | sin for both sets, once per forward */
+    float *gate;          /* (R, max_heads*hd) output gates */
+    float *router;        /* (R, n_experts) router logits */
+    float *moe_x, *moe_y; /* (R, dim) rows routed to one expert, and their output */
+    int *moe_rows;        /* (R) which rows */
+    float *moe_w;         /* (R * top_k) each row's expert weights ... */
+    int *moe_e;           /* (R * top_k) ... and experts, in ascending expert order */
+    uint64_t moe_touched, moe_bytes; /* last forward: experts run, their weight bytes */
     float *logits;        /* (R - max_rows, vocab) logits of a several-sequence forward,
                              before they go to each caller; NULL when R == max_rows */
 } dfl_target;

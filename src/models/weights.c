@@ -101,6 +101,31 @@ int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, 
     return 0;
 }
 
+int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl_mat *m,
+                dfl_error *err) {
+    dfl_tensor *t = find(w, name, err);
+    if (!t) return DFL_EFORMAT;
+    if (t->n_dims != 3 || t->shape[0] != n || t->shape[1] != rows || t->shape[2] != cols)
+        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s has %d dims [%lld, %lld, ...], expected "
+                        "[%d, %d, %d] from the config", w->ts->source, name, t->n_dims,
+                        (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0), n,
+                        rows, cols);
+    size_t rb = dfl_type_row_bytes(t->type, cols);
+    if (!rb || rb * (uint64_t)rows * n != t->nbytes)
+        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: %llu bytes do not fit [%d, %d, %d] %s",
+                        w->ts->source, name, (unsigned long long)t->nbytes, n, rows, cols,
+                        dfl_type_name(t->type));
+    for (int i = 0; i < n; i++) {
+        m[i] = (dfl_mat){.type = t->type, .rows = rows, .cols = cols,
+                         .data = (const uint8_t *)t->data + (size_t)i * rows * rb, .row_bytes = rb};
+        int rc = w->convert && m[i].type != w->type ? convert_mat(w, t, &m[i], err) : 0;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int dfl_w_has(dfl_weights *w, const char *name) { return dfl_tensors_find(w->ts, name) != NULL; }
+
 int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err) {
     dfl_tensor *t = find(w, name, err);
     if (!t) return DFL_EFORMAT;

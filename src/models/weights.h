@@ -18,6 +18,12 @@ typedef struct dfl_weights {
 int dfl_w_begin(dfl_weights *w, dfl_tensors *ts, const dfl_load_opts *o, dfl_error *err);
 /* A 2-D tensor of exactly [rows, cols]. */
 int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, dfl_error *err);
+/* A 3-D tensor of exactly [n, rows, cols] as n matrices m[0..n) (fused
+ * experts, as recent transformers saves them). */
+int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl_mat *m,
+                dfl_error *err);
+/* 1 when the file has tensor name (to choose between two layouts). */
+int dfl_w_has(dfl_weights *w, const char *name);
 /* A 1-D tensor of n elements, as f32 (converted when stored otherwise). */
 int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err);
 /* Optional GGUF rope_freqs.weight (Llama-3 frequency factors): divides inv_freq. */

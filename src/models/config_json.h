@@ -1,0 +1,43 @@
+/* config_json.h - config.json readers shared by the families' config code
+ * (config.c, laguna.c): range-checked getters that name the field in errors. */
+#ifndef DFL_CONFIG_JSON_H
+#define DFL_CONFIG_JSON_H
+
+#include <cjson/cJSON.h>
+
+#include "io/io.h"
+#include "models/model.h"
+
+/* Limits: generous for real models, small enough that products of two of
+ * them never overflow an int and no allocation they size is absurd. */
+enum {
+    MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
+    MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20, MAX_EXPERTS = 1024
+};
+static const float F_MAX = 3.0e38f;
+
+/* rc of a getter: 0 ok, 1 absent (fine for optional keys), < 0 error. */
+#define TRY(x)                    \
+    do {                          \
+        int rc_ = (x);            \
+        if (rc_ < 0) return rc_;  \
+    } while (0)
+
+#define need_int dfl_cfg_need_int
+#define opt_int dfl_cfg_opt_int
+#define opt_float dfl_cfg_opt_float
+#define cfg_rope dfl_cfg_rope
+int need_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out, const char *file,
+             dfl_error *err);
+int opt_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out, const char *file,
+            dfl_error *err);
+int opt_float(const cJSON *j, const char *key, double lo, double hi, float *out, const char *file,
+              dfl_error *err);
+/* One RoPE object (rope_parameters / rope_scaling, or a per-layer-type entry
+ * of one): theta, scaling type and factors into c's rope fields. */
+int cfg_rope(const cJSON *r, const char *key, dfl_config *c, const char *file, dfl_error *err);
+
+/* Laguna's own fields (laguna.c), after the common ones. */
+int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
+
+#endif
