@@ -221,6 +221,12 @@ typedef int (*dfl_token_fn)(void *ud, const dfl_token_info *tok);
 
 int dfl_session_new(dfl_engine *e, dfl_session **out, dfl_error *err);
 void dfl_session_free(dfl_session *s);
+/* dst takes the first n tokens of src's sequence (their K/V, the drafter's
+ * rows): a prompt that shares them then skips their prefill, with output
+ * identical to a cold run (rows are batch invariant). Returns the tokens dst
+ * now holds (fewer when src no longer has them, e.g. a sliding window moved
+ * past them). src must not be generating meanwhile. */
+int dfl_session_copy_prefix(dfl_session *dst, const dfl_session *src, int n);
 /* Generates after prompt; the session keeps the longest common prefix of the
  * previous prompt+output so a follow-up turn does not re-prefill it. */
 int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_gen_params *p,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_server_crowd.sh - continuous batching keeps output exact: a greedy
 # request's text is the same alone or among 8 others, DFlash on and off
-# (tests/server/crowd.py), on a server with 9 slots and a drafter.
+# (tests/server/crowd.py), on a server with 9 slots and a drafter; and a
+# prompt sharing a prefix with a finished request copies it across slots,
+# with the text of a cold run.
 set -uo pipefail
 . "$(dirname "$0")/server/lib.sh"
 
@@ -10,7 +12,7 @@ make_models
 start_server "$WORK/server.log" -m "$WORK/target" --draft "$WORK/draft" -c 512 --parallel 9
 SEEDS=${SEEDS:-4}
 is_asan && SEEDS=1
-SERVER_URL=$SERVER_URL SEEDS=$SEEDS timeout 900 "$PY" "$CLIENT_DIR/crowd.py" ||
+SERVER_URL=$SERVER_URL SEEDS=$SEEDS DFLASH_BIN=$BIN TARGET=$WORK/target DRAFT=$WORK/draft timeout 900 "$PY" "$CLIENT_DIR/crowd.py" ||
   { tail -40 "$WORK/server.log"; die "crowd.py"; }
 stop_server TERM
 [ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server.log"; die "exit status $SERVER_RC on SIGTERM"; }

@@ -189,6 +189,17 @@ void dfl_session_free(dfl_session *s) {
     free(s);
 }
 
+int dfl_session_copy_prefix(dfl_session *dst, const dfl_session *src, int n) {
+    if (dst == src || dst->e != src->e) return 0;
+    n = dfl_kv_copy_prefix(dst->kv, src->kv, n);
+    if (dst->ds) {
+        int m = dfl_dstore_copy_prefix(dst->ds, src->ds, n);
+        if (m < n) dfl_dstore_truncate(dst->ds, 0);   /* the next prompt feeds it again */
+    }
+    memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
+    return n;
+}
+
 int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap, int n_cap,
                       float *logits, float *feat, dfl_error *err) {
     dfl_target *t = s->e->t;

@@ -591,6 +591,19 @@ void dfl_dstore_truncate(dfl_dstore *s, int n_keep) {
     if (s->lo > 0 && (s->len == 0 || s->len - s->window < s->lo)) s->len = s->lo = 0;
 }
 
+int dfl_dstore_copy_prefix(dfl_dstore *dst, const dfl_dstore *src, int n) {
+    dst->len = dst->lo = 0;
+    if (n > src->len) n = src->len;
+    if (src->lo > 0 || n <= 0 || n > dst->cap) return 0;
+    size_t row = (size_t)src->kv_dim * dfl_type_block_bytes(src->type);
+    for (int l = 0; l < src->n_layers; l++) {
+        size_t off = (size_t)l * src->cap * row;   /* both stores share cap: one engine */
+        memcpy((char *)dst->k + off, (const char *)src->k + off, (size_t)n * row);
+        memcpy((char *)dst->v + off, (const char *)src->v + off, (size_t)n * row);
+    }
+    return dst->len = n;
+}
+
 /* ---- forward ---------------------------------------------------------------- */
 
 static void matmul(dfl_drafter *d, const dfl_mat *W, int n, const float *X, int ldx, float *Y,

@@ -69,6 +69,9 @@ void dfl_drafter_free(dfl_drafter *d);
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx);
 void dfl_dstore_free(dfl_dstore *s);
 void dfl_dstore_truncate(dfl_dstore *s, int n_keep);
+/* dst takes src's first n context rows (n <= src->len); returns the rows it
+ * holds (0 when src's window skipped some of them). */
+int dfl_dstore_copy_prefix(dfl_dstore *dst, const dfl_dstore *src, int n);
 
 /* Appends n context rows: feat (n, n_cap*target_dim) for positions
  * s->len .. s->len+n-1 -> fc, hidden_norm, per-layer K/V into the store. */

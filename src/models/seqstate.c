@@ -116,3 +116,43 @@ dfl_kv_view dfl_kv_keys(const dfl_kv *kv, int l, int pos, int *n_keys) {
                      kv->head_dim, stored_rows(L) * kv->head_dim};
     return v;
 }
+
+/* Rows [0, n) of one layer, per kv head (each head's rows are one run). */
+static void copy_rows(dfl_kv *dst, const dfl_kv *src, int l, int first, int n) {
+    const dfl_kv_layer *S = &src->layer[l];
+    dfl_kv_layer *D = &dst->layer[l];
+    size_t row = (size_t)src->head_dim * elem(src);
+    for (int pos = first; pos < n; pos++) {
+        int r = S->ring ? pos % S->rows : pos;
+        for (int h = 0; h < src->n_kv_heads; h++) {
+            memcpy(slot(dst, D->k, D, h, r), slot(src, S->k, S, h, r), row);
+            memcpy(slot(dst, D->v, D, h, r), slot(src, S->v, S, h, r), row);
+            if (!S->ring) continue;
+            memcpy(slot(dst, D->k, D, h, r + S->rows), slot(src, S->k, S, h, r + S->rows), row);
+            memcpy(slot(dst, D->v, D, h, r + S->rows), slot(src, S->v, S, h, r + S->rows), row);
+        }
+    }
+}
+
+int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n) {
+    if (n > src->len) n = src->len;
+    if (n > dst->cap) n = dst->cap;
+    for (int l = 0; l < src->n_layers && n > 0; l++) {
+        const dfl_kv_layer *S = &src->layer[l];
+        /* a ring holds positions (len - rows, len]; the next row reads back to n - window */
+        if (S->ring && n - src->window < src->len - S->rows) n = 0;
+        if (S->kind == DFL_LAYER_RECURRENT && n != src->len) n = 0;
+    }
+    dfl_kv_truncate(dst, 0);
+    for (int l = 0; l < src->n_layers && n > 0; l++) {
+        const dfl_kv_layer *S = &src->layer[l];
+        if (S->kind == DFL_LAYER_RECURRENT) {
+            memcpy(dst->layer[l].rec, S->rec, sizeof(float) * src->rec_floats);
+            continue;
+        }
+        int first = S->ring && n > S->rows ? n - S->rows : 0;
+        copy_rows(dst, src, l, first, n);
+    }
+    dst->snap_n = 0;
+    return dst->len = n;
+}

@@ -58,6 +58,10 @@ void dfl_kv_free(dfl_kv *kv);
 /* Keeps the first n_keep rows; returns the rows kept, which is fewer (0)
  * when a recurrent state cannot be taken back that far. */
 int dfl_kv_truncate(dfl_kv *kv, int n_keep);
+/* dst (same shape) takes src's first n rows and holds exactly them. Returns
+ * n, or 0 (dst emptied) when src no longer has them: a sliding ring that
+ * moved past them, a recurrent state not at n. */
+int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n);
 /* A forward of n rows starts at kv->len: snapshot 0 of every recurrent
  * layer takes the live state. */
 void dfl_kv_begin(dfl_kv *kv, int n);

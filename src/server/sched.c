@@ -44,20 +44,48 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return n;
 }
 
-/* Gives queued jobs to idle slots: longest shared prefix first, then least recently used. */
+/* The idle slot a job reuses most of (longest shared prefix, then least
+ * recently used); pinned slots are being copied from and take no job. */
+static srv_slot *best_slot(srv_server *srv, const srv_job *j, int *lcp) {
+    srv_slot *best = NULL;
+    *lcp = -1;
+    for (int i = 0; i < srv->n_slots; i++) {
+        srv_slot *s = &srv->slots[i];
+        if (s->job || s->pins) continue;
+        int n = common_prefix(s->hist, s->n_hist, j->prompt, j->n_prompt);
+        if (n > *lcp || (n == *lcp && s->last_used < best->last_used)) best = s, *lcp = n;
+    }
+    return best;
+}
+
+/* A finished conversation stays whole: when the best slot's sequence goes on
+ * past the shared prefix (its own next turn would want that), the job takes
+ * the least recently used other idle slot and copies the prefix from it. */
+static srv_slot *spare_slot(srv_server *srv, const srv_slot *best, int lcp) {
+    srv_slot *lru = NULL;
+    if (lcp < 1 || best->n_hist <= lcp + 1) return NULL;
+    for (int i = 0; i < srv->n_slots; i++) {
+        srv_slot *s = &srv->slots[i];
+        if (s == best || s->job || s->pins) continue;
+        if (!lru || s->last_used < lru->last_used) lru = s;
+    }
+    return lru;
+}
+
+/* Gives queued jobs to idle slots. */
 static void dispatch(srv_server *srv) {
     while (srv->q_len && srv->n_busy < srv->n_slots) {
+        int lcp;
+        srv_slot *best = best_slot(srv, srv->queue[srv->q_head], &lcp);
+        if (!best) return;   /* every idle slot is pinned: a copy ends soon and dispatches */
         srv_job *j = queue_pop(srv);
-        srv_slot *best = NULL;
-        int best_lcp = -1;
-        for (int i = 0; i < srv->n_slots; i++) {
-            srv_slot *s = &srv->slots[i];
-            if (s->job) continue;
-            int lcp = common_prefix(s->hist, s->n_hist, j->prompt, j->n_prompt);
-            if (lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used))
-                best = s, best_lcp = lcp;
+        srv_slot *spare = spare_slot(srv, best, lcp);
+        if (spare) {
+            j->copy_from = best;
+            best->pins++;
+            best = spare;
         }
-        j->n_cached = best_lcp < j->n_prompt ? best_lcp : j->n_prompt - 1;
+        j->n_cached = lcp < j->n_prompt ? lcp : j->n_prompt - 1;
         pthread_mutex_lock(&j->mu);
         j->state = SRV_RUNNING;
         pthread_mutex_unlock(&j->mu);
@@ -65,6 +93,20 @@ static void dispatch(srv_server *srv) {
         srv->n_busy++;
         pthread_cond_signal(&best->cv);
     }
+}
+
+/* The worker's copy of the prefix a dispatch chose (before generating). */
+static void copy_prefix(srv_server *srv, srv_slot *s, srv_job *j) {
+    srv_slot *src = j->copy_from;
+    int n = dfl_session_copy_prefix(s->sess, src->sess, j->n_cached);
+    memcpy(s->hist, src->hist, sizeof(int32_t) * (size_t)n);
+    s->n_hist = n;
+    j->n_cached = n;
+    pthread_mutex_lock(&srv->mu);
+    src->pins--;
+    j->copy_from = NULL;
+    dispatch(srv);
+    pthread_mutex_unlock(&srv->mu);
 }
 
 int srv_submit(srv_server *srv, srv_job *j) {
@@ -231,6 +273,7 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
     j->t_start = srv_now();
     dfl_detok_init(&j->detok, srv->e, 0);
     srv_emit_begin(j);
+    if (j->copy_from) copy_prefix(srv, s, j);
     s->n_hist = 0;
     if (!cancelled(j)) {
         dfl_gen_params gp = j->gp;

@@ -130,6 +130,7 @@ typedef struct srv_job {
     dfl_detok detok;
     int n_gen;                    /* tokens committed so far */
     int n_cached;                 /* prompt tokens shared with the slot's last sequence */
+    struct srv_slot *copy_from;   /* an idle slot whose prefix the worker copies first */
     int first_chunk_sent;
     srv_buf text;                 /* non-stream: the released text */
     size_t text_off;              /* bytes of text released so far */
@@ -187,6 +188,7 @@ typedef struct srv_slot {
     int32_t *hist;        /* (ctx) tokens of the slot's last sequence: prompt + output */
     int n_hist;
     uint64_t last_used;
+    int pins;             /* other slots copying this one's prefix: not given a job meanwhile */
 } srv_slot;
 
 

@@ -4,12 +4,18 @@ same forwards), with DFlash on, off, and both in one crowd, over several
 seeds. Each seed draws nine prompts; each runs alone first (one at a time),
 then all nine at once, half of them streaming. /metrics must show that the
 crowd's forwards were shared.
+The prefix cache across slots: a prompt sharing a long prefix with a
+finished request copies that prefix into another slot (so the finished
+conversation's own cache stays whole), and its text equals a cold
+`dflash generate` of the same prompt.
 
-env: SERVER_URL, SEEDS (4), MAX_TOKENS (40)."""
+env: SERVER_URL, SEEDS (4), MAX_TOKENS (40); DFLASH_BIN, TARGET, DRAFT for
+the cold runs."""
 import asyncio
 import math
 import os
 import random
+import subprocess
 
 from common import client, check, summary, create, collect, get, metric, wait_idle
 
@@ -23,6 +29,38 @@ N = 9
 def prompts(seed):
     r = random.Random(seed)
     return [" ".join(r.choice(WORDS) for _ in range(r.randint(2, 24))) for _ in range(N)]
+
+
+def cold(prompt):
+    """The text `dflash generate` makes of prompt, with no cache to reuse."""
+    cmd = [os.environ["DFLASH_BIN"], "generate", "-q", "-m", os.environ["TARGET"], "--draft",
+           os.environ["DRAFT"], "-c", "512", "-n", str(max_tokens), "--temp", "0",
+           "--ignore-eos", "-p", prompt]
+    out = subprocess.run(cmd, capture_output=True, timeout=300)
+    check(out.returncode == 0, f"cold run: {out.stderr.decode(errors='replace')[-300:]}")
+    return out.stdout.decode("utf-8")[:-1]
+
+
+async def usage_of(prompt):
+    body = {"model": "target", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+    r = await create(client.completions, body)
+    d = r.usage.prompt_tokens_details
+    return r.choices[0].text, (d.cached_tokens if d else 0) or 0
+
+
+async def prefix_across_slots():
+    r = random.Random(99)
+    shared = " ".join(r.choice(WORDS) for _ in range(60))
+    a, c = shared + " alpha river", shared + " gamma stone"
+    text_a, _ = await usage_of(a)
+    text_c, cached_c = await usage_of(c)   # copies the shared rows from a's slot
+    text_a2, cached_a2 = await usage_of(a)  # a's own slot kept all of a
+    check(text_a == cold(a) and text_c == cold(c), "prefix copied across slots: the same text "
+          "as cold runs", [text_a, text_c])
+    check(cached_c >= 50, f"the second prompt reused the shared prefix ({cached_c} cached)")
+    check(text_a2 == text_a and cached_a2 > cached_c,
+          f"the first conversation's cache stayed whole ({cached_a2} cached)")
 
 
 async def complete(prompt, block, stream):
@@ -58,6 +96,7 @@ async def main():
             check(not diff, f"seed {seed}, {name}: 9 at once equal each alone",
                   [(solo[i], crowd[i]) for i in diff])
     await wait_idle()
+    await prefix_across_slots()
     after = await shared_forwards()
     check(after > before, "the crowds' forwards carried several requests' rows",
           {"before": before, "after": after})
