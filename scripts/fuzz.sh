@@ -27,7 +27,7 @@ mkdir -p "$out"
 cd "$root"
 
 srcs=(src/base/base.c src/io/types.c src/io/gguf.c src/io/safetensors.c src/io/json.c
-      src/models/config.c)
+      src/models/config.c src/models/laguna_config.c)
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer -Wall -Iinclude -Isrc)
 for t in "${targets[@]}"; do
@@ -105,6 +105,23 @@ variants = {
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False,
               "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "layer_types": {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+    "laguna": {"architectures": ["LagunaForCausalLM"], "rope_scaling": None,
+               "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8,
+               "num_attention_heads_per_layer": [4, 8], "mlp_layer_types": ["dense", "sparse"],
+               "gating": "per-element", "num_experts": 8, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 32, "shared_expert_intermediate_size": 16,
+               "moe_routed_scaling_factor": 2.5, "moe_router_logit_softcapping": 1.5,
+               "rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 5e5,
+                                                      "factor": 4.0, "partial_rotary_factor": 0.5,
+                                                      "original_max_position_embeddings": 1024},
+                                   "sliding_attention": {"rope_type": "default",
+                                                         "rope_theta": 1e4}}},
+    "laguna_legacy": {"architectures": ["LagunaForCausalLM"], "mlp_only_layers": [0],
+                      "decoder_sparse_step": 1, "gating": True, "partial_rotary_factor": 0.5,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+                      "swa_rope_parameters": {"rope_theta": 1e4}, "num_experts": 4,
+                      "num_experts_per_tok": 2},
 }
 for name, v in variants.items():
     open(f"{seeds}/config/{name}.json", "w").write(json.dumps({**base, **v}))

@@ -329,8 +329,9 @@ def test_engine(binary):
                        vocab=512, dtype="f32", seed=3, quiet=True)
         make_corpus(corpus, rng)
         cap_t = os.path.join(d, "cap_text")
+        # f32 K/V here and in the dump below: the trainer's forward keeps f32
         if not run([binary, "capture", "-m", tgt, "--corpus", corpus, "--out", cap_t,
-                    "--layers", "1,2", "--seq-len", "24", "-t", "1", "-q"]):
+                    "--layers", "1,2", "--seq-len", "24", "-t", "1", "-q", "--kv-type", "f32"]):
             return
         r = subprocess.run([binary, "capture", "-m", tgt, "--corpus", corpus, "--out",
                             os.path.join(d, "bad"), "--layers", "1,4"], capture_output=True,
@@ -390,7 +391,8 @@ def test_engine(binary):
             with torch.no_grad():
                 want = model(b["feat"], b["ids"], b["anchors"], torch.from_numpy(cap.embed),
                              torch.from_numpy(cap.lm_head), 511, B).numpy()[0, 0]
-            _, _, dl = dumpcmp.run_dump(binary, tgt, ids.tolist(), 512, 64, draft=dd, block=B)
+            _, _, dl = dumpcmp.run_dump(binary, tgt, ids.tolist(), 512, 64, draft=dd, block=B,
+                                        kv_type="f32")
             close(want, dl, 1e-4, f"sequence {s} ({n} rows): engine drafter logits vs the "
                   "trainer's forward")
             check(np.array_equal(want.argmax(-1), dl.argmax(-1)), "same draft tokens")

@@ -49,6 +49,7 @@ static void help(void) {
         "  --temp T  --seed S      sampling for --generate (default 0: greedy)\n"
         "  --max-rows N            stop after N rows in all\n"
         "  -c, --ctx-size N        KV cache rows (default: min(model context, 4096))\n"
+        "  --kv-type f16|f32       K/V cache elements (default f16)\n"
         "  -t, --threads N         threads (default: all cores)\n"
         "  -q, --quiet             no progress lines\n");
 }
@@ -121,6 +122,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
         else {
             fprintf(stderr, "dflash capture: unknown option '%s' (see --help)\n", a);
             exit(2);
