@@ -126,7 +126,32 @@ static void depths(void) {
     CHECK(dfl_policy_choose(&p, 20000) == 1, "16K: classic (t(B) / t(1) = 1.67, 2.33, 3 .. 4)");
 }
 
+/* A new request resumes an earlier one's evidence: after acceptance near 0
+ * it starts classic (no probe first), after acceptance near 1 it speculates;
+ * a fresh policy would start with a probe either way. */
+static void resume(void) {
+    dfl_costs c;
+    table(&c, 16, 1.0, 0.3);
+    dfl_policy bad, good, next;
+    dfl_policy_init(&bad, &c, 16);
+    feed(&bad, 8, 0.02, 400);
+    CHECK(dfl_policy_choose(&bad, 0) == 1, "no acceptance: classic");
+    dfl_policy_init(&next, &c, 16);
+    int fresh = dfl_policy_choose(&next, 0);
+    dfl_policy_init(&next, &c, 16);
+    dfl_policy_resume(&next, &bad);
+    CHECK(fresh > 1 && dfl_policy_choose(&next, 0) == 1,
+          "resumed after no acceptance: classic at once (a fresh policy probes: %d)", fresh);
+    dfl_policy_init(&good, &c, 16);
+    feed(&good, 16, 0.97, 400);
+    dfl_policy_init(&next, &c, 16);
+    dfl_policy_resume(&next, &good);
+    CHECK(dfl_policy_choose(&next, 0) == brute_best(&c, 0.97, 16),
+          "resumed after high acceptance: the best block at once");
+}
+
 int main(void) {
+    resume();
     closed_loop();
     /* Cheap verify rows and good drafts: speculation wins, at the argmax. */
     double slopes[] = {0.02, 0.1, 0.3, 0.6, 1.2};

@@ -22,6 +22,8 @@ struct dfl_engine {
     int probe_state[DFL_MAX_BLOCK + 1]; /* exactness per block size: 0 unknown, 1 exact, -1 not */
     pthread_mutex_t mu;      /* guards the memo below (probe_state, costs) across sessions */
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
+    dfl_policy carry;        /* greedy requests' acceptance evidence, handed from one
+                                request to the next (dfl_loop_opts.carry) */
 };
 
 struct dfl_session {

@@ -181,7 +181,21 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
+    /* greedy requests start from what earlier ones learned of the acceptance */
+    dfl_policy carry;
+    int carried = !smp;
+    if (carried) {
+        pthread_mutex_lock(&e->mu);
+        carry = e->carry;
+        pthread_mutex_unlock(&e->mu);
+        o.carry = &carry;
+    }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
+    if (carried && carry.max_block) {
+        pthread_mutex_lock(&e->mu);
+        e->carry = carry;
+        pthread_mutex_unlock(&e->mu);
+    }
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;
     st->accepted_lossy += sm.lossy;
     st->resampled += sm.resampled;

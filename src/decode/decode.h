@@ -96,6 +96,9 @@ typedef struct dfl_loop_opts {
                     int32_t *draft);
     const int *exact;     /* [b]: 1 when the probe found block size b exact;
                              other sizes run as classic steps. NULL: all allowed */
+    dfl_policy *carry;    /* NULL, or acceptance evidence from earlier calls: the policy
+                             starts from it and leaves this call's in it (a server's
+                             requests are alike; each would otherwise learn from the prior) */
 } dfl_loop_opts;
 
 /* A request's sampler behind the acceptance seam (generate.c): sets o's

@@ -257,6 +257,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     if (!costs) dfl_costs_init(costs = &local_costs, DFL_POLICY_MAX);
     dfl_policy pol;
     dfl_policy_init(&pol, costs, imin(q->max_block, r.spec ? q->pr->max_block : 1));
+    if (o->carry && o->carry->max_block == pol.max_block) dfl_policy_resume(&pol, o->carry);
     double d0 = st->t_draft, v0 = st->t_verify;
     r.anchor = prompt[n_prompt - 1];
     while (r.stop == DFL_STOP_NONE) {
@@ -276,6 +277,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         st->t_draft += dfl_now() - f0;
     }
     dfl_target_leave(q->t);
+    if (o->carry && r.spec && o->block == 0) *o->carry = pol;
     double t2 = dfl_now();
     st->t_decode += t2 - t1;
     st->t_other += (t2 - t1) - (st->t_draft - d0) - (st->t_verify - v0);

@@ -159,3 +159,10 @@ int dfl_policy_choose(dfl_policy *p, int ctx) {
 }
 
 void dfl_policy_classic_step(dfl_policy *p) { p->classic_run++; }
+
+void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
+    memcpy(p->tries, prev->tries, sizeof p->tries);
+    memcpy(p->hits, prev->hits, sizeof p->hits);
+    p->reprobe_every = prev->reprobe_every;
+    p->classic_run = prev->classic_run;
+}

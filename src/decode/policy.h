@@ -54,6 +54,9 @@ void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds);
 double dfl_costs_get(const dfl_costs *c, int B, int ctx);
 
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block);
+/* Continues from the evidence in prev (an earlier call's policy of the same
+ * max_block): acceptance counts, probe spacing and the run of classic steps. */
+void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev);
 /* Records a round: B-1 drafts proposed, the first `accepted` of them accepted. */
 void dfl_policy_observe(dfl_policy *p, int B, int accepted);
 /* Probability that draft position i (0-based) is accepted given all before
