@@ -118,10 +118,13 @@ async def one(client, model, prompt, max_tokens):
             "decode_tps": (tokens - 1) / (t1 - first) if tokens > 1 and t1 > first else 0.0}
 
 
-async def stage(port, model, ps, n_clients, reqs, max_tokens):
+async def stage(port, model, ps, n_clients, reqs, max_tokens, replay):
+    # retries: a server may close an idle keep-alive connection the client then reuses
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                                max_retries=0, timeout=3600)
-    for p in ps:   # warm-up; the replay servers keep each greedy answer
+                                max_retries=2, timeout=3600)
+    ps = ps[:n_clients * reqs]
+    # warm-up: a replay server keeps each prompt's greedy answer to replay it later
+    for p in ps if replay else ps[:1]:
         await one(client, model, p, max_tokens)
 
     async def worker(k):
@@ -143,13 +146,13 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens):
 
 def configs(a):
     base = [a.dflash, "serve", "-m", a.model, "-t", str(a.threads), "-c", str(a.ctx)]
-    out = [("dflash classic", lambda n, port: base + ["--port", str(port), "-np", str(n)])]
+    out = [("dflash classic", False, lambda n, port: base + ["--port", str(port), "-np", str(n)])]
     for tau in a.taus:
-        out.append((f"dflash DFlash tau {tau:g}",
+        out.append((f"dflash DFlash tau {tau:g}", True,
                     lambda n, port, tau=tau: base + ["--port", str(port), "-np", str(n), "--draft",
                                                      a.draft, "--replay-tau", str(tau)]))
     if a.llama_server:
-        out.append(("llama-server", lambda n, port: [
+        out.append(("llama-server", False, lambda n, port: [
             a.llama_server, "-m", a.model, "-t", str(a.threads), "-np", str(n),
             "-c", str(a.ctx * n), "--port", str(port), "--host", "127.0.0.1", "-cb"]))
     return out
@@ -173,7 +176,7 @@ def main():
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (optional)")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--taus", default="3,6.5")
-    ap.add_argument("--requests", type=int, default=3, help="requests per client")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512, help="context per slot")
@@ -186,7 +189,7 @@ def main():
     results = []
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {a.threads} threads; model {a.model}; "
           f"{a.max_tokens} tokens per request, {a.requests} requests per client", file=sys.stderr)
-    for name, cmd_of in configs(a):
+    for name, replay, cmd_of in configs(a):
         if a.only and a.only not in name:
             continue
         for n in clients:
@@ -195,7 +198,7 @@ def main():
             srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
             try:
                 r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
-                                      a.max_tokens))
+                                      a.max_tokens, replay))
             finally:
                 rss = srv.stop()
             r.update(server=name, clients=n, peak_rss_mb=rss / 1024, cmd=" ".join(cmd))
