@@ -54,6 +54,16 @@ void *dfl_grow(void *p, size_t *cap, size_t need, size_t sz, const char *what, d
     return q;
 }
 
+void *dfl_xgrow_(void *p, size_t *cap, size_t need, size_t sz, const char *file, int line) {
+    dfl_error err = {0};
+    void *q = dfl_grow(p, cap, need, sz, "a buffer", &err);
+    if (!q) {
+        fprintf(stderr, "dflash: %s at %s:%d\n", err.msg, file, line);
+        exit(1);
+    }
+    return q;
+}
+
 void *dfl_aligned_alloc(size_t n) {
     size_t sz = (n + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, sz ? sz : 64);

@@ -25,6 +25,10 @@ void *dfl_xcalloc_(size_t n, size_t sz, const char *file, int line);
  * NULL with DFL_ENOMEM in err, naming what, and p then still valid and
  * unchanged. Callers return the error; the library never exits on it. */
 void *dfl_grow(void *p, size_t *cap, size_t need, size_t sz, const char *what, dfl_error *err);
+/* The same for buffers whose failure no caller can handle (as xmalloc): a
+ * message naming file:line and exit(1) when memory runs out. */
+void *dfl_xgrow_(void *p, size_t *cap, size_t need, size_t sz, const char *file, int line);
+#define xgrow(p, cap, need, sz) dfl_xgrow_((p), (cap), (need), (sz), __FILE__, __LINE__)
 
 /* 64-byte aligned, zeroed; free with free(). */
 void *dfl_aligned_alloc(size_t n);

@@ -60,10 +60,10 @@ static int has_rec(const dfl_kv *kv) {
 }
 
 void dfl_kv_begin(dfl_kv *kv, int n) {
-    (void)n;
     if (!kv->n_snap || !has_rec(kv)) return;
+    /* the layers fill snapshots 1.. as their rows go, as many as there are */
     kv->snap_base = kv->len;
-    kv->snap_n = 1;
+    kv->snap_n = n + 1 < kv->n_snap ? n + 1 : kv->n_snap;
     for (int l = 0; l < kv->n_layers; l++)
         if (kv->layer[l].kind == DFL_LAYER_RECURRENT)
             memcpy(dfl_kv_snap(kv, l, 0), dfl_kv_rec(kv, l), sizeof(float) * kv->rec_floats);

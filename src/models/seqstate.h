@@ -63,7 +63,9 @@ int dfl_kv_truncate(dfl_kv *kv, int n_keep);
  * moved past them, a recurrent state not at n. */
 int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n);
 /* A forward of n rows starts at kv->len: snapshot 0 of every recurrent
- * layer takes the live state. */
+ * layer takes the live state, and the layer writes the state after its row
+ * i into snapshot i + 1 (for i + 1 < n_snap): a rollback to any of those
+ * rows is then a copy. */
 void dfl_kv_begin(dfl_kv *kv, int n);
 /* Stores one row's K and V (kv_dim floats each, heads in order) at pos. */
 void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v);

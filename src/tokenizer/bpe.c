@@ -8,15 +8,7 @@
 #include "tokenizer/tok_impl.h"
 
 void tok_ids_push(tok_ids *a, int32_t id) {
-    if (a->n == a->cap) {
-        a->cap = a->cap ? a->cap * 2 : 256;
-        int32_t *v = realloc(a->v, (size_t)a->cap * sizeof *v);
-        if (!v) {
-            fprintf(stderr, "dflash: out of memory in the tokenizer\n");
-            exit(1);
-        }
-        a->v = v;
-    }
+    a->v = xgrow(a->v, &a->cap, (size_t)a->n + 1, sizeof *a->v);
     a->v[a->n++] = id;
 }
 
@@ -305,19 +297,12 @@ static int big_before(const spm_big *a, const spm_big *b) {
 
 typedef struct spm_heap {
     spm_big *v;
-    int n, cap;
+    int n;
+    size_t cap;
 } spm_heap;
 
 static void big_push(spm_heap *h, spm_big e) {
-    if (h->n == h->cap) {
-        h->cap = h->cap ? h->cap * 2 : 64;
-        spm_big *v = realloc(h->v, (size_t)h->cap * sizeof *v);
-        if (!v) {
-            fprintf(stderr, "dflash: out of memory in the tokenizer\n");
-            exit(1);
-        }
-        h->v = v;
-    }
+    h->v = xgrow(h->v, &h->cap, (size_t)h->n + 1, sizeof *h->v);
     int i = h->n++;
     while (i > 0) {
         int p = (i - 1) / 2;

@@ -68,19 +68,12 @@ typedef struct span {
 
 typedef struct spans {
     span *v;
-    int n, cap;
+    int n;
+    size_t cap;
 } spans;
 
 static void spans_push(spans *v, size_t a, size_t b, int match) {
-    if (v->n == v->cap) {
-        v->cap = v->cap ? v->cap * 2 : 64;
-        span *p = realloc(v->v, (size_t)v->cap * sizeof *p);
-        if (!p) {
-            fprintf(stderr, "dflash: out of memory in the tokenizer\n");
-            exit(1);
-        }
-        v->v = p;
-    }
+    v->v = xgrow(v->v, &v->cap, (size_t)v->n + 1, sizeof *v->v);
     v->v[v->n++] = (span){a, b, match};
 }
 

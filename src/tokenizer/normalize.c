@@ -45,17 +45,7 @@ typedef struct sbuf {
 } sbuf;
 
 static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            fprintf(stderr, "dflash: out of memory in the normalizer\n");
-            exit(1);
-        }
-        b->p = p;
-        b->cap = cap;
-    }
+    b->p = xgrow(b->p, &b->cap, b->n + n + 1, 1);
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;

@@ -192,7 +192,8 @@ int tok_nfc_inert(uint32_t cp);
 /* ---- bpe.c: the models ---- */
 typedef struct tok_ids {
     int32_t *v;
-    int n, cap;
+    int n;
+    size_t cap;
 } tok_ids;
 void tok_ids_push(tok_ids *a, int32_t id);
 

@@ -32,14 +32,9 @@ void dfl_tok_free(dfl_tokenizer *t) {
 
 int64_t tok_pool_add(dfl_tokenizer *t, const void *s, size_t n) {
     if (t->pool_len + n + 1 > (size_t)1 << 30) return -1;
-    if (t->pool_len + n + 1 > t->pool_cap) {
-        size_t cap = t->pool_cap ? t->pool_cap : 1 << 16;
-        while (cap < t->pool_len + n + 1) cap *= 2;
-        char *p = realloc(t->pool, cap);
-        if (!p) return -1;
-        t->pool = p;
-        t->pool_cap = cap;
-    }
+    char *p = dfl_grow(t->pool, &t->pool_cap, t->pool_len + n + 1, 1, "the string pool", NULL);
+    if (!p) return -1;
+    t->pool = p;
     int64_t off = (int64_t)t->pool_len;
     if (n) memcpy(t->pool + off, s, n);
     t->pool[off + n] = 0; /* keys read as C strings in messages */
