@@ -23,6 +23,10 @@
 enum { NSEQ = 6, LEN = 96, CTX = 256, NCAP = 2, MAXG = 240, NTHREAD = 6 };
 static const int CAP[NCAP] = {1, 3};
 
+/* Under AddressSanitizer (make check-asan sets ASAN_OPTIONS) the same checks
+ * run at a smaller scale: fewer seeds and weight types. */
+static int small(void) { return getenv("ASAN_OPTIONS") != NULL; }
+
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
     return *s;
@@ -114,7 +118,7 @@ static void test_seam(dfl_engine *e, const char *dtype) {
             refs[s].feat = malloc(LEN * fd * sizeof(float));
             solo(t, tok[s], &refs[s]);
         }
-        int bad = 0, max_seqs = 0, seeds = 12;
+        int bad = 0, max_seqs = 0, seeds = small() ? 3 : 12;
         for (int k = 0; k < seeds; k++) bad += mixed(t, tok, refs, 1000 + k * 7919, &max_seqs);
         CHECK(bad == 0, "%s, %s kernels: %d rows of mixed forwards differ from single-row decode",
               dtype, pass ? "plain-C" : "SIMD", bad);
@@ -184,7 +188,7 @@ static void test_spec_exact(dfl_engine *e) {
 static void test_crowd(dfl_engine *e) {
     static const int blocks[NTHREAD] = {1, 4, 0, 8, 1, 0};
     uint64_t shared = 0;
-    for (int seed = 0; seed < 4; seed++) {
+    for (int seed = 0; seed < (small() ? 1 : 4); seed++) {
         job solo_j[NTHREAD], crowd[NTHREAD];
         uint64_t rs = 0x1234567ull + seed;
         for (int i = 0; i < NTHREAD; i++) {
@@ -217,6 +221,7 @@ static void run_model(const char *flags, const char *name, int n_dtypes) {
     char model[512], draft[512];
     if (test_make_pair(dir, flags, model, draft)) return;
     static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
+    if (small()) n_dtypes = 1;
     for (int d = 0; d < n_dtypes; d++) {
         dfl_engine_opts o;
         dfl_engine_opts_default(&o);
