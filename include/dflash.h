@@ -344,6 +344,11 @@ double dfl_bench_fma_peak(const dfl_engine *e);
 /* FLOPs (2 per multiply-add) of the weight products one row costs through
  * the target, lm_head included, attention excluded. */
 double dfl_bench_row_flops(const dfl_engine *e);
+/* Mixture-of-experts targets, for the last forward of s's engine: experts run
+ * (each distinct expert of each layer once) and the bytes of their weights;
+ * a block's extra rows route to more experts, so it reads more than a step.
+ * Both 0 for dense models. */
+void dfl_bench_moe(const dfl_session *s, uint64_t *experts, uint64_t *bytes);
 
 enum { DFL_BENCH_LOGITS = 1, DFL_BENCH_CAPTURE = 2 };
 

@@ -47,6 +47,11 @@ static void fill_cache(dfl_session *s, int n) {
     kv->len = n;
 }
 
+void dfl_bench_moe(const dfl_session *s, uint64_t *experts, uint64_t *bytes) {
+    *experts = s->e->t->moe_touched;
+    *bytes = s->e->t->moe_bytes;
+}
+
 int dfl_bench_forward(dfl_session *s, int ctx, int B, int flags, int reps, double *seconds,
                       dfl_error *err) {
     dfl_engine *e = s->e;

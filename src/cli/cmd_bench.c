@@ -314,10 +314,16 @@ static void sec_verify(bench *b, cJSON *arr) {
     cJSON *rows = cJSON_AddArrayToObject(v, "rows");
     printf("verify cost, %s (B rows, logits for all; context 128):\n", b->mi.dtype);
     printf("%4s %9s %9s %10s %10s %9s\n", "B", "ms", "x B=1", "roofline", "GFLOP/s", "% peak");
-    double t1 = 0;
+    double t1 = 0, moe1 = 0;
+    char moe_rows[DFL_MAX_BLOCK][96];
     for (int B = 1; B <= bmax; B++) {
         cli_progress(NULL, "verify", B, bmax);
         double sec = fwd(b, 128, B, DFL_BENCH_LOGITS);
+        uint64_t ex, bytes;
+        dfl_bench_moe(b->s, &ex, &bytes);
+        if (B == 1) moe1 = (double)bytes;
+        snprintf(moe_rows[B - 1], sizeof moe_rows[0], "%4d %9llu %10.1f %9.2f", B,
+                 (unsigned long long)ex, bytes / 1e6, moe1 > 0 ? bytes / moe1 : 0);
         if (B == 1) t1 = sec;
         double pred = b->bw > 0 ? roofline(b, B) / roofline(b, 1) : 0;
         double gf = b->flops * B / sec / 1e9;
@@ -329,7 +335,14 @@ static void sec_verify(bench *b, cJSON *arr) {
         cJSON_AddNumberToObject(r, "ratio", sec / t1);
         cJSON_AddNumberToObject(r, "roofline_ratio", pred);
         cJSON_AddNumberToObject(r, "gflops", gf);
+        cJSON_AddNumberToObject(r, "moe_experts", (double)ex);
+        cJSON_AddNumberToObject(r, "moe_mb", bytes / 1e6);
         cJSON_AddItemToArray(rows, r);
+    }
+    if (moe1 > 0) {   /* an extra row routes to more experts: a block reads more */
+        printf("experts run by the B-row forward (each distinct one per layer), their MB:\n");
+        printf("%4s %9s %10s %9s\n", "B", "experts", "expert MB", "x B=1");
+        for (int B = 1; B <= bmax; B++) printf("%s\n", moe_rows[B - 1]);
     }
     /* a prefill-style chunk (logits of no row), as llama-bench's pp16 runs */
     double chunk = fwd(b, 128, 16, 0);
