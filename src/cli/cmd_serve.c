@@ -35,6 +35,8 @@ static void usage(FILE *f) {
             "                          (default 10), then cancel them\n"
             "  --temp T                temperature for requests that give none (default 1,\n"
             "                          as OpenAI's API; 0 makes them greedy)\n"
+            "  --reasoning-format F    deepseek (default): a <think> block of a chat answer goes\n"
+            "                          out as reasoning_content; none: all of it is content\n"
             "  --replay-tau X          benchmarks only: a greedy request whose prompt was\n"
             "                          answered before replays that answer as the drafter's\n"
             "                          proposals at mean acceptance length X (bench/bench_serve.py)\n");
@@ -93,6 +95,13 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) o.conn_timeout_s = cli_int(a, v, 1, 86400);
         else if (!strcmp(a, "--shutdown-grace")) o.shutdown_grace_s = cli_num(a, v, 0, 86400);
         else if (!strcmp(a, "--temp")) o.default_temp = cli_num(a, v, 0, 2);
+        else if (!strcmp(a, "--reasoning-format")) {
+            if (strcmp(v, "none") && strcmp(v, "deepseek")) {
+                fprintf(stderr, "dflash serve: --reasoning-format %s: expected none or deepseek\n", v);
+                return 2;
+            }
+            o.reasoning = !strcmp(v, "deepseek");
+        }
         else {
             fprintf(stderr, "dflash serve: unknown option %s\n\n", a);
             usage(stderr);

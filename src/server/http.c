@@ -35,6 +35,7 @@ void srv_opts_default(srv_opts *o) {
     o->conn_timeout_s = 120;
     o->shutdown_grace_s = 10;
     o->default_temp = 1.0;
+    o->reasoning = 1;
 }
 
 /* Per request: the body so far, and the job once one is made. */

@@ -80,6 +80,8 @@ void srv_job_unref(srv_job *j) {
     free(j->bias_ids);
     free(j->bias_vals);
     srv_stop_free(&j->stop);
+    srv_think_free(&j->think);
+    srv_buf_free(&j->reasoning);
     srv_buf_free(&j->text);
     srv_buf_free(&j->out);
     cJSON_Delete((cJSON *)j->lp);
@@ -439,6 +441,7 @@ static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
             goto out;
         }
         if ((size_t)len < cap) {
+            srv_think_init(&j->think, srv->o.reasoning, rendered, (size_t)len);
             /* The template writes the special tokens as text (BOS included). */
             ret = tokenize(j, rendered, (size_t)len, 0, "messages", e);
             goto out;

@@ -183,7 +183,8 @@ void srv_emit_begin(srv_job *j) {
     put_json(j, o, 1);
 }
 
-void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n) {
+void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
+                    const char *reason, size_t rn) {
     cJSON *lp = tok && j->logprobs ? lp_entry(j, tok) : NULL;
     if (!j->stream) {
         if (lp) {
@@ -191,15 +192,18 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
             cJSON_AddItemToArray((cJSON *)j->lp, lp);
         }
         srv_buf_put(&j->text, text, n);
+        if (rn) srv_buf_put(&j->reasoning, reason, rn);
         return;
     }
     size_t off = j->text_off;
     j->text_off += n;
-    if (!n && !lp) return;
+    if (!n && !rn && !lp) return;
     cJSON *o = base(j, 1), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     if (j->kind == SRV_CHAT) {
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "delta"), "content", text);
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (rn) cJSON_AddStringToObject(d, "reasoning_content", reason);
+        if (n || !rn) cJSON_AddStringToObject(d, "content", text);
         if (lp) {
             cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
             cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "content"), lp);
@@ -265,6 +269,7 @@ static void end_whole(srv_job *j, const srv_err *fail) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
         cJSON_AddStringToObject(m, "content", j->text.p ? j->text.p : "");
+        if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.p);
         if (j->logprobs) {
             cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
             cJSON *arr = cJSON_Duplicate(entries, 1);

@@ -222,7 +222,14 @@ static int release(srv_job *j, const dfl_token_info *tok, const char *piece, int
     size_t n_out;
     if (n > 0) srv_utf8_sanitize(&clean, piece, (size_t)n);
     int hit = srv_stop_push(&j->stop, clean.p ? clean.p : "", clean.len, final, &out, &n_out);
-    srv_emit_token(j, tok, out, n_out);
+    if (j->think.state == SRV_THINK_OFF) {
+        srv_emit_token(j, tok, out, n_out, NULL, 0);
+    } else {
+        srv_buf r = {0}, c = {0};
+        srv_think_push(&j->think, out, n_out, final || hit, &r, &c);
+        srv_emit_token(j, tok, c.p ? c.p : "", c.len, r.p, r.len);
+        srv_buf_free(&r), srv_buf_free(&c);
+    }
     srv_buf_free(&clean);
     return hit;
 }

@@ -41,6 +41,7 @@ typedef struct srv_opts {
     int conn_timeout_s;        /* idle connection timeout */
     double shutdown_grace_s;   /* let in-flight requests finish this long on SIGTERM */
     double default_temp;       /* temperature when a request gives none */
+    int reasoning;             /* split <think> blocks into reasoning_content (default 1) */
     double replay_tau;         /* > 0: benchmarks' replayed drafter (dfl_gen_params.replay_*) */
 } srv_opts;
 
@@ -97,6 +98,23 @@ int srv_stop_push(srv_stop *s, const char *piece, size_t n, int final, const cha
                   size_t *n_out);
 void srv_stop_free(srv_stop *s);
 
+/* Reasoning models write <think> ... </think> before the answer: the block's
+ * text goes out as reasoning_content, the rest as content (llama-server's
+ * "deepseek" format). A tag split across pieces is held back until the next
+ * piece decides; the blank lines after </think> are dropped. */
+enum { SRV_THINK_OFF = 0, SRV_THINK_START, SRV_THINK_IN, SRV_THINK_AFTER, SRV_THINK_OUT };
+typedef struct srv_think {
+    int state;
+    srv_buf held;
+} srv_think;
+/* on: split at all; prompt: the rendered prompt (a template that ends it with
+ * <think> starts the output inside the block). */
+void srv_think_init(srv_think *t, int on, const char *prompt, size_t n);
+/* Adds released text s[0..n) to reason / content; final releases what is held. */
+void srv_think_push(srv_think *t, const char *s, size_t n, int final, srv_buf *reason,
+                    srv_buf *content);
+void srv_think_free(srv_think *t);
+
 /* ---- jobs (request.c, respond.c) -------------------------------------------- */
 
 typedef enum { SRV_CHAT = 0, SRV_COMPLETION = 1 } srv_kind;
@@ -133,6 +151,8 @@ typedef struct srv_job {
     struct srv_slot *copy_from;   /* an idle slot whose prefix the worker copies first */
     int first_chunk_sent;
     srv_buf text;                 /* non-stream: the released text */
+    srv_buf reasoning;            /* non-stream: the released reasoning text */
+    srv_think think;              /* splits reasoning from the answer (chat) */
     size_t text_off;              /* bytes of text released so far */
     void *lp;                     /* non-stream: cJSON array of logprob entries */
 
@@ -173,7 +193,9 @@ srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t 
 
 /* respond.c: what the worker emits. All append to j->out under j->mu. */
 void srv_emit_begin(srv_job *j);
-void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n);
+/* text: answer text; reason (may be NULL): reasoning text (chat only). */
+void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
+                    const char *reason, size_t rn);
 void srv_emit_end(srv_job *j, int rc, const dfl_error *err);
 
 /* ---- sched.c ----------------------------------------------------------------- */

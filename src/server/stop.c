@@ -5,6 +5,7 @@
  * what precedes it, end) or the longest suffix of held that is a proper prefix
  * of some stop string stays held and the rest is sent. So nothing after a stop
  * string ever leaves, and no occurrence can start in text already sent. */
+#define _GNU_SOURCE /* memmem */
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,3 +70,84 @@ void srv_stop_free(srv_stop *s) {
     srv_buf_free(&s->held);
     srv_buf_free(&s->rel);
 }
+
+/* ---- reasoning: <think> ... </think> apart from the answer ------------------ */
+
+static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>";
+
+/* Length of the longest suffix of s[0..n) that is a proper prefix of tag. */
+static size_t tag_tail(const char *s, size_t n, const char *tag) {
+    size_t t = strlen(tag);
+    for (size_t k = n < t - 1 ? n : t - 1; k > 0; k--)
+        if (!memcmp(s + n - k, tag, k)) return k;
+    return 0;
+}
+
+void srv_think_init(srv_think *t, int on, const char *prompt, size_t n) {
+    memset(t, 0, sizeof *t);
+    if (!on) return (void)(t->state = SRV_THINK_OFF);
+    /* a template that opens the block itself (Qwen3.5, DeepSeek-R1): we start inside */
+    while (n && (prompt[n - 1] == '\n' || prompt[n - 1] == ' ')) n--;
+    size_t o = sizeof THINK_OPEN - 1;
+    t->state = n >= o && !memcmp(prompt + n - o, THINK_OPEN, o) ? SRV_THINK_IN : SRV_THINK_START;
+}
+
+/* Text after </think> starts the answer: the blank lines between are dropped. */
+static void to_content(srv_think *t, const char *s, size_t n, srv_buf *content) {
+    if (t->state == SRV_THINK_AFTER) {
+        while (n && (*s == '\n' || *s == ' ')) s++, n--;
+        if (n) t->state = SRV_THINK_OUT;
+    }
+    srv_buf_put(content, s, n);
+}
+
+void srv_think_push(srv_think *t, const char *s, size_t n, int final, srv_buf *reason,
+                    srv_buf *content) {
+    if (t->state == SRV_THINK_OFF || t->state == SRV_THINK_OUT) {
+        srv_buf_put(content, s, n);
+        return;
+    }
+    srv_buf_put(&t->held, s, n);
+    const char *h = t->held.p;
+    size_t hn = t->held.len, used = 0;
+    if (t->state == SRV_THINK_START) {
+        size_t ws = 0, o = sizeof THINK_OPEN - 1;
+        while (ws < hn && (h[ws] == '\n' || h[ws] == ' ')) ws++;
+        size_t k = hn - ws < o ? hn - ws : o;
+        if (memcmp(h + ws, THINK_OPEN, k)) {   /* no block: all of it is the answer */
+            t->state = SRV_THINK_OUT;
+            srv_buf_put(content, h, hn);
+            t->held.len = 0;
+            return;
+        }
+        if (k < o && !final) return;            /* maybe "<think>" still coming */
+        if (k < o) {
+            t->state = SRV_THINK_OUT;
+            srv_buf_put(content, h, hn);
+            t->held.len = 0;
+            return;
+        }
+        t->state = SRV_THINK_IN;
+        used = ws + o;
+    }
+    if (t->state == SRV_THINK_IN) {
+        const char *end = memmem(h + used, hn - used, THINK_CLOSE, sizeof THINK_CLOSE - 1);
+        if (end) {
+            srv_buf_put(reason, h + used, (size_t)(end - h) - used);
+            used = (size_t)(end - h) + sizeof THINK_CLOSE - 1;
+            t->state = SRV_THINK_AFTER;
+        } else {
+            size_t keep = final ? 0 : tag_tail(h + used, hn - used, THINK_CLOSE);
+            srv_buf_put(reason, h + used, hn - used - keep);
+            used = hn - keep;
+        }
+    }
+    if (t->state == SRV_THINK_AFTER) {
+        to_content(t, h + used, hn - used, content);
+        used = hn;
+    }
+    memmove(t->held.p, h + used, hn - used);
+    t->held.len = hn - used;
+}
+
+void srv_think_free(srv_think *t) { srv_buf_free(&t->held); }

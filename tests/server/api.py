@@ -215,6 +215,21 @@ async def main():
     runs = await asyncio.gather(*(one(k) for k in range(4)))
     check(all(t == expect["chat_text"] for t in runs), "4 concurrent requests each equal dflash generate", runs)
 
+    # ---- reasoning: a leading <think> block goes out as reasoning_content ----------------
+    # (151667 is "<think>" in Qwen3's vocabulary; the bias makes every token one: the first
+    # opens the block, the other five are its text, nothing closes it)
+    think = chat_req(max_tokens=6, logit_bias={"151667": 100})
+    m = (await create(chat, think)).choices[0].message
+    check(getattr(m, "reasoning_content", None) == "<think>" * 5 and m.content == "",
+          "a <think> block: reasoning_content, not content", m)
+    parts = {"reasoning_content": "", "content": ""}
+    async for ch in await create(chat, {**think, "stream": True}):
+        for c in ch.choices:
+            for k in parts:
+                parts[k] += getattr(c.delta, k, None) or ""
+    check(parts == {"reasoning_content": "<think>" * 5, "content": ""},
+          "streamed: reasoning_content deltas", parts)
+
     # ---- prefix cache: a follow-up turn reuses the first turn -------------------------------
     first = await create(chat, chat_req())
     follow = await create(chat, chat_req(messages=[

@@ -162,7 +162,53 @@ static void test_secret(void) {
     CHECK(!srv_secret_equal("sekrit", ""), "empty");
 }
 
+/* Pushes text in random pieces through a splitter; reason / content get the halves. */
+static void think_run(srv_think *t, const char *text, srv_buf *reason, srv_buf *content) {
+    size_t n = strlen(text), a = 0;
+    while (a < n) {
+        size_t m = 1 + rnd(6);
+        if (a + m > n) m = n - a;
+        srv_think_push(t, text + a, m, 0, reason, content);
+        a += m;
+    }
+    srv_think_push(t, "", 0, 1, reason, content);
+}
+
+static int think_case(int on, const char *prompt, const char *out, const char *want_r,
+                      const char *want_c) {
+    srv_think t;
+    srv_buf r = {0}, c = {0};
+    srv_think_init(&t, on, prompt, strlen(prompt));
+    think_run(&t, out, &r, &c);
+    int ok = !strcmp(r.p ? r.p : "", want_r) && !strcmp(c.p ? c.p : "", want_c);
+    if (!ok) fprintf(stderr, "think: '%s' -> reasoning '%s', content '%s'\n", out, r.p ? r.p : "",
+                     c.p ? c.p : "");
+    srv_think_free(&t), srv_buf_free(&r), srv_buf_free(&c);
+    return ok;
+}
+
+/* <think> blocks split off, with every tag cut across pieces at random. */
+static void test_think(void) {
+    const char *q3 = "<|im_start|>assistant\n", *r1 = "<|im_start|>assistant\n<think>\n";
+    for (int k = 0; k < 200; k++) {
+        CHECK(think_case(1, q3, "<think>\nLet me see: 2 < 3.\n</think>\n\nIt is 5.",
+                         "\nLet me see: 2 < 3.\n", "It is 5."), "a block, then the answer");
+        CHECK(think_case(1, q3, "\n<think></think>\n\n</think> <thin", "", "</think> <thin"),
+              "an empty block; later tags are answer text");
+        CHECK(think_case(1, q3, "No thinking here <think>x</think>", "",
+                         "No thinking here <think>x</think>"), "no leading block: all answer");
+        CHECK(think_case(1, r1, "plan \xC3\xA9</think>\n\nanswer", "plan \xC3\xA9", "answer"),
+              "a template that opened the block: the output starts inside it");
+        CHECK(think_case(1, q3, "<think>never closed", "never closed", ""),
+              "an unclosed block is all reasoning");
+        CHECK(think_case(1, q3, "<thi", "", "<thi"), "half a tag at the end is answer text");
+        CHECK(think_case(0, r1, "<think>a</think>b", "", "<think>a</think>b"),
+              "--reasoning-format none: all of it is content");
+    }
+}
+
 int main(void) {
+    test_think();
     test_stop_cases();
     test_stop_random();
     test_utf8();
