@@ -249,6 +249,54 @@ static enum MHD_Result get_model(srv_server *srv, struct MHD_Connection *c, cons
     return reply_json(srv, c, 200, model_object(srv));
 }
 
+/* GET /props: what the server runs with, in llama-server's field names. */
+static enum MHD_Result get_props(srv_server *srv, struct MHD_Connection *c) {
+    cJSON *o = cJSON_CreateObject();
+    int fallback = 0;
+    const char *tpl = srv->o.chat_template ? srv->o.chat_template
+                                           : dfl_chat_template(srv->e, &fallback);
+    cJSON_AddStringToObject(o, "model_alias", srv->model_id);
+    cJSON_AddStringToObject(o, "model_path", srv->o.model_path);
+    cJSON_AddNumberToObject(o, "total_slots", srv->n_slots);
+    cJSON_AddStringToObject(o, "chat_template", tpl ? tpl : "");
+    cJSON_AddBoolToObject(o, "chat_template_fallback", fallback);
+    cJSON_AddStringToObject(o, "build_info", "dflash " DFL_VERSION);
+    cJSON *m = cJSON_AddObjectToObject(o, "modalities");
+    cJSON_AddBoolToObject(m, "vision", 0);
+    cJSON_AddBoolToObject(m, "audio", 0);
+    cJSON *g = cJSON_AddObjectToObject(o, "default_generation_settings");
+    cJSON_AddNumberToObject(g, "n_ctx", srv->info.ctx_size);
+    cJSON *p = cJSON_AddObjectToObject(g, "params");
+    cJSON_AddNumberToObject(p, "temperature", srv->o.default_temp);
+    cJSON_AddStringToObject(p, "reasoning_format", srv->o.reasoning ? "deepseek" : "none");
+    cJSON *d = cJSON_AddObjectToObject(o, "dflash");
+    cJSON_AddBoolToObject(d, "drafter", srv->info.has_draft);
+    cJSON_AddNumberToObject(d, "draft_block", srv->info.draft_block);
+    cJSON_AddStringToObject(d, "weights", srv->info.dtype);
+    cJSON_AddStringToObject(d, "kv_type", srv->info.kv_type);
+    cJSON_AddNumberToObject(d, "threads", srv->info.n_threads);
+    cJSON_AddStringToObject(d, "kernels", srv->info.simd);
+    return reply_json(srv, c, 200, o);
+}
+
+/* GET /slots: each slot's state, as llama-server lists them. */
+static enum MHD_Result get_slots(srv_server *srv, struct MHD_Connection *c) {
+    cJSON *a = cJSON_CreateArray();
+    pthread_mutex_lock(&srv->mu);
+    for (int i = 0; i < srv->n_slots; i++) {
+        const srv_slot *s = &srv->slots[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", s->idx);
+        cJSON_AddNumberToObject(o, "n_ctx", srv->info.ctx_size);
+        cJSON_AddBoolToObject(o, "is_processing", s->job != NULL);
+        if (s->job) cJSON_AddStringToObject(o, "id_task", s->job->id);
+        cJSON_AddNumberToObject(o, "n_cached", s->job ? 0 : s->n_hist);
+        cJSON_AddItemToArray(a, o);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return reply_json(srv, c, 200, a);
+}
+
 static cJSON *parse_small(srv_server *srv, conn_ctx *cc, srv_err *e) {
     const char *body = cc->body.p ? cc->body.p : "";
     memset(e, 0, sizeof *e);
@@ -376,7 +424,7 @@ static int authorized(srv_server *srv, struct MHD_Connection *c) {
 }
 
 typedef enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPL, R_TOK,
-               R_DETOK } route;
+               R_DETOK, R_PROPS, R_SLOTS } route;
 
 static route find_route(const char *url, int *want_post) {
     static const struct {
@@ -389,7 +437,8 @@ static route find_route(const char *url, int *want_post) {
         {"/metrics", R_METRICS, 0},        {"/v1/chat/completions", R_CHAT, 1},
         {"/chat/completions", R_CHAT, 1},  {"/v1/completions", R_COMPL, 1},
         {"/completions", R_COMPL, 1},      {"/tokenize", R_TOK, 1},
-        {"/detokenize", R_DETOK, 1},
+        {"/detokenize", R_DETOK, 1},       {"/props", R_PROPS, 0},
+        {"/slots", R_SLOTS, 0},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(url, table[i].path)) {
@@ -454,6 +503,8 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
     switch (r) {
     case R_MODELS: return get_models(srv, c);
     case R_MODEL: return get_model(srv, c, url + 11);
+    case R_PROPS: return get_props(srv, c);
+    case R_SLOTS: return get_slots(srv, c);
     case R_CHAT: return run_generation(srv, c, SRV_CHAT, cc);
     case R_COMPL: return run_generation(srv, c, SRV_COMPLETION, cc);
     case R_TOK: return post_tokenize(srv, c, cc);

@@ -72,6 +72,17 @@ async def main():
     except openai.NotFoundError as e:
         check(e.status_code == 404, "/v1/models/{unknown id} -> 404", e.status_code)
 
+    # ---- /props and /slots, as llama-server has them -------------------------------
+    await wait_idle()
+    props = json.loads((await get("/props")).text)
+    check(props.get("model_alias") == model and props.get("total_slots") == 2 and
+          props["default_generation_settings"]["n_ctx"] == expect["ctx_size"] and
+          "im_start" in props.get("chat_template", "") and
+          props["dflash"]["drafter"] == expect["with_draft"], "/props", props)
+    slots = json.loads((await get("/slots")).text)
+    check([s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots),
+          "/slots lists two idle slots", slots)
+
     # ---- greedy output equals `dflash generate` --------------------------------------
     r = await create(chat, chat_req())
     chat_text = r.choices[0].message.content
