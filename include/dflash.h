@@ -187,6 +187,7 @@ enum { DFL_MAX_POS_STATS = 64 };
 
 typedef struct dfl_stats {
     int n_prompt, n_gen;
+    int n_cached;                    /* prompt tokens whose cache the session already held */
     double t_prefill, t_decode;      /* seconds */
     double t_draft, t_verify, t_other;
     uint64_t rounds, proposed, accepted, committed;

@@ -5,6 +5,7 @@
 #include "dflash.h"
 
 int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);   /* generate --conversation */
 int cmd_probe(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

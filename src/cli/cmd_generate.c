@@ -1,8 +1,12 @@
-/* cmd_generate.c - `dflash generate`: text in, text out, with stats. */
+/* cmd_generate.c - `dflash generate`: text in, text out, with stats; and
+ * `dflash chat` (generate --conversation), turn after turn on one session. */
+#define _POSIX_C_SOURCE 200809L /* getline */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -25,6 +29,11 @@ static void help(void) {
         "  -p, --prompt TEXT      prompt text\n"
         "  -f, --prompt-file F    read the prompt from a file ('-': standard input)\n"
         "  --chat                 format the prompt with the model's chat template\n"
+        "  -cnv, --conversation   chat: each line on stdin is a user turn, answered with\n"
+        "                         the template and the cache of the turns before (a\n"
+        "                         prompt from -p / -f is the first turn). Ctrl-C stops an\n"
+        "                         answer, a second Ctrl-C (or /exit, or end of input) quits.\n"
+        "                         `dflash chat` is the same\n"
         "  --system TEXT          system message (with --chat)\n"
         "  --no-think             enable_thinking=false in the chat template (Qwen3)\n"
         "  --chat-template NAME   force a template: chatml, or Jinja text\n"
@@ -52,7 +61,7 @@ typedef struct opts {
     dfl_engine_opts eo;
     dfl_gen_params gp;
     const char *prompt, *prompt_file, *system, *chat_template, *stats_json;
-    int chat, no_think, print_ids, quiet, show_special, no_draft;
+    int chat, no_think, print_ids, quiet, show_special, no_draft, conversation;
 } opts;
 
 static int parse_accept(const char *v) {
@@ -83,6 +92,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-f") || !strcmp(a, "--prompt-file"))
             o->prompt_file = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--chat")) o->chat = 1;
+        else if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation")) o->conversation = o->chat = 1;
         else if (!strcmp(a, "--system")) o->system = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--no-think")) o->no_think = 1;
         else if (!strcmp(a, "--chat-template")) o->chat_template = cli_need(argc, argv, &i);
@@ -189,23 +199,44 @@ typedef struct run {
     int print_ids;
     int32_t *ids;
     int n_ids, cap_ids;
+    char *text;           /* conversation: the answer's text, for the next turn's template */
+    size_t n_text, cap_text;
 } run;
+
+/* Ctrl-C: the first stops the answer being written, a second (or one between
+ * answers) quits. */
+static volatile sig_atomic_t g_busy, g_stop;
+static void on_sigint(int sig) {
+    (void)sig;
+    if (g_busy && !g_stop) g_stop = 1;
+    else _exit(130);
+}
+
+static void out_text(run *r, const char *s, int n) {
+    if (n <= 0) return;
+    fwrite(s, 1, (size_t)n, stdout);
+    fflush(stdout);
+    if (r->n_text + (size_t)n + 1 > r->cap_text) {
+        r->cap_text = 2 * (r->n_text + (size_t)n + 1);
+        r->text = realloc(r->text, r->cap_text);
+        if (!r->text) fprintf(stderr, "dflash generate: out of memory\n"), exit(1);
+    }
+    memcpy(r->text + r->n_text, s, (size_t)n);
+    r->text[r->n_text += (size_t)n] = 0;
+}
 
 static int on_token(void *ud, const dfl_token_info *t) {
     run *r = ud;
     char buf[256];
     /* The stop token is committed too; its text is not part of the answer. */
-    if (r->dt.show_special || !dfl_token_is_eog(r->dt.e, t->id)) {
-        int n = dfl_detok_push(&r->dt, t->id, buf, sizeof buf);
-        if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
-        fflush(stdout);
-    }
+    if (r->dt.show_special || !dfl_token_is_eog(r->dt.e, t->id))
+        out_text(r, buf, dfl_detok_push(&r->dt, t->id, buf, sizeof buf));
     if (r->n_ids == r->cap_ids) {
         r->cap_ids = r->cap_ids ? 2 * r->cap_ids : 256;
         r->ids = realloc(r->ids, sizeof(int32_t) * r->cap_ids);
     }
     r->ids[r->n_ids++] = t->id;
-    return 0;
+    return g_stop;
 }
 
 static void print_ids(const char *what, const int32_t *ids, int n) {
@@ -278,6 +309,107 @@ static void write_stats_json(const char *path, const dfl_stats *s, const dfl_mod
     fclose(f);
 }
 
+/* ---- conversation ----------------------------------------------------------- */
+
+typedef struct chat {
+    dfl_chat_msg m[2 * 4096];
+    int n;
+} chat;
+
+static void chat_push(chat *c, const char *role, const char *text) {
+    if (c->n == (int)(sizeof c->m / sizeof c->m[0])) {
+        fprintf(stderr, "dflash chat: too many turns\n");
+        exit(1);
+    }
+    c->m[c->n++] = (dfl_chat_msg){role, strdup(text)};
+}
+
+/* The conversation so far with the generation prompt, as token ids. */
+static int32_t *chat_ids(const opts *o, dfl_engine *e, const chat *c, int *n) {
+    dfl_error err = {0};
+    int need = dfl_chat_render(e, o->chat_template, c->m, c->n, 1, !o->no_think, NULL, 0, &err);
+    char *text = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (text) dfl_chat_render(e, o->chat_template, c->m, c->n, 1, !o->no_think, text,
+                              (size_t)need + 1, &err);
+    *n = text ? dfl_tokenize(e, text, (size_t)need, 0, 1, NULL, 0, &err) : -1;
+    int32_t *ids = *n >= 0 ? malloc(sizeof(int32_t) * (*n + 1)) : NULL;
+    if (!ids || dfl_tokenize(e, text, (size_t)need, 0, 1, ids, *n, &err) != *n) {
+        fprintf(stderr, "dflash chat: %s\n", err.msg);
+        exit(1);
+    }
+    free(text);
+    return ids;
+}
+
+/* One answer: streamed to stdout, its text kept for the next turn. */
+static int chat_turn(const opts *o, dfl_engine *e, dfl_session *s, chat *c) {
+    int n;
+    int32_t *ids = chat_ids(o, e, c, &n);
+    run r = {0};
+    dfl_detok_init(&r.dt, e, o->show_special);
+    dfl_stats st;
+    dfl_error err = {0};
+    g_stop = 0, g_busy = 1;
+    int rc = dfl_generate(s, ids, n, &o->gp, on_token, &r, &st, &err);
+    g_busy = 0;
+    char tail[64];
+    out_text(&r, tail, dfl_detok_flush(&r.dt, tail, sizeof tail));
+    fputc('\n', stdout);
+    fflush(stdout);
+    chat_push(c, "assistant", r.text ? r.text : "");
+    if (rc) fprintf(stderr, "dflash chat: %s\n", err.msg);
+    else if (!o->quiet)
+        fprintf(stderr, "[%d prompt tokens, %d of them reused; %d tokens at %.1f tok/s%s]\n",
+                st.n_prompt, st.n_cached, st.n_gen, st.t_decode > 0 ? st.n_gen / st.t_decode : 0,
+                g_stop ? "; stopped" : "");
+    free(r.text), free(r.ids), free(ids);
+    return rc;
+}
+
+static int conversation(const opts *o, dfl_engine *e) {
+    dfl_session *s;
+    dfl_error err = {0};
+    if (dfl_session_new(e, &s, &err)) {
+        fprintf(stderr, "dflash chat: %s\n", err.msg);
+        return 1;
+    }
+    static chat c;
+    if (o->system) chat_push(&c, "system", o->system);
+    signal(SIGINT, on_sigint);
+    int tty = isatty(0), rc = 0;
+    char *first = o->prompt || o->prompt_file ? read_prompt(o) : NULL, *line = NULL;
+    size_t cap = 0;
+    for (;;) {
+        const char *text = first;
+        if (!text) {
+            if (tty) fputs("> ", stdout), fflush(stdout);
+            ssize_t len = getline(&line, &cap, stdin);
+            if (len < 0) break;
+            while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+            if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+            if (!len) continue;
+            text = line;
+        }
+        chat_push(&c, "user", text);
+        free(first), first = NULL;
+        if ((rc = chat_turn(o, e, s, &c))) break;
+    }
+    free(line);
+    for (int i = 0; i < c.n; i++) free((char *)c.m[i].content);
+    dfl_session_free(s);
+    return rc ? 1 : 0;
+}
+
+int cmd_chat(int argc, char **argv) {
+    char **av = malloc(sizeof(char *) * (size_t)(argc + 2));
+    memcpy(av, argv, sizeof(char *) * (size_t)argc);
+    av[argc] = "--conversation";
+    av[argc + 1] = NULL;
+    int rc = cmd_generate(argc + 1, av);
+    free(av);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     opts o = {0};
     parse(&o, argc, argv);
@@ -290,6 +422,11 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!o.quiet)
         cli_load_summary("dflash generate", e, o.chat_template ? "given on the command line" : NULL);
+    if (o.conversation) {
+        int rc = conversation(&o, e);
+        dfl_engine_free(e);
+        return rc;
+    }
     char *text = format_prompt(&o, e, read_prompt(&o));
     /* A chat template writes its own BOS and special tokens (as
      * apply_chat_template does); a plain prompt gets the tokenizer's BOS. */

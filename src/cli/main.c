@@ -12,6 +12,7 @@ typedef struct {
 
 static const subcommand cmds[] = {
     {"generate", cmd_generate, "generate text (classic or DFlash speculative decoding)"},
+    {"chat", cmd_chat, "interactive chat with the model's template (generate -cnv)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
     {"bench", cmd_bench, "decode / verify / speculative benchmarks"},
     {"probe", cmd_probe, "exactness report: block vs single-row logits; drafter accuracy"},

@@ -243,6 +243,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
 
     double t0 = dfl_now();
     int keep = reuse_prefix(q, prompt, n_prompt, r.spec);
+    st->n_cached += keep;
     dfl_target_join(q->t);
     rc = dfl_spec_prefill(q, prompt + keep, n_prompt - 1 - keep, r.spec, err);
     if (rc) {
