@@ -668,9 +668,9 @@ int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, in
         int skip = skip_to - (s->len);
         skip = skip < 0 ? 0 : skip > m ? m : skip;
         if (skip > 0) s->lo = s->len + skip;
-        dfl_ticket_lock(&d->t->lock);
+        dfl_target_side_begin(d->t);
         add_chunk(d, s, feat + (size_t)a * d->fc.cols, m, skip);
-        dfl_ticket_unlock(&d->t->lock);
+        dfl_target_side_end(d->t);
     }
     return 0;
 }
@@ -728,7 +728,7 @@ int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, in
                         pos0, B, s->cap);
     if (anchor < 0 || anchor >= vocab)
         return dfl_fail(err, DFL_EARG, "anchor token %d outside the vocabulary", anchor);
-    dfl_ticket_lock(&d->t->lock);
+    dfl_target_side_begin(d->t);
     d->tok[0] = anchor;
     for (int i = 1; i < B; i++) d->tok[i] = d->mask_id;
     dfl_target_embed(d->t, d->tok, B, d->x);
@@ -743,6 +743,6 @@ int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, in
         dfl_target_lm_head(d->t, d->xn + (size_t)a * c->dim, m, lg, d->qscratch);
         for (int r = 0; r < m; r++) draft[a + r] = dfl_argmax(lg + (size_t)r * vocab, vocab);
     }
-    dfl_ticket_unlock(&d->t->lock);
+    dfl_target_side_end(d->t);
     return 0;
 }

@@ -33,6 +33,8 @@ struct dfl_combiner {
     int n_queued;
     int busy;                  /* a leader is running a forward */
     int n_active;              /* joined sequences */
+    int n_side;                /* sequences in their drafter's work (holding t->lock) */
+    double side_end;           /* when the last such work ended: its sequence queues next */
     double *tick;              /* (batch_rows + 1) seconds per forward by its rows */
     int max_rows;
 };
@@ -63,6 +65,22 @@ void dfl_target_join(dfl_target *t) {
 void dfl_target_leave(dfl_target *t) {
     pthread_mutex_lock(&t->comb->mu);
     t->comb->n_active--;
+    pthread_cond_broadcast(&t->comb->cv);
+    pthread_mutex_unlock(&t->comb->mu);
+}
+
+void dfl_target_side_begin(dfl_target *t) {
+    pthread_mutex_lock(&t->comb->mu);
+    t->comb->n_side++;
+    pthread_mutex_unlock(&t->comb->mu);
+    dfl_ticket_lock(&t->lock);
+}
+
+void dfl_target_side_end(dfl_target *t) {
+    dfl_ticket_unlock(&t->lock);
+    pthread_mutex_lock(&t->comb->mu);
+    t->comb->n_side--;
+    t->comb->side_end = dfl_now();
     pthread_cond_broadcast(&t->comb->cv);
     pthread_mutex_unlock(&t->comb->mu);
 }
@@ -148,10 +166,13 @@ static void submit(dfl_target *t, dfl_fwd *f) {
     double since = dfl_now();
     while (!me.done) {
         int head = !c->busy && c->n_queued && c->queue[0] == &me;
-        double waited = dfl_now() - since;
-        if (head && (c->n_queued >= c->n_active || waited * 1e6 >= DFL_GATHER_US)) {
+        double waited = dfl_now() - (since > c->side_end ? since : c->side_end);
+        /* a sequence in its drafter's work holds the machine and then queues: no
+         * forward could run meanwhile, so the grace does not run out on it */
+        if (head && (c->n_queued >= c->n_active ||
+                     (waited * 1e6 >= DFL_GATHER_US && !c->n_side))) {
             lead(t);
-        } else if (head) {
+        } else if (head && !c->n_side) {
             struct timespec ts = deadline(DFL_GATHER_US * 1e-6 - waited);
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         } else {

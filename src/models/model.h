@@ -194,6 +194,10 @@ int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err);
  * rows of joined sequences (up to DFL_GATHER_US) before it runs a forward. */
 void dfl_target_join(dfl_target *t);
 dfl_combiner *dfl_combiner_new(int batch_rows);
+/* A sequence's side work on the shared machine (its drafter's passes): takes
+ * t->lock, and a gathering leader waits for the sequence instead of timing out. */
+void dfl_target_side_begin(dfl_target *t);
+void dfl_target_side_end(dfl_target *t);
 void dfl_combiner_free(dfl_combiner *c);
 void dfl_target_leave(dfl_target *t);
 /* Moving average of a forward's seconds by its total rows (0 when unmeasured):
