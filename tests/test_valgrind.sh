@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the real program under valgrind (memcheck) on a real model: generate
-# classic and speculative-less paths, tokenize, and a malformed file. Any
+# classic and speculative-less paths, a two-turn chat, tokenize, and a malformed file. Any
 # invalid access or leak fails the test.
 set -u
 bin=${DFLASH_BIN:?}
@@ -28,6 +28,7 @@ vg() {
 }
 vg generate "$bin" generate -m "$model" -p "Once upon a time" -n 24 -t 2 -q
 vg tokenize "$bin" tokenize -m "$model" --text "Lily saw a big red ball."
+printf 'Once upon a time\nThe end\n' | vg chat "$bin" chat -m "$model" -n 8 -t 2 -q
 bad=$(mktemp); head -c 5000 "$model" > "$bad"
 vg bad-file "$bin" generate -m "$bad" -p hi -n 4 -q
 rm -f "$bad" /tmp/vg.$$.out

@@ -460,7 +460,7 @@ int cmd_generate(int argc, char **argv) {
     dfl_engine_info(e, &mi);
     if (!o.quiet) print_stats(&st);
     if (o.stats_json) write_stats_json(o.stats_json, &st, &mi);
-    free(r.ids);
+    free(r.ids), free(r.text);
     free(prompt);
     dfl_session_free(s);
     dfl_engine_free(e);
