@@ -28,7 +28,7 @@ vg() {
 }
 vg generate "$bin" generate -m "$model" -p "Once upon a time" -n 24 -t 2 -q
 vg tokenize "$bin" tokenize -m "$model" --text "Lily saw a big red ball."
-printf 'Once upon a time\nThe end\n' | vg chat "$bin" chat -m "$model" -n 8 -t 2 -q
+vg chat "$bin" chat -m "$model" -n 8 -t 2 -q < <(printf 'Once upon a time\nThe end\n')
 bad=$(mktemp); head -c 5000 "$model" > "$bad"
 vg bad-file "$bin" generate -m "$bad" -p hi -n 4 -q
 rm -f "$bad" /tmp/vg.$$.out
