@@ -98,7 +98,8 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
                             "multiple of num_key_value_heads = %d up to %d)", src, l, h,
                             c->n_kv_heads, MAX_HEADS);
         if (c->mlp_kind[l] == DFL_MLP_MOE && !c->n_experts)
-            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d is sparse but num_experts is 0", src, l);
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d is sparse but num_experts is 0",
+                            src, l);
     }
     if (c->n_experts) {
         RANGE(c->n_experts, 1, MAX_EXPERTS, "num_experts");
@@ -271,26 +272,35 @@ static int is_mistral(const cJSON *j) {
     return name && (!strncmp(name, "Mistral", 7) || !strcmp(name, "mistral"));
 }
 
+int cfg_name_list(const cJSON *j, const char *key, int n, const char *zero, const char *one,
+                  unsigned char *out, const char *file, dfl_error *err) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!a || cJSON_IsNull(a)) return 1;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s is not a list of %d names", file, key, n);
+    for (int l = 0; l < n; l++) {
+        const cJSON *v = cJSON_GetArrayItem(a, l);
+        const char *s = cJSON_IsString(v) ? v->valuestring : "";
+        if (strcmp(s, zero) && strcmp(s, one))
+            return dfl_fail(err, DFL_EUNSUP, "%s: %s[%d] = '%.40s' not supported (%s or %s)",
+                            file, key, l, s, zero, one);
+        out[l] = !strcmp(s, one);
+    }
+    return 0;
+}
+
 /* Which layers attend a sliding window: layer_types when given (transformers
  * 5 writes it); else Mistral's sliding_window covers every layer, and
  * Qwen2/3's use_sliding_window the layers from max_window_layers on. */
 static int hf_layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
     int n_sliding = 0;
-    if (lt && !cJSON_IsNull(lt)) {
-        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
-            return dfl_fail(err, DFL_EFORMAT, "%s: layer_types is not a list of %d names", file,
-                            c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            const cJSON *v = cJSON_GetArrayItem(lt, l);
-            const char *name = cJSON_IsString(v) ? v->valuestring : "";
-            if (!strcmp(name, "sliding_attention")) c->layer_kind[l] = DFL_LAYER_SLIDING;
-            else if (strcmp(name, "full_attention"))
-                return dfl_fail(err, DFL_EUNSUP, "%s: layer_types[%d] = '%.40s' not supported "
-                                "(full_attention, sliding_attention are)", file, l, name);
-            n_sliding += c->layer_kind[l] == DFL_LAYER_SLIDING;
-        }
+    /* DFL_LAYER_FULL / DFL_LAYER_SLIDING are 0 / 1 */
+    int rc = cfg_name_list(j, "layer_types", c->n_layers, "full_attention", "sliding_attention",
+                           c->layer_kind, file, err);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+        for (int l = 0; l < c->n_layers; l++) n_sliding += c->layer_kind[l] == DFL_LAYER_SLIDING;
     } else if (sw && !cJSON_IsNull(sw)) {
         int use = 0, from = 0;
         TRY(dfl_json_bool(j, "use_sliding_window", &use, file, err));

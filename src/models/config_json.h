@@ -12,7 +12,8 @@
  * them never overflow an int and no allocation they size is absurd. */
 enum {
     MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
-    MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20, MAX_EXPERTS = 1024
+    MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20,
+    MAX_EXPERTS = DFL_MAX_EXPERTS
 };
 static const float F_MAX = 3.0e38f;
 
@@ -33,6 +34,11 @@ int opt_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out, c
             dfl_error *err);
 int opt_float(const cJSON *j, const char *key, double lo, double hi, float *out, const char *file,
               dfl_error *err);
+/* key: a list of n names, each zero or one; out[l] gets 0 or 1. Returns 1 when
+ * absent (or null), an error naming the entry when one is neither. */
+#define cfg_name_list dfl_cfg_name_list
+int cfg_name_list(const cJSON *j, const char *key, int n, const char *zero, const char *one,
+                  unsigned char *out, const char *file, dfl_error *err);
 /* One RoPE object (rope_parameters / rope_scaling, or a per-layer-type entry
  * of one): theta, scaling type and factors into c's rope fields. */
 int cfg_rope(const cJSON *r, const char *key, dfl_config *c, const char *file, dfl_error *err);

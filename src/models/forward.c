@@ -133,7 +133,7 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
     int E = c->n_experts, K = c->top_k;
     matmul(t, &M->router, n, t->xn, t->router);
     for (int r = 0; r < n; r++) {
-        float *lg = t->router + (size_t)r * E, sel[1024];
+        float *lg = t->router + (size_t)r * E, sel[DFL_MAX_EXPERTS];
         for (int e = 0; e < E; e++) {
             float x = lg[e];
             if (c->router_softcap > 0) x = c->router_softcap * tanhf(x / c->router_softcap);

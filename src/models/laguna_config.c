@@ -34,21 +34,10 @@ static int int_list(const cJSON *j, const char *key, int n, int lo, int hi, shor
 /* mlp_layer_types, else the legacy mlp_only_layers + decoder_sparse_step,
  * else dense first and sparse after (transformers' default). */
 static int mlp_types(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "mlp_layer_types");
-    if (a && !cJSON_IsNull(a)) {
-        if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != c->n_layers)
-            return dfl_fail(err, DFL_EFORMAT, "%s: mlp_layer_types is not a list of %d names",
-                            file, c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            const cJSON *v = cJSON_GetArrayItem(a, l);
-            const char *s = cJSON_IsString(v) ? v->valuestring : "";
-            if (!strcmp(s, "sparse")) c->mlp_kind[l] = DFL_MLP_MOE;
-            else if (strcmp(s, "dense"))
-                return dfl_fail(err, DFL_EUNSUP, "%s: mlp_layer_types[%d] = '%.40s' (dense or "
-                                "sparse expected)", file, l, s);
-        }
-        return 0;
-    }
+    /* DFL_MLP_DENSE / DFL_MLP_MOE are 0 / 1 */
+    int rc = cfg_name_list(j, "mlp_layer_types", c->n_layers, "dense", "sparse", c->mlp_kind,
+                           file, err);
+    if (rc <= 0) return rc;
     short dense[DFL_MAX_LAYERS] = {0};
     const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
     int step = 1;
@@ -58,7 +47,8 @@ static int mlp_types(const cJSON *j, dfl_config *c, const char *file, dfl_error 
             const cJSON *v = cJSON_GetArrayItem(only, i);
             int l = cJSON_IsNumber(v) ? v->valueint : -1;
             if (l < 0 || l >= c->n_layers)
-                return dfl_fail(err, DFL_EFORMAT, "%s: mlp_only_layers[%d] is not a layer", file, i);
+                return dfl_fail(err, DFL_EFORMAT, "%s: mlp_only_layers[%d] is not a layer",
+                                file, i);
             dense[l] = 1;
         }
     } else {

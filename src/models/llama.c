@@ -30,8 +30,6 @@ static const names gguf_names = {
     "blk.%d.attn_k_norm.weight",
 };
 
-#define lname dfl_lname
-
 static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     const names *nm = t->gguf ? &gguf_names : &hf_names;
     const dfl_config *c = &t->c;
@@ -39,27 +37,27 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
     char b[256];
     int rc = 0;
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->wq, l), qd, c->dim, &L->wq, err);
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->wk, l), kvd, c->dim, &L->wk, err);
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->wv, l), kvd, c->dim, &L->wv, err);
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->wo, l), c->dim, qd, &L->wo, err);
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->gate, l), c->ffn_dim, c->dim, &L->w_gate, err);
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->up, l), c->ffn_dim, c->dim, &L->w_up, err);
-    rc = rc ? rc : dfl_w_mat(w, lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down, err);
-    rc = rc ? rc : dfl_w_vec(w, lname(b, nm->attn_norm, l), c->dim, &L->attn_norm, err);
-    rc = rc ? rc : dfl_w_vec(w, lname(b, nm->ffn_norm, l), c->dim, &L->ffn_norm, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wq, l), qd, c->dim, &L->wq, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wk, l), kvd, c->dim, &L->wk, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wv, l), kvd, c->dim, &L->wv, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wo, l), c->dim, qd, &L->wo, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->gate, l), c->ffn_dim, c->dim, &L->w_gate, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->up, l), c->ffn_dim, c->dim, &L->w_up, err);
+    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down, err);
+    rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->attn_norm, l), c->dim, &L->attn_norm, err);
+    rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->ffn_norm, l), c->dim, &L->ffn_norm, err);
     if (t->unpermute) {
         rc = rc ? rc : dfl_w_unpermute(w, &L->wq, c->n_heads, c->head_dim, err);
         rc = rc ? rc : dfl_w_unpermute(w, &L->wk, c->n_kv_heads, c->head_dim, err);
     }
     if (c->qkv_bias) {
-        rc = rc ? rc : dfl_w_vec(w, lname(b, nm->bq, l), qd, &L->bq, err);
-        rc = rc ? rc : dfl_w_vec(w, lname(b, nm->bk, l), kvd, &L->bk, err);
-        rc = rc ? rc : dfl_w_vec(w, lname(b, nm->bv, l), kvd, &L->bv, err);
+        rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->bq, l), qd, &L->bq, err);
+        rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->bk, l), kvd, &L->bk, err);
+        rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->bv, l), kvd, &L->bv, err);
     }
     if (c->qk_norm) {
-        rc = rc ? rc : dfl_w_vec(w, lname(b, nm->q_norm, l), c->head_dim, &L->q_norm, err);
-        rc = rc ? rc : dfl_w_vec(w, lname(b, nm->k_norm, l), c->head_dim, &L->k_norm, err);
+        rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->q_norm, l), c->head_dim, &L->q_norm, err);
+        rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->k_norm, l), c->head_dim, &L->k_norm, err);
     }
     return rc;
 }
