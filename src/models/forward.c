@@ -41,9 +41,12 @@ typedef struct rows {
 
 /* ---- attention ------------------------------------------------------------ */
 
+/* The sliding set has its own cos/sin only when its RoPE differs (Laguna). */
+static int own_swa(const dfl_target *t) { return t->c.swa_rope_theta > 0; }
+
 static const float *row_cs(const dfl_target *t, const dfl_layer *L, int r) {
     int hd = t->c.head_dim;
-    return t->rope_cs + (size_t)r * 2 * hd + (L->rope == &t->rope_swa ? hd : 0);
+    return t->rope_cs + (size_t)r * 2 * hd + (L->rope == &t->rope_swa && own_swa(t) ? hd : 0);
 }
 
 /* q/k projections, per-head norm, RoPE; K and V land in each row's cache. */
@@ -265,7 +268,7 @@ void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq) {
             int row = b.off[i] + r, pos = f[i].kv->len + r;
             dfl_target_embed(t, f[i].tok + r, 1, t->x + (size_t)row * c->dim);
             dfl_rope_cs(&t->rope, pos, t->rope_cs + (size_t)row * 2 * hd);
-            dfl_rope_cs(&t->rope_swa, pos, t->rope_cs + (size_t)row * 2 * hd + hd);
+            if (own_swa(t)) dfl_rope_cs(&t->rope_swa, pos, t->rope_cs + (size_t)row * 2 * hd + hd);
             t->n_keys[row] = pos + 1;
         }
     }
