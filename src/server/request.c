@@ -79,6 +79,9 @@ void srv_job_unref(srv_job *j) {
     free(j->prompt);
     free(j->bias_ids);
     free(j->bias_vals);
+    free(j->fmt_schema);
+    free(j->fmt_prefix);
+    free(j->fmt_suffix);
     srv_stop_free(&j->stop);
     srv_think_free(&j->think);
     srv_buf_free(&j->reasoning);

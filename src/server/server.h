@@ -139,6 +139,11 @@ typedef struct srv_job {
     float *bias_vals;
     int user_block;               /* block_size came from the request */
     srv_stop stop;                /* its strings; the worker owns the held text */
+    /* Structured output (response_format, or a required / named tool call): the
+     * answer must be fmt_prefix, then one JSON value that fmt_schema accepts (NULL:
+     * any JSON object), then fmt_suffix, then the end of generation. */
+    int fmt_on;
+    char *fmt_schema, *fmt_prefix, *fmt_suffix;   /* malloc'd, freed with the job */
     char id[48];
     char model[160];
     long created;
