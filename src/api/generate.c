@@ -56,7 +56,7 @@ void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *
 
 int dfl_gen_is_greedy(const dfl_gen_params *p) {
     return p->temperature <= 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
-           p->frequency_penalty == 0 && p->n_bias == 0;
+           p->frequency_penalty == 0 && p->n_bias == 0 && !p->format;
 }
 
 static int check_params(const dfl_gen_params *p, dfl_error *err) {
@@ -149,6 +149,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
 
     dfl_sampler *smp = NULL;
     if (!dfl_gen_is_greedy(p) && (rc = dfl_sampler_new(p, t->c.vocab, &smp, err))) return rc;
+    if (smp) dfl_sampler_set_format(smp, p->format, n_prompt);
     int block = pick_mode(s, p, st, err);
     if (block < 0) {
         dfl_sampler_free(smp);

@@ -121,12 +121,16 @@ typedef struct dfl_sampler {
     uint64_t *bmass;          /* (DFL_SAMPLE_BUCKETS) weight per bucket */
     double *res;              /* (vocab) residual weights (rejection rule) */
     dfl_dist p, q;            /* target row, drafter row */
+    struct dfl_fmt_run *fmt;  /* structured output (format.h), or NULL */
 } dfl_sampler;
 
 /* Validates p (these values arrive in HTTP requests) and allocates every
  * buffer for a vocabulary of vocab tokens. */
 int dfl_sampler_new(const dfl_gen_params *p, int vocab, dfl_sampler **out, dfl_error *err);
 void dfl_sampler_free(dfl_sampler *s);
+/* Masks every row by structured output f (NULL: none) from position origin
+ * on (the first generated token's). */
+void dfl_sampler_set_format(dfl_sampler *s, const dfl_format *f, int origin);
 
 /* The filtered distribution of one row into d (s->p, s->q, or a caller's
  * dist with its arrays sized as in dfl_sampler_new). History: the tokens at positions

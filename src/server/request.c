@@ -82,6 +82,7 @@ void srv_job_unref(srv_job *j) {
     free(j->fmt_schema);
     free(j->fmt_prefix);
     free(j->fmt_suffix);
+    dfl_format_free(j->format);
     srv_stop_free(&j->stop);
     srv_think_free(&j->think);
     srv_buf_free(&j->reasoning);
@@ -460,6 +461,45 @@ out:
     return ret;
 }
 
+/* response_format: text (nothing), json_object (any object), or json_schema
+ * ({json_schema: {name, schema, strict, description}}). */
+static int parse_response_format(srv_job *j, const cJSON *root, srv_err *e) {
+    const cJSON *rf = field(root, "response_format");
+    if (!rf) return 0;
+    const char *P = "response_format";
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rf, "type"));
+    if (!cJSON_IsObject(rf) || !type)
+        return srv_errf(e, 400, P, "expected {\"type\": \"text\" | \"json_object\" | "
+                        "\"json_schema\", ...}");
+    if (!strcmp(type, "text")) return 0;
+    if (j->fmt_on)
+        return srv_errf(e, 400, P, "response_format cannot be combined with a required tool call");
+    if (!strcmp(type, "json_object")) return j->fmt_on = 1, 0;
+    if (strcmp(type, "json_schema"))
+        return srv_errf(e, 400, P, "type \"%.40s\": expected text, json_object or json_schema",
+                        type);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(js) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(js, "name")))
+        return srv_errf(e, 400, P, "json_schema: expected {\"name\": ..., \"schema\": {...}}");
+    if (schema && !cJSON_IsObject(schema))
+        return srv_errf(e, 400, P, "json_schema.schema: expected an object");
+    j->fmt_on = 1;
+    if (schema && !(j->fmt_schema = cJSON_PrintUnformatted(schema)))
+        return srv_errf(e, 500, P, "out of memory");
+    return 0;
+}
+
+/* Compiles the job's format (response_format, or the tool call it must make). */
+static int compile_format(srv_job *j, srv_err *e) {
+    if (!j->fmt_on) return 0;
+    dfl_error err = {0};
+    if (dfl_format_new(j->srv->e, j->fmt_schema, j->fmt_prefix, j->fmt_suffix, &j->format, &err))
+        return srv_errf(e, err.code == DFL_ENOMEM ? 500 : 400, "response_format", "%s", err.msg);
+    j->gp.format = j->format;
+    return 0;
+}
+
 static int parse_logprobs(srv_job *j, const cJSON *root, srv_err *e) {
     long long k = 0;
     if (j->kind == SRV_CHAT) {
@@ -485,6 +525,7 @@ static const char *const known_common[] = {
     "logit_bias", "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens",
     "ignore_eos", "block_size", "spec_accept", "typical",
     "user", /* an end-user id: OpenAI keeps it for abuse monitoring; it changes no output */
+    "response_format",
 };
 
 static int known_field(srv_kind kind, const char *k) {
@@ -536,6 +577,7 @@ srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t 
     if (parse_common(j, root, e) < 0 || parse_logprobs(j, root, e) < 0) goto fail;
     if ((kind == SRV_CHAT ? parse_messages(j, root, e) : parse_prompt(j, root, e)) < 0) goto fail;
     if (parse_max_tokens(j, root, e) < 0) goto fail;
+    if (parse_response_format(j, root, e) < 0 || compile_format(j, e) < 0) goto fail;
     cJSON_Delete(root);
     return j;
 fail:

@@ -144,6 +144,7 @@ typedef struct srv_job {
      * any JSON object), then fmt_suffix, then the end of generation. */
     int fmt_on;
     char *fmt_schema, *fmt_prefix, *fmt_suffix;   /* malloc'd, freed with the job */
+    dfl_format *format;           /* the above compiled; gp.format points to it */
     char id[48];
     char model[160];
     long created;
