@@ -147,7 +147,8 @@ static void test_walk(void) {
     dfl_format *f = NULL;
     dfl_error err = {0};
     const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\","
-                         "\"items\":{\"type\":[\"number\",\"string\",\"boolean\"]}},\"b\":{}},"
+                         "\"items\":{\"type\":[\"number\",\"string\",\"boolean\"],"
+                         "\"maxLength\":3}},\"b\":{}},"
                          "\"required\":[\"a\"]}";
     CHECK(dfl_fmt_compile(schema, NULL, NULL, v, &f, &err) == 0, "%s", err.msg);
     if (!f) return;

@@ -843,6 +843,34 @@ static int cmp_tok(const void *x, const void *y) {
 
 static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* lcp[i]: bytes ord[i] shares with ord[i-1]. */
+static void prefixes(const dfl_fmt_vocab *v, const int32_t *ord, uint8_t *lcp, int n) {
+    for (int i = 0; i < n; i++) {
+        int l = 0;
+        if (i) {
+            int a = ord[i - 1], b = ord[i];
+            while (l < v->len[a] && l < v->len[b] && v->bytes[a][l] == v->bytes[b][l]) l++;
+        }
+        lcp[i] = (uint8_t)l;
+    }
+}
+
+/* Characters p adds to a JSON string from a character boundary, or 0 when
+ * it is not plain content (a quote, backslash or control byte, a byte no
+ * UTF-8 character starts with, a broken continuation). It may end inside a
+ * character. */
+static int plain_chars(const unsigned char *p, int n) {
+    int chars = 0;
+    for (int i = 0; i < n; chars++) {
+        int c = p[i++];
+        if (c == '"' || c == '\\' || c < 0x20 || (c >= 0x80 && c < 0xC2) || c > 0xF4) return 0;
+        int k = c < 0x80 ? 0 : c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+        for (; k && i < n; k--, i++)
+            if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+    }
+    return chars;
+}
+
 dfl_fmt_vocab *dfl_fmt_vocab_new(int n, const char **bytes, int *len, uint8_t *kind) {
     dfl_fmt_vocab *v = xcalloc(1, sizeof *v);
     *v = (dfl_fmt_vocab){.n_vocab = n, .bytes = bytes, .len = len, .kind = kind};
@@ -862,14 +890,18 @@ dfl_fmt_vocab *dfl_fmt_vocab_new(int n, const char **bytes, int *len, uint8_t *k
     sort_vocab = v;
     qsort(v->ord, (size_t)v->n_ord, sizeof(int32_t), cmp_tok);
     pthread_mutex_unlock(&sort_mu);
-    for (int i = 0; i < v->n_ord; i++) {
-        int l = 0;
-        if (i) {
-            int a = v->ord[i - 1], b = v->ord[i];
-            while (l < len[a] && l < len[b] && bytes[a][l] == bytes[b][l]) l++;
-        }
-        v->lcp[i] = (uint8_t)l;
+    prefixes(v, v->ord, v->lcp, v->n_ord);
+    v->nchars = xcalloc((size_t)n + 1, 1);
+    v->plain = xmalloc(sizeof(int32_t) * (size_t)(v->n_ord + 1));
+    v->ord2 = xmalloc(sizeof(int32_t) * (size_t)(v->n_ord + 1));
+    v->lcp2 = xmalloc((size_t)v->n_ord + 1);
+    for (int i = 0; i < v->n_ord; i++) {   /* ord2 keeps the sorted order */
+        int id = v->ord[i];
+        v->nchars[id] = (uint8_t)plain_chars((const unsigned char *)bytes[id], len[id]);
+        if (v->nchars[id]) v->plain[v->n_plain++] = id;
+        else v->ord2[v->n_ord2++] = id;
     }
+    prefixes(v, v->ord2, v->lcp2, v->n_ord2);
     return v;
 }
 
@@ -882,6 +914,10 @@ void dfl_fmt_vocab_free(dfl_fmt_vocab *v) {
     free(v->lcp);
     free(v->special);
     free(v->eog);
+    free(v->nchars);
+    free(v->plain);
+    free(v->ord2);
+    free(v->lcp2);
     free(v);
 }
 
@@ -936,19 +972,19 @@ static void history_state(dfl_fmt_run *r, const int32_t *a, int n_a, const int32
         if (n_a + i >= r->origin) feed_token(f, r->row, b[i]);
 }
 
-/* Marks in r->ok the text tokens whose bytes the state takes: a walk over
- * the sorted vocabulary that reuses the states of a shared prefix and skips
- * every token that starts with a refused one. */
-static void walk_vocab(dfl_fmt_run *r) {
+/* Marks in r->ok the tokens of ord (sorted, lcp as made by prefixes) whose
+ * bytes the state takes: a walk that reuses the states of a shared prefix
+ * and skips every token that starts with a refused one. */
+static void walk_vocab(dfl_fmt_run *r, const int32_t *ord, const uint8_t *lcp, int n_ord) {
     const dfl_format *f = r->f;
     const dfl_fmt_vocab *v = f->v;
     fstate *st = r->walk;
     state_copy(&st[0], r->row);
     int valid = 0;   /* st[0..valid] hold the states after the current token's first bytes */
-    for (int i = 0; i < v->n_ord; i++) {
-        int id = v->ord[i], n = v->len[id];
+    for (int i = 0; i < n_ord; i++) {
+        int id = ord[i], n = v->len[id];
         const unsigned char *p = (const unsigned char *)v->bytes[id];
-        int l = v->lcp[i] < valid ? v->lcp[i] : valid;
+        int l = lcp[i] < valid ? lcp[i] : valid;
         while (l < n) {
             state_copy(&st[l + 1], &st[l]);
             if (!state_feed(f, &st[l + 1], p[l])) break;
@@ -959,8 +995,27 @@ static void walk_vocab(dfl_fmt_run *r) {
             r->ok[id] = 1;
             continue;
         }
-        while (i + 1 < v->n_ord && v->lcp[i + 1] > l) i++;   /* same refused prefix */
+        while (i + 1 < n_ord && lcp[i + 1] > l) i++;   /* same refused prefix */
     }
+}
+
+/* Inside a string (every alt at a character boundary of one), a plain token
+ * fits when its characters do: returns 0 when the state is not such. */
+static int plain_tokens(dfl_fmt_run *r) {
+    const dfl_format *f = r->f;
+    const dfl_fmt_vocab *v = f->v;
+    long room = 0;   /* the most characters any alt's string still takes */
+    for (int i = 0; i < r->row->n; i++) {
+        const alt *a = &r->row->a[i];
+        const frame *fr = a->depth ? &a->fr[a->depth - 1] : NULL;
+        if (!fr || fr->phase != P_IN || f->node[fr->node].kind != N_STRING) return 0;
+        const fnode *n = &f->node[fr->node];
+        long left = n->hi < 0 ? 1L << 30 : (long)n->hi - fr->count;
+        if (left > room) room = left;
+    }
+    for (int i = 0; i < v->n_plain; i++)
+        if (v->nchars[v->plain[i]] <= room) r->ok[v->plain[i]] = 1;
+    return 1;
 }
 
 static int in_affix(const dfl_format *f, const fstate *s) {
@@ -981,7 +1036,8 @@ void dfl_fmt_mask(dfl_fmt_run *r, const int32_t *a, int n_a, const int32_t *b, i
     memset(r->ok, 0, (size_t)v->n_vocab);
     int any = 0;
     if (r->row->n) {
-        walk_vocab(r);
+        if (plain_tokens(r)) walk_vocab(r, v->ord2, v->lcp2, v->n_ord2);
+        else walk_vocab(r, v->ord, v->lcp, v->n_ord);
         fstate *t = &r->walk[0];
         for (int i = 0; i < v->n_special && in_affix(f, r->row); i++) {
             /* control tokens may spell the prefix or suffix, never the value */

@@ -50,6 +50,15 @@ typedef struct dfl_fmt_vocab {
     int32_t *ord;         /* (n_ord) text tokens sorted by their bytes */
     uint8_t *lcp;         /* (n_ord) common prefix with the previous one in ord */
     int n_ord;
+    /* Inside a JSON string most tokens are plain text: no quote, backslash or
+     * control byte, UTF-8 from a character boundary. Whether one fits depends
+     * only on how many characters it adds, so the mask walks only the rest. */
+    uint8_t *nchars;      /* (n_vocab) characters a plain token adds; 0: not plain */
+    int32_t *plain;       /* (n_plain) the plain text tokens */
+    int n_plain;
+    int32_t *ord2;        /* (n_ord2) the other text tokens, sorted */
+    uint8_t *lcp2;        /* (n_ord2) */
+    int n_ord2;
     int32_t *special;     /* (n_special) control tokens that are not end of generation */
     int n_special;
     int32_t *eog;         /* (n_eog) end-of-generation tokens */
