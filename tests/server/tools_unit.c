@@ -177,6 +177,40 @@ static void random_splits(void) {
     }
 }
 
+/* As the server's worker chains them: reasoning split off first, then the
+ * answer read for calls; at every split the same reasoning, text and calls. */
+static void check_with_think(void) {
+    static const char text[] = "<think>\nI should call get_time.\n</think>\n\n"
+                               "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+    srv_tools *t = make_tools(SRV_TOOLS_HERMES, 1);
+    size_t n = sizeof text - 1;
+    for (size_t cut = 0; cut <= n; cut++) {
+        srv_think th;
+        srv_toolp p;
+        srv_buf reason = {0}, answer = {0}, content = {0};
+        cJSON *calls = cJSON_CreateArray();
+        srv_think_init(&th, 1, "", 0);
+        srv_toolp_init(&p, t);
+        const char *piece[2] = {text, text + cut};
+        size_t len[2] = {cut, n - cut};
+        for (int k = 0; k < 2; k++) {
+            answer.len = 0;
+            srv_think_push(&th, piece[k], len[k], k == 1, &reason, &answer);
+            srv_toolp_push(&p, answer.p ? answer.p : "", answer.len, k == 1, &content, calls);
+        }
+        srv_buf_put(&reason, "", 0), srv_buf_put(&content, "", 0);
+        char *cj = cJSON_PrintUnformatted(calls);
+        CHECK(!strcmp(reason.p, "\nI should call get_time.\n") && !strcmp(content.p, "") &&
+                  !strcmp(cj, "[" GT "]"),
+              "think then call, cut %zu: reasoning %s content %s calls %s", cut, reason.p, content.p, cj);
+        free(cj);
+        cJSON_Delete(calls);
+        srv_think_free(&th), srv_toolp_free(&p);
+        srv_buf_free(&reason), srv_buf_free(&answer), srv_buf_free(&content);
+    }
+    srv_tools_free(t);
+}
+
 static void check_format(void) {
     char *schema, *pre, *suf;
     srv_tools *t = make_tools(SRV_TOOLS_HERMES, 1);
@@ -264,6 +298,7 @@ static void check_families(void) {
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
     random_splits();
+    check_with_think();
     check_format();
     check_ids();
     check_families();
