@@ -243,16 +243,23 @@ static void check_format(void) {
     CHECK(srv_tools_format(t, &schema, &pre, &suf) == 1, "mistral");
     CHECK(strstr(schema, "\"arguments\"") && !strcmp(pre, "[TOOL_CALLS][") && !strcmp(suf, "]"),
           "mistral %s %s %s", schema, pre, suf);
-    /* what the format admits, the parser takes as a call */
-    srv_buf text = {0}, content = {0};
-    char *calls;
-    srv_buf_puts(&text, pre);
-    srv_buf_puts(&text, "{\"name\":\"get_time\",\"arguments\":{}}");
-    srv_buf_puts(&text, suf);
-    run(t, text.p, NULL, 0, &content, &calls);
-    CHECK(!strcmp(calls, "[" GT "]") && !content.p[0], "mistral format output parses: %s", calls);
-    free(calls), free(schema), free(pre), free(suf);
-    srv_buf_free(&text), srv_buf_free(&content);
+    free(schema), free(pre), free(suf);
+    /* what each family's format admits, its parser takes as a call */
+    for (int family = 0; family < 3; family++) {
+        srv_buf text = {0}, content = {0};
+        char *calls;
+        t->family = family;
+        CHECK(srv_tools_format(t, &schema, &pre, &suf) == 1, "format %d", family);
+        srv_buf_puts(&text, pre);
+        srv_buf_puts(&text, family == SRV_TOOLS_LLAMA3 ? "{\"name\":\"get_time\",\"parameters\":{}}"
+                                                       : "{\"name\":\"get_time\",\"arguments\":{}}");
+        srv_buf_puts(&text, suf);
+        run(t, text.p, NULL, 0, &content, &calls);
+        CHECK(!strcmp(calls, "[" GT "]") && !content.p[0], "%s: the format's output parses: %s",
+              srv_tools_family_name(family), calls);
+        free(calls), free(schema), free(pre), free(suf);
+        srv_buf_free(&text), srv_buf_free(&content);
+    }
     srv_tools_free(t);
 }
 
