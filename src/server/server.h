@@ -149,6 +149,14 @@ void srv_tools_call_id(int family, char out[SRV_CALL_ID_MAX]);
  * Returns 1 with the three malloc'd, 0 when no call is required, -1 when out of memory. */
 int srv_tools_format(const srv_tools *t, char **schema, char **prefix, char **suffix);
 
+enum { SRV_TOOL_MAX_DEPTH = 64 };   /* nesting of a call's JSON; deeper is not a call */
+/* Where the search for a call's end stopped (resumed when more text comes). */
+typedef struct srv_json_scan {
+    size_t at;                /* bytes of the JSON (hermes: of the block) searched */
+    int depth, in_str, esc;
+    char stack[SRV_TOOL_MAX_DEPTH];   /* the closing brackets expected */
+} srv_json_scan;
+
 /* The answer text, piece by piece, split into plain text and calls. */
 typedef struct srv_toolp {
     const srv_tools *t;
@@ -157,6 +165,7 @@ typedef struct srv_toolp {
     int n_calls;
     srv_buf held;             /* text not yet decided */
     srv_buf blank;            /* blanks after the last text: dropped before a call */
+    srv_json_scan scan;       /* the current block's end search */
 } srv_toolp;
 void srv_toolp_init(srv_toolp *p, const srv_tools *t);
 /* Adds s[0..n): text now decided goes to content, each complete call to calls

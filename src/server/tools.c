@@ -25,7 +25,6 @@
 
 #include "server.h"
 
-enum { TOOL_MAX_DEPTH = 64 };   /* nesting of a call's JSON; deeper is not a call */
 
 static const char HERMES_OPEN[] = "<tool_call>", HERMES_CLOSE[] = "</tool_call>";
 static const char MISTRAL_TAG[] = "[TOOL_CALLS]", PYTHON_TAG[] = "<|python_tag|>";
@@ -142,28 +141,29 @@ static int is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == 
 
 /* Length of the JSON object or array at s[0] (its closing bracket included),
  * 0 when s[0..n) is an unfinished one, -1 when it cannot be one. Brackets
- * only: cJSON judges the rest. */
-static long json_span(const char *s, size_t n) {
-    char stack[TOOL_MAX_DEPTH];
-    int depth = 0, in_str = 0;
+ * only: cJSON judges the rest. The scan resumes where the last call on the
+ * same block stopped (st), so a long block costs linear time. */
+static long json_span(srv_json_scan *st, const char *s, size_t n) {
     if (!n) return 0;
     if (s[0] != '{' && s[0] != '[') return -1;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = st->at; i < n; i++) {
         char c = s[i];
-        if (in_str) {
-            if (c == '\\') i++;
-            else if (c == '"') in_str = 0;
+        if (st->in_str) {
+            if (st->esc) st->esc = 0;
+            else if (c == '\\') st->esc = 1;
+            else if (c == '"') st->in_str = 0;
             continue;
         }
-        if (c == '"') in_str = 1;
+        if (c == '"') st->in_str = 1;
         else if (c == '{' || c == '[') {
-            if (depth == TOOL_MAX_DEPTH) return -1;
-            stack[depth++] = c == '{' ? '}' : ']';
+            if (st->depth == SRV_TOOL_MAX_DEPTH) return -1;
+            st->stack[st->depth++] = c == '{' ? '}' : ']';
         } else if (c == '}' || c == ']') {
-            if (!depth || stack[depth - 1] != c) return -1;
-            if (--depth == 0) return (long)i + 1;
+            if (!st->depth || st->stack[st->depth - 1] != c) return -1;
+            if (--st->depth == 0) return (long)i + 1;
         }
     }
+    st->at = n;
     return 0;
 }
 
@@ -196,12 +196,15 @@ static long find_start(const srv_toolp *p, const char *s, size_t n, size_t *tail
 
 /* Length of the call block at s[0] (a start find_start found), 0 when it needs
  * more text, -1 when it is not a call. */
-static long block_end(const srv_toolp *p, const char *s, size_t n, int final) {
-    size_t i = 0;
+static long block_end(srv_toolp *p, const char *s, size_t n, int final) {
+    size_t i = 0, c = sizeof HERMES_CLOSE - 1;
     long r;
     if (p->t->family == SRV_TOOLS_HERMES) {
-        const char *end = memmem(s, n, HERMES_CLOSE, sizeof HERMES_CLOSE - 1);
-        if (end) return (long)(end - s) + (long)sizeof HERMES_CLOSE - 1;
+        /* from where the last search stopped, less a close tag's length */
+        size_t from = p->scan.at > c ? p->scan.at - c : 0;
+        const char *end = memmem(s + from, n - from, HERMES_CLOSE, c);
+        if (end) return (long)(end - s) + (long)c;
+        p->scan.at = n;
         return final ? (long)n : 0;   /* the close tag may be missing at the end */
     }
     if (p->t->family == SRV_TOOLS_LLAMA3) {
@@ -212,18 +215,21 @@ static long block_end(const srv_toolp *p, const char *s, size_t n, int final) {
     }
     while (i < n && is_space(s[i])) i++;
     if (p->t->family == SRV_TOOLS_MISTRAL && i < n && s[i] != '[') {
-        /* name[CALL_ID]id[ARGS]{...} */
+        /* name[CALL_ID]id[ARGS]{...}; a name or id longer than names are is not one */
+        size_t at = i;
         while (i < n && !is_space(s[i]) && s[i] != '[') i++;
+        if (i - at > SRV_TOOL_NAME_MAX) return -1;
         if (i < n && s[i] == '[' && (r = literal(s, n, &i, "[CALL_ID]")) != -1) {
             if (!r) return final ? -1 : 0;
-            while (i < n && s[i] != '[') i++;
+            for (at = i; i < n && s[i] != '['; i++) {}
+            if (i - at > SRV_TOOL_NAME_MAX) return -1;
         }
         if (i == n) return final ? -1 : 0;
         if (!(r = literal(s, n, &i, "[ARGS]"))) return final ? -1 : 0;
         if (r < 0) return -1;
     }
     if (i == n) return final ? -1 : 0;
-    r = json_span(s + i, n - i);
+    r = json_span(&p->scan, s + i, n - i);
     if (r < 0 || (!r && final)) return -1;
     return r ? (long)i + r : 0;
 }
@@ -362,6 +368,7 @@ void srv_toolp_push(srv_toolp *p, const char *s, size_t n, int final, srv_buf *c
             consume(p, upto);
             if (at < 0) break;
             p->in_call = 1;
+            memset(&p->scan, 0, sizeof p->scan);
             continue;
         }
         long end = block_end(p, h, hn, final);

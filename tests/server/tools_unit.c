@@ -113,6 +113,11 @@ static const tcase cases[] = {
      "[TOOL_CALLS][{\"name\":\"get_time\",\"arguments\":{}}, {\"name\":\"get_time\",\"arguments\":{}}]", "[]"},
     {M, 1, "[TOOL_CALLS]get_time[ARGS]{\"a\":[}", "[TOOL_CALLS]get_time[ARGS]{\"a\":[}", "[]"},
     {M, 1, "[TOOL_CALLS][]", "[TOOL_CALLS][]", "[]"},
+#define NAME65 "get_time_get_time_get_time_get_time_get_time_get_time_get_time_ab"
+    {M, 1, "[TOOL_CALLS]" NAME65 "[ARGS]{}", "[TOOL_CALLS]" NAME65 "[ARGS]{}", "[]"},
+    {M, 1, "[TOOL_CALLS]get_time[CALL_ID]" NAME65 "[ARGS]{}", "[TOOL_CALLS]get_time[CALL_ID]" NAME65 "[ARGS]{}", "[]"},
+    {M, 1, "[TOOL_CALLS]get_time[CALL_ID]x\\[ARGS]{\"s\": \"a\\\"}\\\\\"}", "",
+     "[{\"name\":\"get_time\",\"arguments\":\"{\\\"s\\\":\\\"a\\\\\\\"}\\\\\\\\\\\"}\"}]"},
     {M, 1, "no calls [TOOL", "no calls [TOOL", "[]"},
 };
 
