@@ -477,7 +477,9 @@ static char *render_chat(srv_job *j, const cJSON *root, int *len, srv_err *e) {
         }
         cap = (size_t)n + 1;
     }
-    if (!e->status) srv_errf(e, 500, NULL, "the chat template's output size changed between calls");
+    if (!e->status)
+        srv_errf(e, 500, NULL, mj ? "the chat template's output size changed between calls"
+                                  : "out of memory");
     free(rendered);
     cJSON_free(mj), cJSON_free(tj);
     return NULL;
@@ -590,6 +592,7 @@ char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err 
         cJSON_AddStringToObject(o, "prompt", text);
         out = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
+        if (!out) srv_errf(e, 500, NULL, "out of memory");
     }
     free(text);
     cJSON_Delete(root);

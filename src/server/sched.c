@@ -249,7 +249,7 @@ static int on_token(void *ud, const dfl_token_info *tok) {
     srv_metrics_tokens(&srv->m, 1);
     char piece[4096];
     int eog = !j->gp.ignore_eos && dfl_token_is_eog(srv->e, tok->id);
-    if (j->tools) j->detok.show_special = srv_tools_shown(j->tools, tok->id);
+    if (j->toolp.t) j->detok.show_special = srv_tools_shown(j->tools, tok->id);
     int n = eog ? 0 : dfl_detok_push(&j->detok, tok->id, piece, sizeof piece);
     /* the end of generation releases what the stop, think and tool parsers hold */
     if (release(j, tok, piece, n, eog) || eog) {
