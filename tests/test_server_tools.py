@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """test_server_tools.py - tool calls through `dflash serve` and the official
 openai client, on a real model (SmolLM2-135M-Instruct, build/smollm2) given
-Qwen3's chat template (--chat-template-file):
+Qwen3's, Qwen3-Coder's and Llama 3.1's chat templates (--chat-template-file):
 
 - POST /apply-template renders OpenAI-shaped conversations (tools, assistant
   tool_calls with arguments as JSON strings and content null, tool results)
   exactly as transformers' renderer renders the same conversations with the
   documented mapping (arguments parsed into objects, null content as "");
-- a few-shot conversation makes the model call get_weather. With tool_choice
+- a few-shot conversation makes the model call get_weather, in Qwen3's JSON
+  and in Qwen3-Coder's XML. With tool_choice
   "none" the answer is the raw text (same prompt, greedy); with "auto" it is
   what a reference parser makes of that text: tool_calls with fresh ids,
   content null, finish_reason "tool_calls". The streamed deltas add up to the
@@ -40,6 +41,8 @@ TEMPLATES = os.path.join(SHARED, "assets", "chat_templates", "real")
 TEMPLATE = os.path.join(TEMPLATES, "Qwen-Qwen3-0.6B.jinja")
 # Llama 3.1 writes arguments with tojson only, and refuses two calls in a message.
 LLAMA = os.path.join(TEMPLATES, "meta-llama-Llama-3.1-8B-Instruct.jinja")
+# Qwen3-Coder iterates over the arguments' items, and calls in XML (family qwen-xml).
+CODER = os.path.join(TEMPLATES, "Qwen3-Coder.jinja")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather in a city.",
@@ -197,7 +200,7 @@ for i, city in enumerate(["Paris", "Rome", "Madrid", "Oslo"]):
 FEW_SHOT.append({"role": "user", "content": "Weather in Berlin?"})
 
 
-def reference_parse(raw, names):
+def parse_hermes(raw, names):
     """Qwen3 / Hermes calls: <tool_call>{json}</tool_call> blocks naming a tool."""
     calls, content = [], raw
     for m in re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", raw, re.S):
@@ -211,7 +214,19 @@ def reference_parse(raw, names):
     return content.strip() or None, calls
 
 
-def check_calls(srv):
+def parse_xml(raw, names):
+    """Qwen3-Coder calls: <tool_call><function=N><parameter=K>\nV\n</parameter>...</function>,
+    the close tag optional at the end; string parameters only here (get_weather's city)."""
+    calls, content = [], raw
+    for m in re.finditer(r"<tool_call>\s*<function=([^>]*)>(.*?)</function>\s*(?:</tool_call>|$)", raw, re.S):
+        args = dict(re.findall(r"<parameter=([^>]*)>\n?(.*?)\n?</parameter>", m.group(2), re.S))
+        if m.group(1) in names:
+            calls.append((m.group(1), args))
+            content = content.replace(m.group(0), "", 1)
+    return content.strip() or None, calls
+
+
+def check_calls(srv, reference_parse):
     import openai
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
@@ -318,19 +333,21 @@ def main():
     except ImportError as e:
         missing(f"Python package {e.name} (the venv, scripts/deps.sh)")
         return finish()
-    for path in (MODEL, TEMPLATE, LLAMA):
+    for path in (MODEL, TEMPLATE, LLAMA, CODER):
         if not os.path.exists(path):
             missing(path)
             return finish()
-    for template in (TEMPLATE, LLAMA):
+    parsers = {TEMPLATE: parse_hermes, CODER: parse_xml}
+    for template in (TEMPLATE, CODER, LLAMA):
         with open(template, encoding="utf-8") as f:
             tmpl = f.read()
         with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
             srv = Server(log, template)
             try:
                 check_render(srv, tmpl)
+                if template in parsers:
+                    check_calls(srv, parsers[template])
                 if template == TEMPLATE:
-                    check_calls(srv)
                     check_errors(srv)
             finally:
                 srv.stop()

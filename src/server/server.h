@@ -120,7 +120,8 @@ size_t srv_tag_tail(const char *s, size_t n, const char *tag);
 /* ---- tools.c: tool calls in the model's own syntax ------------------------------ */
 
 struct cJSON;
-enum { SRV_TOOLS_HERMES = 0, SRV_TOOLS_LLAMA3, SRV_TOOLS_MISTRAL };   /* call syntaxes */
+/* call syntaxes (tools.c) */
+enum { SRV_TOOLS_HERMES = 0, SRV_TOOLS_LLAMA3, SRV_TOOLS_MISTRAL, SRV_TOOLS_QWEN_XML };
 enum { SRV_CHOICE_AUTO = 0, SRV_CHOICE_NONE, SRV_CHOICE_REQUIRED, SRV_CHOICE_NAMED };
 enum { SRV_MAX_TOOLS = 128, SRV_TOOL_NAME_MAX = 64, SRV_CALL_ID_MAX = 32, SRV_TOOL_SHOW = 4 };
 

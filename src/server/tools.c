@@ -6,6 +6,9 @@
  *   hermes   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any
  *            number of them (Qwen2.5/3, Hermes, SmolLM3 and most ChatML
  *            models; also the fallback for a template that names none)
+ *   qwen-xml <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>
+ *            ...</function>\n</tool_call> (Qwen3.5, Qwen3-Coder, Nemotron 3,
+ *            Step 3.5); a hermes JSON body is read too
  *   llama3   {"name": ..., "parameters": {...}} as the whole answer, or after
  *            <|python_tag|> (Llama 3.1-3.3)
  *   mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Nemo) or
@@ -28,10 +31,17 @@
 
 static const char HERMES_OPEN[] = "<tool_call>", HERMES_CLOSE[] = "</tool_call>";
 static const char MISTRAL_TAG[] = "[TOOL_CALLS]", PYTHON_TAG[] = "<|python_tag|>";
+static const char FN_OPEN[] = "<function=", FN_CLOSE[] = "</function>";
+static const char PARAM_OPEN[] = "<parameter=", PARAM_CLOSE[] = "</parameter>";
+
+/* Families whose calls are <tool_call> ... </tool_call> blocks. */
+static int tagged(int family) { return family == SRV_TOOLS_HERMES || family == SRV_TOOLS_QWEN_XML; }
 
 int srv_tools_family(const char *tmpl) {
     if (!tmpl) return SRV_TOOLS_HERMES;
     if (strstr(tmpl, MISTRAL_TAG)) return SRV_TOOLS_MISTRAL;
+    if (strstr(tmpl, HERMES_OPEN) && strstr(tmpl, FN_OPEN) && strstr(tmpl, PARAM_OPEN))
+        return SRV_TOOLS_QWEN_XML;
     if (strstr(tmpl, HERMES_OPEN)) return SRV_TOOLS_HERMES;
     if (strstr(tmpl, PYTHON_TAG) || (strstr(tmpl, "<|start_header_id|>") && strstr(tmpl, "\"parameters\"")))
         return SRV_TOOLS_LLAMA3;
@@ -39,7 +49,8 @@ int srv_tools_family(const char *tmpl) {
 }
 
 const char *srv_tools_family_name(int family) {
-    return family == SRV_TOOLS_LLAMA3 ? "llama3" : family == SRV_TOOLS_MISTRAL ? "mistral" : "hermes";
+    static const char *const names[] = {"hermes", "llama3", "mistral", "qwen-xml"};
+    return names[family];
 }
 
 /* The key a family's call object holds the arguments under. */
@@ -123,8 +134,9 @@ int srv_tools_format(const srv_tools *t, char **schema, char **prefix, char **su
     }
     *schema = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    static const char *const pre[] = {"<tool_call>\n", "", "[TOOL_CALLS]["};
-    static const char *const suf[] = {"\n</tool_call>", "", "]"};
+    /* qwen-xml: the JSON body its parser also reads (the constraint is JSON) */
+    static const char *const pre[] = {"<tool_call>\n", "", "[TOOL_CALLS][", "<tool_call>\n"};
+    static const char *const suf[] = {"\n</tool_call>", "", "]", "\n</tool_call>"};
     *prefix = strdup(pre[t->family]);
     *suffix = strdup(suf[t->family]);
     if (!*schema || !*prefix || !*suffix) {
@@ -179,7 +191,7 @@ static int literal(const char *s, size_t n, size_t *i, const char *lit) {
 /* Where a call may start in s[0..n), or -1; *tail: bytes at the end that may
  * be the start of one (held until the next piece decides). */
 static long find_start(const srv_toolp *p, const char *s, size_t n, size_t *tail) {
-    const char *tag = p->t->family == SRV_TOOLS_HERMES    ? HERMES_OPEN
+    const char *tag = tagged(p->t->family)                ? HERMES_OPEN
                       : p->t->family == SRV_TOOLS_MISTRAL ? MISTRAL_TAG
                                                           : PYTHON_TAG;
     const char *at = memmem(s, n, tag, strlen(tag));
@@ -199,7 +211,7 @@ static long find_start(const srv_toolp *p, const char *s, size_t n, size_t *tail
 static long block_end(srv_toolp *p, const char *s, size_t n, int final) {
     size_t i = 0, c = sizeof HERMES_CLOSE - 1;
     long r;
-    if (p->t->family == SRV_TOOLS_HERMES) {
+    if (tagged(p->t->family)) {
         /* from where the last search stopped, less a close tag's length */
         size_t from = p->scan.at > c ? p->scan.at - c : 0;
         const char *end = memmem(s + from, n - from, HERMES_CLOSE, c);
@@ -236,7 +248,7 @@ static long block_end(srv_toolp *p, const char *s, size_t n, int final) {
 
 /* Length of the start of a call at s (what find_start found there). */
 static size_t start_len(const srv_toolp *p, const char *s) {
-    if (p->t->family == SRV_TOOLS_HERMES) return sizeof HERMES_OPEN - 1;
+    if (tagged(p->t->family)) return sizeof HERMES_OPEN - 1;
     if (p->t->family == SRV_TOOLS_MISTRAL) return sizeof MISTRAL_TAG - 1;
     return strncmp(s, PYTHON_TAG, sizeof PYTHON_TAG - 1) ? 1 : sizeof PYTHON_TAG - 1;
 }
@@ -278,14 +290,90 @@ static cJSON *parse_exact(const char *s, size_t n) {
     return v;
 }
 
+/* ---- qwen-xml ------------------------------------------------------------------ */
+
+/* s[0..n) without blanks around it. */
+static void trim(const char **s, size_t *n) {
+    while (*n && is_space(**s)) (*s)++, (*n)--;
+    while (*n && is_space((*s)[*n - 1])) (*n)--;
+}
+
+/* A parameter's value as the template wrote it: text for a string parameter,
+ * else the JSON it holds (mappings and lists are tojson'd), Python's True /
+ * False / None, or the text when it is none of these. */
+static cJSON *xml_value(const cJSON *tool, const char *key, const char *v, size_t n) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(tool, "function");
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(f, "parameters"),
+                                                          "properties");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(props, key), "type");
+    char *z = strndup(v, n);
+    cJSON *out = NULL;
+    if (!z) return NULL;
+    if (!(cJSON_IsString(type) && !strcmp(type->valuestring, "string"))) {
+        out = cJSON_ParseWithOpts(z, NULL, 1);
+        if (!out && !strcmp(z, "True")) out = cJSON_CreateTrue();
+        if (!out && !strcmp(z, "False")) out = cJSON_CreateFalse();
+        if (!out && !strcmp(z, "None")) out = cJSON_CreateNull();
+    }
+    if (!out) out = cJSON_CreateString(z);
+    free(z);
+    return out;
+}
+
+/* <function=NAME> (<parameter=KEY>\nVALUE\n</parameter>)* </function>, blanks
+ * between: the call {name, arguments}, or NULL. */
+static cJSON *xml_call(const srv_toolp *p, const char *s, size_t n) {
+    const char *end = s + n, *gt = memchr(s, '>', n);
+    size_t fo = sizeof FN_OPEN - 1, po = sizeof PARAM_OPEN - 1, pc = sizeof PARAM_CLOSE - 1;
+    if (!gt || (size_t)(gt - s) - fo > SRV_TOOL_NAME_MAX) return NULL;
+    char name[SRV_TOOL_NAME_MAX + 1];
+    memcpy(name, s + fo, (size_t)(gt - s) - fo);
+    name[gt - s - fo] = 0;
+    const cJSON *tool = find_tool(p->t, name);
+    if (!tool) return NULL;
+    cJSON *args = cJSON_CreateObject(), *call = NULL;
+    for (s = gt + 1;;) {
+        while (s < end && is_space(*s)) s++;
+        if ((size_t)(end - s) < po || memcmp(s, PARAM_OPEN, po)) break;
+        const char *kgt = memchr(s, '>', (size_t)(end - s));
+        const char *vend = kgt ? memmem(kgt, (size_t)(end - kgt), PARAM_CLOSE, pc) : NULL;
+        if (!vend || (size_t)(kgt - s) - po > SRV_TOOL_NAME_MAX) goto out;
+        char key[SRV_TOOL_NAME_MAX + 1];
+        memcpy(key, s + po, (size_t)(kgt - s) - po);
+        key[kgt - s - po] = 0;
+        const char *v = kgt + 1;
+        size_t vn = (size_t)(vend - v);
+        /* the template puts the value between two newlines */
+        if (vn && *v == '\n') v++, vn--;
+        if (vn && v[vn - 1] == '\n') vn--;
+        if (cJSON_GetObjectItemCaseSensitive(args, key)) goto out;
+        cJSON_AddItemToObject(args, key, xml_value(tool, key, v, vn));
+        s = vend + pc;
+    }
+    size_t rest = (size_t)(end - s);
+    trim(&s, &rest);
+    if (rest == sizeof FN_CLOSE - 1 && !memcmp(s, FN_CLOSE, rest)) call = make_call(p, name, args);
+out:
+    cJSON_Delete(args);
+    return call;
+}
+
 /* The calls in a complete block, appended to out; 0, or -1 when any is not a call. */
 static int parse_block(const srv_toolp *p, const char *s, size_t n, cJSON *out) {
     size_t i = 0;
     cJSON *v = NULL, *name_form = NULL;
-    if (p->t->family == SRV_TOOLS_HERMES) {
+    if (tagged(p->t->family)) {
         i = sizeof HERMES_OPEN - 1;
         size_t c = sizeof HERMES_CLOSE - 1;
         if (n >= i + c && !memcmp(s + n - c, HERMES_CLOSE, c)) n -= c;
+        while (i < n && is_space(s[i])) i++;
+        if (p->t->family == SRV_TOOLS_QWEN_XML && n - i >= sizeof FN_OPEN - 1 &&
+            !memcmp(s + i, FN_OPEN, sizeof FN_OPEN - 1)) {
+            cJSON *c1 = xml_call(p, s + i, n - i);
+            if (!c1 || (!p->t->parallel && p->n_calls)) return cJSON_Delete(c1), -1;
+            cJSON_AddItemToArray(out, c1);
+            return 1;
+        }
     } else if (p->t->family == SRV_TOOLS_LLAMA3) {
         if (!strncmp(s, PYTHON_TAG, sizeof PYTHON_TAG - 1)) i = sizeof PYTHON_TAG - 1;
     } else {

@@ -109,7 +109,7 @@ static int parse_choice(srv_tools *t, const cJSON *c, srv_err *e) {
 static void find_markers(srv_server *srv, srv_tools *t) {
     static const char *const marks[][3] = {
         {"<tool_call>", "</tool_call>", NULL}, {"<|python_tag|>", NULL, NULL},
-        {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}};
+        {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}, {"<tool_call>", "</tool_call>", NULL}};
     for (int k = 0; k < 3 && marks[t->family][k] && t->n_show < SRV_TOOL_SHOW; k++) {
         int32_t ids[4];
         dfl_error err = {0};

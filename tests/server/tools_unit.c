@@ -55,6 +55,7 @@ typedef struct {
 #define H SRV_TOOLS_HERMES
 #define L SRV_TOOLS_LLAMA3
 #define M SRV_TOOLS_MISTRAL
+#define X SRV_TOOLS_QWEN_XML
 
 static const tcase cases[] = {
     /* hermes / Qwen */
@@ -85,6 +86,27 @@ static const tcase cases[] = {
      "", "[{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"K\xC3\xB8" "benhavn \\\\\\\"}\\\"}\"}]"},
     {H, 1, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}} trailing\n</tool_call>",
      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}} trailing\n</tool_call>", "[]"},
+    /* qwen-xml (Qwen3.5, Qwen3-Coder) */
+    {X, 1, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+     "", "[{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}]"},
+    {X, 1, "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=n>\n42\n</parameter>\n<parameter=flag>\nTrue\n</parameter>\n<parameter=none>\nNone\n</parameter>\n<parameter=obj>\n{\"a\": [1, 2]}\n</parameter>\n<parameter=text>\nline 1\nline 2\n</parameter>\n</function>\n</tool_call>",
+     "I will check.", "[{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"42\\\"}\"},{\"name\":\"get_time\",\"arguments\":\"{\\\"n\\\":42,\\\"flag\\\":true,\\\"none\\\":null,\\\"obj\\\":{\\\"a\\\":[1,2]},\\\"text\\\":\\\"line 1\\\\nline 2\\\"}\"}]"},
+    {X, 1, "<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+     "", "[{\"name\":\"get_time\",\"arguments\":\"{}\"}]"},
+    {X, 1, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+     "", "[{\"name\":\"get_time\",\"arguments\":\"{}\"}]"},
+    {X, 1, "<tool_call>\n<function=launch>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=launch>\n</function>\n</tool_call>", "[]"},
+    {X, 1, "<tool_call>\n<function=get_time>\n<parameter=a>\n1\n</parameter>\n</tool_call>",
+     "<tool_call>\n<function=get_time>\n<parameter=a>\n1\n</parameter>\n</tool_call>", "[]"},
+    {X, 1, "<tool_call>\n<function=get_time>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=get_time>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>", "[]"},
+    {X, 1, "<tool_call>\n<function=get_time>\n<parameter=a>\n1\n</function>\n</tool_call>",
+     "<tool_call>\n<function=get_time>\n<parameter=a>\n1\n</function>\n</tool_call>", "[]"},
+    {X, 1, "<tool_call>\n<function=get_time>\n</function> junk\n</tool_call>",
+     "<tool_call>\n<function=get_time>\n</function> junk\n</tool_call>", "[]"},
+    {X, 1, "<tool_call>\n<function=get_time>\n</function>\n",
+     "", "[{\"name\":\"get_time\",\"arguments\":\"{}\"}]"},
     /* llama 3.x */
     {L, 1, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "[" GW("Paris") "]"},
     {L, 1, "\n {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n", "", "[" GW("Paris") "]"},
@@ -157,9 +179,10 @@ static void random_splits(void) {
         "<tool_call>", "</tool_call>", "\n", " ", "{", "}", "[", "]", "\"", "\\", "text",
         "{\"name\":\"get_time\",\"arguments\":{}}", "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"x\"}}",
         "[TOOL_CALLS]", "get_time", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<tool", "[TOOL", "\xC3\xA9",
+        "<function=get_time>", "</function>", "<parameter=a>", "</parameter>", "<function=",
     };
     int n_frag = (int)(sizeof frag / sizeof *frag);
-    for (int family = 0; family < 3; family++) {
+    for (int family = 0; family < 4; family++) {
         srv_tools *t = make_tools(family, (int)rnd(2));
         for (int it = 0; it < 2000; it++) {
             char text[512] = "";
@@ -250,7 +273,7 @@ static void check_format(void) {
           "mistral %s %s %s", schema, pre, suf);
     free(schema), free(pre), free(suf);
     /* what each family's format admits, its parser takes as a call */
-    for (int family = 0; family < 3; family++) {
+    for (int family = 0; family < 4; family++) {
         srv_buf text = {0}, content = {0};
         char *calls;
         t->family = family;
@@ -290,6 +313,11 @@ static void check_families(void) {
         {"Mistral-Small-3.2-24B-Instruct-2506.jinja", SRV_TOOLS_MISTRAL},
         {"mistralai-Ministral-3-14B-Reasoning-2512.jinja", SRV_TOOLS_MISTRAL},
         {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", SRV_TOOLS_HERMES},
+        {"Qwen3.5-4B.jinja", SRV_TOOLS_QWEN_XML},
+        {"Qwen3-Coder.jinja", SRV_TOOLS_QWEN_XML},
+        {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", SRV_TOOLS_QWEN_XML},
+        {"StepFun3.5-Flash.jinja", SRV_TOOLS_QWEN_XML},
+        {"google-gemma-2-2b-it.jinja", SRV_TOOLS_HERMES},   /* no syntax: the default */
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         char rel[256];
