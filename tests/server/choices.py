@@ -2,12 +2,16 @@
 generation of its own, with its own seed (choice 0 is the n = 1 answer),
 reproducible, streamed interleaved with its index, usage summed over choices;
 greedy choices agree; a client that leaves cancels every choice; n out of
-range is a 400 naming "n".
+range is a 400 naming "n"; at SIGTERM a stream of choices ends with one error.
 
-env: SERVER_URL, EXPECT (expect.py's JSON: `dflash generate` outputs)."""
+env: SERVER_URL, SERVER_PID (the last check sends it SIGTERM), EXPECT (expect.py's
+JSON: `dflash generate` outputs)."""
 import asyncio
+import http.client
 import json
 import os
+import signal
+import urllib.parse
 
 from common import (client, check, summary, create, post, get, metric, wait_idle, is_num,
                     chat_request, completion_request, leave_stream)
@@ -141,7 +145,33 @@ async def main():
     check(is_num(after) and after - before == N, "every choice is cancelled", {"before": before, "after": after})
     r = await create(chat, chat_req())
     check(r.choices[0].message.content == expect["chat_text"], "still serving correctly afterwards")
+
+    # ---- SIGTERM: the queued choice is refused, the running ones cancelled: one error ----
+    events = await asyncio.to_thread(stream_through_sigterm, chat_req(n=N, stream=True, max_tokens=100000,
+                                                                      ignore_eos=True))
+    errors = [e for e in events if e.startswith("{") and "error" in json.loads(e)]
+    check(len(errors) == 1 and "shutting down" in errors[0] and events.count("[DONE]") == 1 and
+          events[-1] == "[DONE]", "SIGTERM: one error event for the request, then [DONE] once", events[-3:])
     await client.close()
+
+
+def stream_through_sigterm(body):
+    """Streams body raw; once text arrives, SIGTERMs the server; the SSE events to the end."""
+    u = urllib.parse.urlsplit(os.environ["SERVER_URL"])
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                 headers={"content-type": "application/json"})
+    r, events, sent = conn.getresponse(), [], False
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        events.append(line[len("data: "):])
+        if not sent and '"content":"' in line and '"content":""' not in line:
+            os.kill(int(os.environ["SERVER_PID"]), signal.SIGTERM)
+            sent = True
+    conn.close()
+    return events
 
 
 asyncio.run(main())
