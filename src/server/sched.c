@@ -320,11 +320,14 @@ static int on_token(void *ud, const dfl_token_info *tok) {
 static void log_job(const srv_slot *s, const srv_job *j) {
     static const char *fin[] = {"-", "stop", "length", "cancelled", "error"};
     const dfl_stats *st = &j->st;
+    char who[80];   /* the choices of a request share its id */
+    if (j->parent) snprintf(who, sizeof who, "%s choice %d", j->id, j->index);
+    else snprintf(who, sizeof who, "%s", j->id);
     fprintf(stderr,
             "dflash serve: %s slot %d: %d prompt (%d cached) + %d tokens, %.1f tok/s, "
             "%llu rounds tau %.2f, %.1f rows of others per forward, queued %.0f ms, "
             "total %.0f ms: %s\n",
-            j->id, s->idx, j->n_prompt, j->n_cached, j->n_gen,
+            who, s->idx, j->n_prompt, j->n_cached, j->n_gen,
             st->t_decode > 0 ? j->n_gen / st->t_decode : 0.0, (unsigned long long)st->rounds,
             st->rounds ? (double)st->committed / (double)st->rounds : 0.0,
             st->rounds + st->classic_steps
