@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import signal
+import time
 import urllib.parse
 
 from common import (client, check, summary, create, post, get, metric, wait_idle, is_num,
@@ -143,6 +144,11 @@ async def main():
     check(waited >= 0, "a disconnected n=3 stream frees its slots", waited)
     after = metric((await get("/metrics")).text, "dflash_requests_total", 'result="cancelled"')
     check(is_num(after) and after - before == N, "every choice is cancelled", {"before": before, "after": after})
+    await asyncio.to_thread(hang_up, chat_req(n=N, max_tokens=100000, ignore_eos=True))
+    waited = await wait_idle(10000)
+    check(waited >= 0, "a client that leaves before the whole answer frees the slots", waited)
+    last = metric((await get("/metrics")).text, "dflash_requests_total", 'result="cancelled"')
+    check(last - after == N, "non-stream: every choice is cancelled", {"before": after, "after": last})
     r = await create(chat, chat_req())
     check(r.choices[0].message.content == expect["chat_text"], "still serving correctly afterwards")
 
@@ -153,6 +159,16 @@ async def main():
     check(len(errors) == 1 and "shutting down" in errors[0] and events.count("[DONE]") == 1 and
           events[-1] == "[DONE]", "SIGTERM: one error event for the request, then [DONE] once", events[-3:])
     await client.close()
+
+
+def hang_up(body):
+    """Sends a non-streamed request and closes the connection once it is generating."""
+    u = urllib.parse.urlsplit(os.environ["SERVER_URL"])
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                 headers={"content-type": "application/json"})
+    time.sleep(0.5)
+    conn.close()
 
 
 def stream_through_sigterm(body):
