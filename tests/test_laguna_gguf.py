@@ -217,6 +217,9 @@ HF_BAD = [  # (name, config.json changes, what the message must name)
     ("gating", {"gating": "per-channel"}, "gating"),
     ("mlp_layer_types", {"mlp_layer_types": ["dense", "moe", "sparse", "sparse"]},
      "mlp_layer_types"),
+    ("gating_types mixed", {"gating_types": ["per_element", "per_head", "per_element",
+                                             "per_element"]}, "gating_types[1]"),
+    ("norm_topk_prob false", {"norm_topk_prob": False}, "norm_topk_prob"),
     ("sinks without tensors", {"swa_attention_sink_enabled": True}, "self_attn.sink"),
     ("sliding rope yarn", {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 5e5},

@@ -72,6 +72,26 @@ static int gating(const cJSON *j, dfl_config *c, const char *file, dfl_error *er
                     "\"per-element\" expected)", file, s);
 }
 
+/* gating_types (per layer; llama.cpp's converter reads it, "-" or "_"):
+ * one gate kind for all layers here, so each entry must be gating's. */
+static int gating_types(const cJSON *j, const dfl_config *c, const char *file, dfl_error *err) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "gating_types");
+    if (!a || cJSON_IsNull(a)) return 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != c->n_layers)
+        return dfl_fail(err, DFL_EFORMAT, "%s: gating_types is not a list of %d names", file,
+                        c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const cJSON *v = cJSON_GetArrayItem(a, l);
+        const char *s = cJSON_IsString(v) ? v->valuestring : "";
+        int head = !strcmp(s, "per-head") || !strcmp(s, "per_head");
+        int elem = !strcmp(s, "per-element") || !strcmp(s, "per_element");
+        if ((!head && !elem) || c->gating != (elem ? DFL_GATE_ELEMENT : DFL_GATE_HEAD))
+            return dfl_fail(err, DFL_EUNSUP, "%s: gating_types[%d] = '%.40s' (every layer must "
+                            "have gating's kind)", file, l, s);
+    }
+    return 0;
+}
+
 /* The sliding layers' RoPE: plain, with its own theta and partial factor. */
 static int swa_rope(const cJSON *r, const char *key, dfl_config *c, const char *file,
                     dfl_error *err) {
@@ -121,6 +141,11 @@ static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) 
     TRY(opt_float(j, "moe_router_logit_softcapping", 0, F_MAX, &c->router_softcap, file, err));
     TRY(refuse_true(j, "moe_apply_router_weight_on_input", "weights apply to the output", file,
                     err));
+    int norm = 1;
+    TRY(dfl_json_bool(j, "norm_topk_prob", &norm, file, err));
+    if (!norm)
+        return dfl_fail(err, DFL_EUNSUP, "%s: norm_topk_prob = false not supported (the chosen "
+                        "experts' weights are normalised)", file);
     const char *f = dfl_json_str(j, "moe_router_score_func");
     c->router_func = f && !strcmp(f, "sqrtsoftplus") ? DFL_ROUTER_SQRTSOFTPLUS : DFL_ROUTER_SIGMOID;
     if (f && strcmp(f, "sigmoid") && strcmp(f, "sqrtsoftplus"))
@@ -136,6 +161,7 @@ int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error
                  file, err));
     TRY(mlp_types(j, c, file, err));
     TRY(gating(j, c, file, err));
+    TRY(gating_types(j, c, file, err));
     TRY(ropes(j, c, file, err));
     int any_moe = 0;
     for (int l = 0; l < c->n_layers; l++) any_moe |= c->mlp_kind[l] == DFL_MLP_MOE;
