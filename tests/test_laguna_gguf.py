@@ -8,7 +8,9 @@ routing, and refusals of malformed Laguna configs.
    written from llama.cpp's layout) converts each; `dflash dump` logits and
    hidden states from the .gguf must be bit-identical to those from the
    folder (f32 and bf16 weights, prefill and decode, f32 cache), and
-   `dflash probe` on the .gguf must find 0 bytes differing at B=2..16.
+   `dflash probe` on the .gguf must find 0 bytes differing at B=2..16;
+   `dflash quantize` of the .gguf (q8_0, q4_k; 3-D expert stacks included)
+   must compute the bytes of the folder loaded with --dtype of that type.
 2. A case transformers' Laguna does not compute by itself: learned sinks on
    the sliding layers (swa_attention_sink_enabled, self_attn.sink) and
    moe_router_score_func = sqrtsoftplus, plus per-element gates, a router
@@ -89,6 +91,30 @@ def same_bits(name, binary, d, path, vocab_dim, layers):
               f"{'bit-identical' if ok else 'DIFFERENT'}", flush=True)
 
 
+def raw_dump(binary, model, ids, extra=()):
+    with tempfile.TemporaryDirectory(prefix="laguna_gguf-") as tmp:
+        out = os.path.join(tmp, "l.bin")
+        O.run([binary, "dump", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out,
+               "--kv-type", "f32", "--threads", "2"] + list(extra))
+        return open(out, "rb").read()
+
+
+def quantized_same(binary, name, d, path, q):
+    """`dflash quantize` of the .gguf (its 3-D expert stacks included) computes what the
+    folder loaded with --dtype q computes, byte for byte: the same rows, the same quantizer."""
+    qpath = f"{path[:-5]}-{q}.gguf"
+    try:
+        O.run([binary, "quantize", "-m", path, "--out", qpath, "--type", q,
+               "--quantize-embeddings", "-t", "2"])
+        ids = np.random.default_rng(5).integers(0, O.VOCAB, 20).tolist()
+        ok = raw_dump(binary, qpath, ids) == raw_dump(binary, d, ids, ["--dtype", q])
+    except RuntimeError as e:
+        ok = check(False, f"{name} {q}: {e}")
+    check(ok, f"{name}: the quantized GGUF ({q}) differs from the folder at --dtype {q}")
+    print(f"  {name:30s} quantize {q} GGUF vs folder --dtype {q}: "
+          f"{'bit-identical' if ok else 'DIFFERENT'}", flush=True)
+
+
 def test_gguf_cases(binary, tmp):
     for name, cls, kw, seed in [a for a in O.ARCHS if a[0] in GGUF_CASES]:
         dirs = O.make_target(tmp, name, cls, kw, seed)
@@ -97,6 +123,9 @@ def test_gguf_cases(binary, tmp):
             same_bits(f"{name} {dt}", binary, dirs[dt], ggufs[dt], kw["hidden_size"],
                       kw["num_hidden_layers"])
         O.test_probe(binary, name + ".gguf", {"f32": ggufs["f32"], "bf16": ggufs["bf16"]})
+        if "256" in name:   # rows of whole q8_0 / q4_k blocks
+            for q in ("q8_0", "q4_k"):
+                quantized_same(binary, name, dirs["f32"], ggufs["f32"], q)
 
 
 # ---- 2: sinks and sqrt-softplus routing -------------------------------------------------
