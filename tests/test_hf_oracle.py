@@ -511,19 +511,26 @@ def test_drafters(binary, dirs):
                 row(f"{name} n={n} B={B}", dt, "draft", kv, diff, tol, ok)
 
 
+def torch_ready():
+    """torch and transformers importable (set to 2 threads, quiet), else reported missing."""
+    try:
+        import torch
+        import transformers
+        torch.set_num_threads(2)
+        transformers.utils.logging.disable_progress_bar()
+        return True
+    except ImportError as e:
+        missing(f"torch / transformers ({e})")
+        return False
+
+
 def main():
     t0 = time.time()
     binary = find_bin()
     if not binary:
         missing("the dflash binary ($DFLASH_BIN)")
         return finish()
-    try:
-        import torch
-        import transformers  # noqa: F401
-        torch.set_num_threads(2)
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError as e:
-        missing(f"torch / transformers ({e})")
+    if not torch_ready():
         return finish()
     with tempfile.TemporaryDirectory(prefix="test_hf_oracle-") as tmp:
         dirs = {name: make_target(tmp, name, cls, kw, seed) for name, cls, kw, seed in ARCHS}
