@@ -10,7 +10,7 @@
 #include "models/model.h"
 #include "models/config_json.h"
 
-static const char *arch_name(int a) {
+const char *dfl_arch_name(int a) {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
          : a == ARCH_LAGUNA ? "laguna" : "?";
 }
@@ -507,12 +507,13 @@ int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err) {
     if (rc) return rc;
     c->arch = -1;
     for (int i = ARCH_LLAMA; i <= ARCH_LAGUNA; i++)
-        if (a.len == strlen(arch_name(i)) && memcmp(a.s, arch_name(i), a.len) == 0) c->arch = i;
+        if (a.len == strlen(dfl_arch_name(i)) && !memcmp(a.s, dfl_arch_name(i), a.len))
+            c->arch = i;
     if (c->arch < 0)
         return dfl_fail(err, DFL_EUNSUP,
                         "%s: general.architecture = \"%.*s\" not supported (llama, qwen2, qwen3, "
                         "laguna are)", src, (int)(a.len < 60 ? a.len : 60), a.s);
-    gkeys k = {.g = g, .arch = arch_name(c->arch)};
+    gkeys k = {.g = g, .arch = dfl_arch_name(c->arch)};
     TRY(g_int(&k, "block_count", 1, 1, MAX_LAYERS, &c->n_layers, err));
     TRY(g_int(&k, "embedding_length", 1, 1, MAX_DIM, &c->dim, err));
     TRY(g_heads(&k, c, err));

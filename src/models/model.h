@@ -20,6 +20,8 @@
 #include "models/seqstate.h"
 
 enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA };
+/* "llama", "qwen2", ... (llama.cpp's general.architecture names); "?" outside. */
+const char *dfl_arch_name(int arch);
 enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024 };
 enum { DFL_MLP_DENSE = 0, DFL_MLP_MOE = 1 };
 enum { DFL_GATE_NONE = 0, DFL_GATE_HEAD = 1, DFL_GATE_ELEMENT = 2 };
