@@ -32,7 +32,7 @@ from testlib import check, finish, missing  # noqa: E402
 
 SRC = os.environ.get("DFLASH_SRC", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("DFLASH_BIN", os.path.join(SRC, "build", "dflash"))
-READ_TIMEOUT = 3        # --read-timeout for this test, seconds
+READ_TIMEOUT = 4        # --read-timeout for this test, seconds
 PER_IP = 32             # --max-connections-per-ip
 HEAVY = 2               # --heavy-requests
 MAX_BODY = 8 << 20      # the default --max-body; the bodies below are exactly this big
