@@ -400,6 +400,37 @@ static int opt_bool(const cJSON *o, const char *k, int def, srv_err *e) {
     return cJSON_IsTrue(v);
 }
 
+/* /tokenize's answer, written out directly: a cJSON tree would cost ~64
+ * bytes a token (~250 with pieces), several times the text. */
+static char *tokens_json(srv_server *srv, const int32_t *ids, int n, int pieces) {
+    srv_buf out = {0}, txt = {0};
+    char buf[512];
+    srv_buf_puts(&out, "{\"tokens\":[");
+    for (int i = 0; i < n; i++) {
+        snprintf(buf, sizeof buf, pieces ? "%s{\"id\":%d,\"piece\":" : "%s%d", i ? "," : "", ids[i]);
+        srv_buf_puts(&out, buf);
+        if (!pieces) continue;
+        dfl_detok d;
+        dfl_detok_init(&d, srv->e, 1);
+        d.first = 0;
+        txt.len = 0;
+        int k = dfl_detok_push(&d, ids[i], buf, sizeof buf);
+        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
+        k = dfl_detok_flush(&d, buf, sizeof buf);
+        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
+        srv_buf_put(&txt, "", 0);
+        cJSON *str = cJSON_CreateString(txt.p);   /* cJSON's escaping, one piece at a time */
+        char *q = cJSON_PrintUnformatted(str);
+        srv_buf_puts(&out, q);
+        srv_buf_puts(&out, "}");
+        cJSON_free(q);
+        cJSON_Delete(str);
+    }
+    srv_buf_puts(&out, "]}");
+    srv_buf_free(&txt);
+    return out.p;
+}
+
 static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err e;
     cJSON *o = srv_json_parse(srv, cc->body.p ? cc->body.p : "", cc->body.len, &e);
@@ -430,31 +461,10 @@ static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, 
         cJSON_Delete(o);
         return fail(srv, c, 400, NULL, "could not tokenize: %s", n < 0 ? err.msg : "too many tokens");
     }
-    cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
-    for (int i = 0; i < n; i++) {
-        if (!pieces) {
-            cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-            continue;
-        }
-        char buf[512];
-        srv_buf txt = {0};
-        dfl_detok d;
-        dfl_detok_init(&d, srv->e, 1);
-        d.first = 0;
-        int k = dfl_detok_push(&d, ids[i], buf, sizeof buf);
-        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
-        k = dfl_detok_flush(&d, buf, sizeof buf);
-        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
-        srv_buf_put(&txt, "", 0);
-        cJSON *p = cJSON_CreateObject();
-        cJSON_AddNumberToObject(p, "id", ids[i]);
-        cJSON_AddStringToObject(p, "piece", txt.p);
-        cJSON_AddItemToArray(arr, p);
-        srv_buf_free(&txt);
-    }
+    cJSON_Delete(o);   /* the text is done with: not kept while the answer is built */
+    char *r = tokens_json(srv, ids, n, pieces);
     free(ids);
-    cJSON_Delete(o);
-    return reply_json(srv, c, 200, r);
+    return reply(srv, c, 200, "application/json; charset=utf-8", r);
 }
 
 static enum MHD_Result post_detokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
