@@ -280,6 +280,15 @@ def memory(port, pid):
     check(hwm <= bound, f"peak RSS {hwm / MiB:.0f} MiB <= {bound / MiB:.0f} MiB")
     check(codes.get(400, 0) + codes.get(413, 0) >= HEAVY, "some bodies were parsed and refused")
 
+    # One at a time, each kind is parsed and refused for what it is.
+    expect = [(400, "content"), (400, "content"), (400, "messages"), (413, None), (400, "prompt"),
+              (413, None), (413, None), (400, "prompt")]   # big_bodies' order
+    for (path, body, what), want in zip(bodies, expect):
+        st, _, out, _ = request("POST", port, path, body, timeout=60)
+        check(st == want[0] and is_error(out, want[1]), f"alone, {what}: {st} {str(out)[:160]}")
+    hwm = rss(pid, "VmHWM")
+    check(hwm <= bound, f"peak RSS after those {hwm / MiB:.0f} MiB <= {bound / MiB:.0f} MiB")
+
     # A body under the budget is tokenized; the server still answers normally.
     st, _, out, _ = request("GET", port, "/props")
     n_ctx = out["default_generation_settings"]["n_ctx"] if st == 200 else 0
