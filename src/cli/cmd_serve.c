@@ -121,6 +121,11 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (o.http_threads > o.max_conns) {   /* each MHD thread takes a share of the connections */
+        fprintf(stderr, "dflash serve: --threads-http %d is more than --max-connections %d\n",
+                o.http_threads, o.max_conns);
+        return 2;
+    }
     /* the built-in model brings its drafter, as in generate */
     if (!o.model_path && (o.model_path = cli_default_model()) && !o.draft_path)
         o.draft_path = cli_default_draft();
