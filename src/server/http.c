@@ -210,6 +210,11 @@ static int wait_detach(wait_ent *w) {
     return done;
 }
 
+/* The job was cancelled because its client left (cancel is stored atomically). */
+static int client_left(srv_job *j) {
+    return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) == SRV_CANCEL_CLIENT;
+}
+
 typedef struct stream_ctx {
     wait_ent w;
 } stream_ctx;
@@ -230,8 +235,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (j->out_sent == j->out.len) j->out.len = j->out_sent = 0;   /* reuse the buffer */
         ret = (ssize_t)n;
     } else if (j->state == SRV_DONE) {
-        ret = j->cancel == SRV_CANCEL_CLIENT ? MHD_CONTENT_READER_END_WITH_ERROR
-                                             : MHD_CONTENT_READER_END_OF_STREAM;
+        ret = client_left(j) ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
     } else {
         park(&s->w);
     }
@@ -256,7 +260,7 @@ static enum MHD_Result finish_generation(srv_server *srv, struct MHD_Connection 
         pthread_mutex_unlock(&j->mu);
         return MHD_YES;
     }
-    int gone = j->cancel == SRV_CANCEL_CLIENT;
+    int gone = client_left(j);
     int status = j->http_status ? j->http_status : 500;
     char *body = gone ? NULL : strdup(j->out.p ? j->out.p : "{}");
     pthread_mutex_unlock(&j->mu);
