@@ -212,7 +212,8 @@ char *srv_err_json(const srv_err *e);
 
 /* The token budget: text a request may have tokenized (a prompt, rendered
  * messages, /tokenize content) is at most SRV_TOKEN_BYTES bytes per context
- * token, checked before the tokenizer allocates (it needs ~50x the text). */
+ * token, checked before the tokenizer allocates: its work is bounded by the
+ * context, not by the body. */
 enum { SRV_TOKEN_BYTES = 32, SRV_JSON_SPARE_ITEMS = 1 << 16 };
 size_t srv_text_budget(const srv_server *srv);
 /* 0, or -1 and a 400 naming param when len bytes exceed the budget. */
