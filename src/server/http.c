@@ -192,8 +192,8 @@ static void wait_attach(wait_ent *w, struct MHD_Connection *c, srv_job *j) {
     pthread_mutex_unlock(&H.mu);
 }
 
-/* Ends the wait; returns 1 when the job had ended. Drops w's reference. */
-static int wait_detach(wait_ent *w) {
+/* Ends the wait (a job not done is cancelled: nobody waits for it) and drops w's reference. */
+static void wait_detach(wait_ent *w) {
     srv_job *j = w->j;
     pthread_mutex_lock(&H.mu);
     if (w->prev) w->prev->next = w->next;
@@ -207,7 +207,6 @@ static int wait_detach(wait_ent *w) {
     pthread_mutex_unlock(&j->mu);
     if (!done) srv_cancel(j->srv, j, SRV_CANCEL_CLIENT);
     srv_job_unref(j);
-    return done;
 }
 
 /* The job was cancelled because its client left (cancel is stored atomically). */
@@ -280,31 +279,31 @@ static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c,
                     srv_draining(srv) ? "the server is shutting down%s"
                                   : "all slots are busy and the queue is full; retry later%s", "");
     }
-    if (!j->stream) {
-        wait_attach(&cc->w, c, j);
-        return finish_generation(srv, c, cc);
+    if (j->stream) {
+        stream_ctx *s = calloc(1, sizeof *s);
+        if (!s) {
+            srv_cancel(srv, j, SRV_CANCEL_CLIENT);
+            srv_job_unref(j);
+            return MHD_NO;
+        }
+        wait_attach(&s->w, c, j);
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+        if (!r) {
+            stream_free(s);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+        cors(srv, r);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        srv_metrics_http(&srv->m, 200);
+        return ret;
     }
-    stream_ctx *s = calloc(1, sizeof *s);
-    if (!s) {
-        srv_cancel(srv, j, SRV_CANCEL_CLIENT);
-        srv_job_unref(j);
-        return MHD_NO;
-    }
-    wait_attach(&s->w, c, j);
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
-    if (!r) {
-        stream_free(s);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
-    cors(srv, r);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(r, "X-Accel-Buffering", "no");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    srv_metrics_http(&srv->m, 200);
-    return ret;
+    wait_attach(&cc->w, c, j);
+    return finish_generation(srv, c, cc);
 }
 
 /* ---- small endpoints ------------------------------------------------------------ */
