@@ -184,7 +184,7 @@ def slowloris(port):
     for k in range(2, 12):                           # ten more addresses, 30 each
         t.open(f"127.0.0.{k}", 30, *header)
     t.open("127.0.0.12", 20, b"", b"")                # connect and say nothing
-    body = b'{"prompt": "x", "max_tokens": 2}'        # headers whole, then a trickled body
+    body = b'{"prompt": "x", "max_tokens": 2}' + b" " * 400   # headers whole, then a body too slow
     t.open("127.0.0.13", 10, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
            % len(body), body)
     th = threading.Thread(target=t.run, daemon=True)
