@@ -138,7 +138,7 @@ int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_ch
 
 /* The whole of transformers' apply_chat_template: template_text (NULL: the
  * model's; for a model with a {name, template} list, "tool_use" when tools
- * are given) rendered by a sandboxed Jinja interpreter. messages_json is a
+ * are given; "chatml"; or a Jinja text) rendered by a sandboxed Jinja interpreter. messages_json is a
  * JSON array of messages (role, content as a string or a list of parts,
  * tool_calls, tool_call_id, name, reasoning_content); tools_json a JSON array
  * or NULL; kwargs_json a JSON object of extra variables (enable_thinking...)
@@ -179,6 +179,7 @@ typedef struct dfl_gen_params {
      * right as often as a drafter of mean acceptance length replay_tau would be (see
      * dfl_bench_replay). Greedy only; NULL: the drafter's own proposals. */
     const int32_t *replay_ref; int n_replay_ref; double replay_tau;
+    const struct dfl_format *format;   /* structured output (dfl_format_new), or NULL */
 } dfl_gen_params;
 
 void dfl_gen_params_default(dfl_gen_params *p);
@@ -232,6 +233,22 @@ int dfl_session_copy_prefix(dfl_session *dst, const dfl_session *src, int n);
  * previous prompt+output so a follow-up turn does not re-prefill it. */
 int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_gen_params *p,
                  dfl_token_fn cb, void *ud, dfl_stats *st, dfl_error *err);
+
+/* ---- structured output ------------------------------------------------- */
+
+/* A JSON schema compiled for e's vocabulary (docs/server.md lists the subset;
+ * any other keyword is refused by name, DFL_EUNSUP). With it in
+ * dfl_gen_params.format, generation produces prefix, one JSON value the
+ * schema accepts, suffix, then an end-of-generation token -- speculative or
+ * not, with identical output. schema NULL: any JSON object; prefix / suffix
+ * NULL: none. Immutable once made: requests may share one; it must not
+ * outlive e. */
+typedef struct dfl_format dfl_format;
+int dfl_format_new(dfl_engine *e, const char *schema, const char *prefix, const char *suffix,
+                   dfl_format **out, dfl_error *err);
+void dfl_format_free(dfl_format *f);
+/* 1 when text[0..n) is a complete output the format allows. */
+int dfl_format_accepts(const dfl_format *f, const char *text, size_t n);
 
 /* ---- probe ------------------------------------------------------------- */
 

@@ -2,6 +2,7 @@
  * and the per-sequence sessions. dfl_generate (generate.c) runs src/decode/'s round loop. */
 #include "engine.h"
 #include "kernels/kernels.h"
+#include "sample/format.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -105,6 +106,7 @@ void dfl_engine_free(dfl_engine *e) {
     dfl_drafter_free(e->d);
     dfl_target_free(e->t);
     dfl_tok_free(e->tok);
+    dfl_fmt_vocab_free(e->fmt_vocab);
     dfl_pool_free(e->pool);
     pthread_mutex_destroy(&e->mu);
     free(e);

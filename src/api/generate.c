@@ -45,18 +45,25 @@ static void redraft_sampled(void *ud, const float *dlogits, int n, const int32_t
     dfl_sample_drafts(((dfl_spec_sampling *)ud)->s, dlogits, n, hist, pos + 1, draft);
 }
 
+static void redraft_format(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
+                           int32_t *draft) {
+    dfl_sample_drafts_format(((dfl_spec_sampling *)ud)->s, dlogits, n, hist, pos + 1, draft);
+}
+
 void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *s, int rule) {
     *sm = (dfl_spec_sampling){s, 0, 0};
     if (!s) return;
     o->accept = accept_sampled;
     o->accept_ud = sm;
-    if (s->temperature > 0 && rule == DFL_ACCEPT_REJECTION)
+    if (s->temperature > 0 && rule == DFL_ACCEPT_REJECTION)   /* drafts drawn, masked too */
         o->need_dlogits = 1, o->redraft = redraft_sampled;
+    else if (s->fmt)
+        o->need_dlogits = 1, o->redraft = redraft_format;
 }
 
 int dfl_gen_is_greedy(const dfl_gen_params *p) {
     return p->temperature <= 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
-           p->frequency_penalty == 0 && p->n_bias == 0;
+           p->frequency_penalty == 0 && p->n_bias == 0 && !p->format;
 }
 
 static int check_params(const dfl_gen_params *p, dfl_error *err) {
@@ -149,6 +156,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
 
     dfl_sampler *smp = NULL;
     if (!dfl_gen_is_greedy(p) && (rc = dfl_sampler_new(p, t->c.vocab, &smp, err))) return rc;
+    if (smp) dfl_sampler_set_format(smp, p->format, n_prompt);
     int block = pick_mode(s, p, st, err);
     if (block < 0) {
         dfl_sampler_free(smp);

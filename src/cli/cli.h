@@ -17,6 +17,8 @@ int cmd_dump(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 /* --chat-template-file: the file's text (exits with a message when unreadable); never freed. */
 const char *cli_chat_template_file(const char *path);
+/* A file's whole text (exits with a message when unreadable); never freed. */
+const char *cli_file_text(const char *path);
 
 /* Shared helpers (src/cli/common.c). */
 /* A progress callback that draws a bar on a terminal, plain lines otherwise. */

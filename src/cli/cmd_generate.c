@@ -44,6 +44,10 @@ static void help(void) {
         "  --top-k K  --top-p P  --min-p P  --seed S\n"
         "  --repeat-penalty R  --presence-penalty P  --frequency-penalty F\n"
         "  --ignore-eos           do not stop at end-of-generation tokens\n"
+        "structured output (docs/server.md lists the schema subset):\n"
+        "  -j, --json-schema S    the answer is one JSON value valid under schema S\n"
+        "  --json-schema-file F   the same, with the schema in file F\n"
+        "  --json                 the answer is one JSON object (any)\n"
         "speculation:\n"
         "  --block-size auto|N    verify block: auto (adaptive, default), 1 (classic), N\n"
         "  --spec-accept RULE     exact (default; output identical to classic decode),\n"
@@ -61,6 +65,8 @@ typedef struct opts {
     dfl_engine_opts eo;
     dfl_gen_params gp;
     const char *prompt, *prompt_file, *system, *chat_template, *stats_json;
+    const char *json_schema;   /* with json: NULL for any object */
+    int json;
     int chat, no_think, print_ids, quiet, show_special, no_draft, conversation;
 } opts;
 
@@ -115,6 +121,11 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--frequency-penalty"))
             o->gp.frequency_penalty = cli_num(a, cli_need(argc, argv, &i), -2, 2);
         else if (!strcmp(a, "--ignore-eos")) o->gp.ignore_eos = 1;
+        else if (!strcmp(a, "-j") || !strcmp(a, "--json-schema"))
+            o->json_schema = cli_need(argc, argv, &i), o->json = 1;
+        else if (!strcmp(a, "--json-schema-file"))
+            o->json_schema = cli_file_text(cli_need(argc, argv, &i)), o->json = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--block-size")) {
             const char *v = cli_need(argc, argv, &i);
             o->gp.block_size = !strcmp(v, "auto") ? 0 : cli_int(a, v, 1, DFL_MAX_BLOCK);
@@ -422,8 +433,16 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!o.quiet)
         cli_load_summary("dflash generate", e, o.chat_template ? "given on the command line" : NULL);
+    dfl_format *fmt = NULL;
+    if (o.json && dfl_format_new(e, o.json_schema, NULL, NULL, &fmt, &err)) {
+        fprintf(stderr, "dflash generate: --json-schema: %s\n", err.msg);
+        dfl_engine_free(e);
+        return 1;
+    }
+    o.gp.format = fmt;
     if (o.conversation) {
         int rc = conversation(&o, e);
+        dfl_format_free(fmt);
         dfl_engine_free(e);
         return rc;
     }
@@ -463,6 +482,7 @@ int cmd_generate(int argc, char **argv) {
     free(r.ids), free(r.text);
     free(prompt);
     dfl_session_free(s);
+    dfl_format_free(fmt);
     dfl_engine_free(e);
     return rc ? 1 : 0;
 }

@@ -55,6 +55,7 @@ static char *slurp(const char *path) {
 }
 
 const char *cli_chat_template_file(const char *path) { return slurp(path); }
+const char *cli_file_text(const char *path) { return slurp(path); }
 
 static const char *need(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {

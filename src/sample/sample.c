@@ -2,6 +2,7 @@
  * three acceptance rules (exact, rejection, typical). Definitions that the
  * tests and docs/sampling.md rely on are marked "definition". */
 #include "sample/sample.h"
+#include "sample/format.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -177,8 +178,14 @@ int dfl_sampler_new(const dfl_gen_params *p, int vocab, dfl_sampler **out, dfl_e
     return 0;
 }
 
+void dfl_sampler_set_format(dfl_sampler *s, const dfl_format *f, int origin) {
+    dfl_fmt_run_free(s->fmt);
+    s->fmt = f ? dfl_fmt_run_new(f, origin) : NULL;
+}
+
 void dfl_sampler_free(dfl_sampler *s) {
     if (!s) return;
+    dfl_fmt_run_free(s->fmt);
     free(s->bias_ids);
     free(s->bias_vals);
     free(s->row);
@@ -231,10 +238,11 @@ static const float *prepare(dfl_sampler *s, const float *logits, const int32_t *
                             const int32_t *b, int n_b) {
     int pen = s->repeat_penalty != 1.0f || s->presence_penalty != 0.0f ||
               s->frequency_penalty != 0.0f;
-    if (!s->n_bias && !pen) return logits;
+    if (!s->n_bias && !pen && !s->fmt) return logits;
     memcpy(s->row, logits, sizeof(float) * (size_t)s->vocab);
     for (int i = 0; i < s->n_bias; i++) s->row[s->bias_ids[i]] += s->bias_vals[i];
     if (pen) penalize(s, a, n_a, b, n_b);
+    if (s->fmt) dfl_fmt_mask(s->fmt, a, n_a, b, n_b, s->row);
     return s->row;
 }
 
@@ -416,6 +424,17 @@ void dfl_sample_drafts(dfl_sampler *s, const float *dlogits, int n, const int32_
         uint64_t r = dfl_rng_u64(s->seed, DFL_RNG_DRAFT, (uint64_t)(n_prefix + k),
                                  (uint64_t)n_prefix);
         draft[k] = dfl_dist_pick(&s->q, s->vocab, r);
+    }
+}
+
+void dfl_sample_drafts_format(dfl_sampler *s, const float *dlogits, int n, const int32_t *prefix,
+                              int n_prefix, int32_t *draft) {
+    size_t v = (size_t)s->vocab;
+    for (int k = 0; k < n; k++) {
+        float m;
+        memcpy(s->row, dlogits + (size_t)k * v, sizeof(float) * v);
+        dfl_fmt_mask(s->fmt, prefix, n_prefix, draft, k, s->row);
+        draft[k] = dfl_sample_argmax(s->row, s->vocab, &m);
     }
 }
 

@@ -121,12 +121,16 @@ typedef struct dfl_sampler {
     uint64_t *bmass;          /* (DFL_SAMPLE_BUCKETS) weight per bucket */
     double *res;              /* (vocab) residual weights (rejection rule) */
     dfl_dist p, q;            /* target row, drafter row */
+    struct dfl_fmt_run *fmt;  /* structured output (format.h), or NULL */
 } dfl_sampler;
 
 /* Validates p (these values arrive in HTTP requests) and allocates every
  * buffer for a vocabulary of vocab tokens. */
 int dfl_sampler_new(const dfl_gen_params *p, int vocab, dfl_sampler **out, dfl_error *err);
 void dfl_sampler_free(dfl_sampler *s);
+/* Masks every row by structured output f (NULL: none) from position origin
+ * on (the first generated token's). */
+void dfl_sampler_set_format(dfl_sampler *s, const dfl_format *f, int origin);
 
 /* The filtered distribution of one row into d (s->p, s->q, or a caller's
  * dist with its arrays sized as in dfl_sampler_new). History: the tokens at positions
@@ -144,6 +148,12 @@ int32_t dfl_sample(dfl_sampler *s, const float *logits, const int32_t *hist, int
  * drafter's argmax. */
 void dfl_sample_drafts(dfl_sampler *s, const float *dlogits, int n, const int32_t *prefix,
                        int n_prefix, int32_t *draft);
+
+/* Under a format (dfl_sampler_set_format): draft[k] becomes the drafter's
+ * argmax among the tokens the format allows after prefix + draft[0..k-1], so
+ * the block proposes no token the target's masked row could never pick. */
+void dfl_sample_drafts_format(dfl_sampler *s, const float *dlogits, int n, const int32_t *prefix,
+                              int n_prefix, int32_t *draft);
 
 /* ---- acceptance of a verified block ------------------------------------- */
 

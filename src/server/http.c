@@ -519,8 +519,18 @@ static int authorized(srv_server *srv, struct MHD_Connection *c) {
     return srv_secret_equal(srv->o.api_key, h);
 }
 
+/* POST /apply-template: a chat request's prompt as the template renders it
+ * (llama-server's endpoint), for checking templates and tool messages. */
+static enum MHD_Result post_apply_template(srv_server *srv, struct MHD_Connection *c,
+                                           conn_ctx *cc) {
+    srv_err e;
+    char *s = srv_apply_template(srv, cc->body.p ? cc->body.p : "", cc->body.len, &e);
+    if (!s) return reply_err(srv, c, &e);
+    return reply(srv, c, 200, "application/json; charset=utf-8", s);
+}
+
 typedef enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPL, R_TOK,
-               R_DETOK, R_PROPS, R_SLOTS } route;
+               R_DETOK, R_PROPS, R_SLOTS, R_APPLY } route;
 
 static route find_route(const char *url, int *want_post) {
     static const struct {
@@ -534,7 +544,7 @@ static route find_route(const char *url, int *want_post) {
         {"/chat/completions", R_CHAT, 1},  {"/v1/completions", R_COMPL, 1},
         {"/completions", R_COMPL, 1},      {"/tokenize", R_TOK, 1},
         {"/detokenize", R_DETOK, 1},       {"/props", R_PROPS, 0},
-        {"/slots", R_SLOTS, 0},
+        {"/slots", R_SLOTS, 0},            {"/apply-template", R_APPLY, 1},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(url, table[i].path)) {
@@ -612,6 +622,7 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
     case R_COMPL: return run_generation(srv, c, SRV_COMPLETION, cc);
     case R_TOK: return post_tokenize(srv, c, cc);
     case R_DETOK: return post_detokenize(srv, c, cc);
+    case R_APPLY: return post_apply_template(srv, c, cc);
     default: return MHD_NO;
     }
 }

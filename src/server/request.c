@@ -64,7 +64,7 @@ cJSON *srv_json_parse(srv_server *srv, const char *body, size_t len, srv_err *e)
     }
     /* cJSON spends ~64 bytes a value: bounded before it allocates them. */
     size_t items = 2 * (size_t)srv->info.ctx_size + SRV_JSON_SPARE_ITEMS;
-    int bad = srv_json_scan(body, len, srv->o.max_json_depth, items);
+    int bad = srv_json_check_items(body, len, srv->o.max_json_depth, items);
     if (bad) {
         srv_json_err(e, bad, srv->o.max_json_depth);
         return NULL;
@@ -125,6 +125,10 @@ void srv_job_unref(srv_job *j) {
     free(j->fmt_schema);
     free(j->fmt_prefix);
     free(j->fmt_suffix);
+    dfl_format_free(j->format);
+    srv_tools_free(j->tools);
+    srv_toolp_free(&j->toolp);
+    cJSON_Delete((cJSON *)j->calls);
     srv_stop_free(&j->stop);
     srv_think_free(&j->think);
     srv_buf_free(&j->reasoning);
@@ -424,85 +428,163 @@ static int message_text(const cJSON *c, int i, srv_buf *out, srv_err *e) {
     return 0;
 }
 
-static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
-    srv_server *srv = j->srv;
-    cJSON *m = field(root, "messages");
-    if (!m) return srv_errf(e, 400, "messages", "'messages' is required");
-    if (!cJSON_IsArray(m)) return srv_errf(e, 400, "messages", "'messages' must be an array");
-    int n = cJSON_GetArraySize(m);
-    if (n == 0) return srv_errf(e, 400, "messages", "'messages' is empty");
-    int thinking = 1, ret = -1;
-    cJSON *kw = field(root, "chat_template_kwargs");
-    if (kw) {
-        if (!cJSON_IsObject(kw))
-            return srv_errf(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-        if (get_bool(kw, "enable_thinking", &thinking, e) < 0) {
-            snprintf(e->param, sizeof e->param, "chat_template_kwargs.enable_thinking");
-            return -1;
-        }
-    }
-    dfl_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
-    srv_buf *texts = calloc((size_t)n, sizeof *texts);
-    char *rendered = NULL;
+/* messages as the template sees them: role, content as text, and the fields of
+ * tool calls and their results. NULL and e filled on any problem. */
+static cJSON *chat_messages(const cJSON *m, srv_err *e) {
+    cJSON *arr = cJSON_CreateArray();
+    srv_buf text = {0};
     int i = 0;
     for (cJSON *it = m->child; it; it = it->next, i++) {
         char param[40];
         snprintf(param, sizeof param, "messages[%d]", i);
         if (!cJSON_IsObject(it)) {
             srv_errf(e, 400, param, "'%s' must be an object", param);
-            goto out;
+            goto fail;
         }
         cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         if (!cJSON_IsString(role)) {
             srv_errf(e, 400, param, "'%s.role' must be a string", param);
-            goto out;
+            goto fail;
         }
         const char *r = role->valuestring;
         if (!strcmp(r, "developer")) r = "system";
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            srv_errf(e, 400, param, "'%s.role' is '%.32s'; expected system, developer, user or assistant",
-                     param, r);
-            goto out;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")) {
+            srv_errf(e, 400, param, "'%s.role' is '%.32s'; expected system, developer, user, "
+                     "assistant or tool", param, r);
+            goto fail;
         }
         cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
         if (cJSON_IsNull(c)) c = NULL;
         if (!c && strcmp(r, "assistant")) {
             srv_errf(e, 400, param, "'%s.content' is required", param);
-            goto out;
+            goto fail;
         }
-        if (message_text(c, i, &texts[i], e) < 0) goto out;
-        srv_buf_put(&texts[i], "", 0);
-        msgs[i].role = r;
-        msgs[i].content = texts[i].p;
+        text.len = 0;
+        if (message_text(c, i, &text, e) < 0) goto fail;
+        srv_buf_put(&text, "", 0);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, o);
+        cJSON_AddStringToObject(o, "role", r);
+        cJSON_AddStringToObject(o, "content", text.p);   /* null content: "" as before */
+        if (srv_tool_message(it, i, r, o, e) < 0) goto fail;
     }
+    srv_buf_free(&text);
+    return arr;
+fail:
+    srv_buf_free(&text);
+    cJSON_Delete(arr);
+    return NULL;
+}
+
+/* The chat body's prompt text through the template (tools included), malloc'd;
+ * *len its bytes. NULL and e filled on any problem. */
+static char *render_chat(srv_job *j, const cJSON *root, int *len, srv_err *e) {
+    srv_server *srv = j->srv;
+    cJSON *m = field(root, "messages");
+    if (!m) return srv_errf(e, 400, "messages", "'messages' is required"), NULL;
+    if (!cJSON_IsArray(m)) return srv_errf(e, 400, "messages", "'messages' must be an array"), NULL;
+    if (cJSON_GetArraySize(m) == 0) return srv_errf(e, 400, "messages", "'messages' is empty"), NULL;
+    int thinking = 1;
+    cJSON *kw = field(root, "chat_template_kwargs");
+    if (kw) {
+        if (!cJSON_IsObject(kw))
+            return srv_errf(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object"), NULL;
+        if (get_bool(kw, "enable_thinking", &thinking, e) < 0) {
+            snprintf(e->param, sizeof e->param, "chat_template_kwargs.enable_thinking");
+            return NULL;
+        }
+    }
+    const char *tmpl = srv->o.chat_template ? srv->o.chat_template : dfl_chat_template(srv->e, NULL);
+    if (srv_parse_tools(j, root, tmpl, e) < 0) return NULL;
+    cJSON *msgs = chat_messages(m, e);
+    if (!msgs) return NULL;
+    char *mj = cJSON_PrintUnformatted(msgs);
+    char *tj = j->tools ? cJSON_PrintUnformatted(j->tools->list) : NULL;
+    const char *kj = thinking ? "{\"enable_thinking\":true}" : "{\"enable_thinking\":false}";
+    cJSON_Delete(msgs);
+    char *rendered = NULL;
     dfl_error err = {0};
-    size_t cap = 4096;
-    for (i = 0; i < n; i++) cap += texts[i].len + 64;
-    if (srv_text_fits(srv, cap - 4096, "messages", e)) goto out;   /* before rendering */
-    for (int tries = 0; tries < 2; tries++) {
+    /* The token budget, before rendering: the messages and tools are in the prompt. */
+    size_t in = (mj ? strlen(mj) : 0) + (tj ? strlen(tj) : 0);
+    if (srv_text_fits(srv, in, "messages", e)) {
+        cJSON_free(mj), cJSON_free(tj);
+        return NULL;
+    }
+    size_t cap = 4096 + 2 * in;
+    for (int tries = 0; tries < 2 && mj; tries++) {
         free(rendered);
         rendered = malloc(cap);
-        int len = dfl_chat_render(srv->e, srv->o.chat_template, msgs, n, 1, thinking, rendered,
-                                  cap, &err);
-        if (len < 0) {
+        int n = rendered ? dfl_chat_render_json(srv->e, srv->o.chat_template, mj, tj, kj, 1,
+                                                rendered, cap, &err)
+                         : DFL_ENOMEM;
+        if (n < 0) {
             srv_errf(e, 400, "messages", "could not render the chat template: %s", err.msg);
-            goto out;
+            break;
         }
-        if ((size_t)len < cap) {
-            srv_think_init(&j->think, srv->o.reasoning, rendered, (size_t)len);
-            /* The template writes the special tokens as text (BOS included). */
-            ret = tokenize(j, rendered, (size_t)len, 0, "messages", e);
-            goto out;
+        if ((size_t)n < cap) {
+            *len = n;
+            cJSON_free(mj), cJSON_free(tj);
+            return rendered;
         }
-        cap = (size_t)len + 1;
+        cap = (size_t)n + 1;
     }
-    srv_errf(e, 500, NULL, "the chat template's output size changed between calls");
-out:
-    for (i = 0; i < n; i++) srv_buf_free(&texts[i]);
-    free(texts);
-    free(msgs);
+    if (!e->status)
+        srv_errf(e, 500, NULL, mj ? "the chat template's output size changed between calls"
+                                  : "out of memory");
+    free(rendered);
+    cJSON_free(mj), cJSON_free(tj);
+    return NULL;
+}
+
+static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
+    int len;
+    char *rendered = render_chat(j, root, &len, e);
+    if (!rendered) return -1;
+    srv_think_init(&j->think, j->srv->o.reasoning, rendered, (size_t)len);
+    /* The template writes the special tokens as text (BOS included). */
+    int ret = tokenize(j, rendered, (size_t)len, 0, "messages", e);
     free(rendered);
     return ret;
+}
+
+/* response_format: text (nothing), json_object (any object), or json_schema
+ * ({json_schema: {name, schema, strict, description}}). 1 when it set a format. */
+static int parse_response_format(srv_job *j, const cJSON *root, srv_err *e) {
+    const cJSON *rf = field(root, "response_format");
+    if (!rf) return 0;
+    const char *P = "response_format";
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rf, "type"));
+    if (!cJSON_IsObject(rf) || !type)
+        return srv_errf(e, 400, P, "expected {\"type\": \"text\" | \"json_object\" | "
+                        "\"json_schema\", ...}");
+    if (!strcmp(type, "text")) return 0;
+    if (j->fmt_on)
+        return srv_errf(e, 400, P, "response_format cannot be combined with a required tool call");
+    if (!strcmp(type, "json_object")) return j->fmt_on = 1;
+    if (strcmp(type, "json_schema"))
+        return srv_errf(e, 400, P, "type \"%.40s\": expected text, json_object or json_schema",
+                        type);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(js) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(js, "name")))
+        return srv_errf(e, 400, P, "json_schema: expected {\"name\": ..., \"schema\": {...}}");
+    if (schema && !cJSON_IsObject(schema))
+        return srv_errf(e, 400, P, "json_schema.schema: expected an object");
+    j->fmt_on = 1;
+    if (schema && !(j->fmt_schema = cJSON_PrintUnformatted(schema)))
+        return srv_errf(e, 500, P, "out of memory");
+    return 1;
+}
+
+/* Compiles the job's format: response_format's, or the call a required /
+ * named tool_choice must make (param: which the errors name). */
+static int compile_format(srv_job *j, const char *param, srv_err *e) {
+    if (!j->fmt_on) return 0;
+    dfl_error err = {0};
+    if (dfl_format_new(j->srv->e, j->fmt_schema, j->fmt_prefix, j->fmt_suffix, &j->format, &err))
+        return srv_errf(e, err.code == DFL_ENOMEM ? 500 : 400, param, "%s", err.msg);
+    j->gp.format = j->format;
+    return 0;
 }
 
 static int parse_logprobs(srv_job *j, const cJSON *root, srv_err *e) {
@@ -530,12 +612,15 @@ static const char *const known_common[] = {
     "logit_bias", "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens",
     "ignore_eos", "block_size", "spec_accept", "typical",
     "user", /* an end-user id: OpenAI keeps it for abuse monitoring; it changes no output */
+    "response_format",
 };
 
 static int known_field(srv_kind kind, const char *k) {
     for (size_t i = 0; i < sizeof known_common / sizeof known_common[0]; i++)
         if (!strcmp(k, known_common[i])) return 1;
-    if (kind == SRV_CHAT) return !strcmp(k, "messages") || !strcmp(k, "chat_template_kwargs");
+    if (kind == SRV_CHAT)
+        return !strcmp(k, "messages") || !strcmp(k, "chat_template_kwargs") || !strcmp(k, "tools") ||
+               !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls");
     return !strcmp(k, "prompt");
 }
 
@@ -549,18 +634,54 @@ static int check_fields(const srv_server *srv, srv_kind kind, const cJSON *root,
     return 0;
 }
 
-srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
+/* The body as a JSON object with only known fields, and a new job for it. */
+static cJSON *parse_body(srv_server *srv, srv_kind kind, const char *body, size_t len,
+                         srv_job **j, srv_err *e) {
+    *j = NULL;
     cJSON *root = srv_json_parse(srv, body, len, e);
     if (!root) return NULL;
-    srv_job *j = srv_job_new(srv, kind);
-    if (!j) {
+    *j = srv_job_new(srv, kind);
+    if (!*j) {
         srv_errf(e, 500, NULL, "out of memory");
         goto fail;
     }
     if (check_fields(srv, kind, root, e) < 0) goto fail;
+    return root;
+fail:
+    cJSON_Delete(root);
+    srv_job_unref(*j);
+    *j = NULL;
+    return NULL;
+}
+
+char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err *e) {
+    srv_job *j;
+    cJSON *root = parse_body(srv, SRV_CHAT, body, len, &j, e);
+    if (!root) return NULL;
+    int n;
+    char *text = render_chat(j, root, &n, e), *out = NULL;
+    if (text) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "prompt", text);
+        out = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!out) srv_errf(e, 500, NULL, "out of memory");
+    }
+    free(text);
+    cJSON_Delete(root);
+    srv_job_unref(j);
+    return out;
+}
+
+srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
+    srv_job *j;
+    cJSON *root = parse_body(srv, kind, body, len, &j, e);
+    if (!root) return NULL;
     if (parse_common(j, root, e) < 0 || parse_logprobs(j, root, e) < 0) goto fail;
     if ((kind == SRV_CHAT ? parse_messages(j, root, e) : parse_prompt(j, root, e)) < 0) goto fail;
     if (parse_max_tokens(j, root, e) < 0) goto fail;
+    int rf = parse_response_format(j, root, e);
+    if (rf < 0 || compile_format(j, rf ? "response_format" : "tools", e) < 0) goto fail;
     cJSON_Delete(root);
     return j;
 fail:

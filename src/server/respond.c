@@ -8,8 +8,8 @@
 
 #include "server.h"
 
-static const char *finish_name(srv_finish f) {
-    return f == SRV_FIN_LENGTH ? "length" : "stop";
+static const char *finish_name(const srv_job *j) {
+    return j->finish == SRV_FIN_LENGTH ? "length" : j->calls ? "tool_calls" : "stop";
 }
 
 /* The fields every response and chunk starts with. */
@@ -227,6 +227,68 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
     put_json(j, o, 1);
 }
 
+/* ---- tool calls ------------------------------------------------------------------ */
+
+/* A chunk whose one choice carries delta. */
+static void put_delta(srv_job *j, cJSON *delta) {
+    cJSON *o = base(j, 1), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddItemToObject(c, "delta", delta);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
+    put_json(j, o, 1);
+}
+
+/* One parsed call {name, arguments}: kept for the final message, and streamed
+ * as OpenAI does: its index, id, type and name with empty arguments, then the
+ * arguments. */
+static void emit_call(srv_job *j, const cJSON *call) {
+    const char *name = cJSON_GetObjectItem(call, "name")->valuestring;
+    const char *args = cJSON_GetObjectItem(call, "arguments")->valuestring;
+    char id[SRV_CALL_ID_MAX];
+    srv_tools_call_id(j->tools->family, id);
+    if (!j->calls) j->calls = cJSON_CreateArray();
+    int index = cJSON_GetArraySize(j->calls);
+    cJSON *tc = cJSON_CreateObject(), *f;
+    cJSON_AddStringToObject(tc, "id", id);
+    cJSON_AddStringToObject(tc, "type", "function");
+    f = cJSON_AddObjectToObject(tc, "function");
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", args);
+    cJSON_AddItemToArray((cJSON *)j->calls, tc);
+    if (!j->stream) return;
+    for (int part = 0; part < 2; part++) {
+        cJSON *d = cJSON_CreateObject(), *one = cJSON_CreateObject();
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), one);
+        cJSON_AddNumberToObject(one, "index", index);
+        if (!part) {
+            cJSON_AddStringToObject(one, "id", id);
+            cJSON_AddStringToObject(one, "type", "function");
+        }
+        f = cJSON_AddObjectToObject(one, "function");
+        if (!part) cJSON_AddStringToObject(f, "name", name);
+        cJSON_AddStringToObject(f, "arguments", part ? args : "");
+        put_delta(j, d);
+    }
+}
+
+void srv_emit_answer(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
+                     const char *reason, size_t rn, int final) {
+    if (!j->toolp.t) {
+        srv_emit_token(j, tok, text, n, reason, rn);
+        return;
+    }
+    srv_buf c = {0};
+    cJSON *calls = cJSON_CreateArray();
+    srv_toolp_push(&j->toolp, text, n, final, &c, calls);
+    srv_emit_token(j, tok, c.p ? c.p : "", c.len, reason, rn);
+    for (const cJSON *it = calls->child; it; it = it->next) emit_call(j, it);
+    cJSON_Delete(calls);
+    srv_buf_free(&c);
+}
+
 static void end_stream(srv_job *j, const srv_err *fail) {
     if (fail) {
         char *s = srv_err_json(fail);
@@ -238,7 +300,7 @@ static void end_stream(srv_job *j, const srv_err *fail) {
         if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(c, "delta");
         else cJSON_AddStringToObject(c, "text", "");
         cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
+        cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
         cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
         if (j->include_usage) cJSON_AddNullToObject(o, "usage");
         add_stats(o, j);
@@ -268,7 +330,9 @@ static void end_whole(srv_job *j, const srv_err *fail) {
     if (j->kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", j->text.p ? j->text.p : "");
+        if (j->calls && !j->text.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", j->text.p ? j->text.p : "");
+        if (j->calls) cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(j->calls, 1));
         if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.p);
         if (j->logprobs) {
             cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
@@ -292,7 +356,7 @@ static void end_whole(srv_job *j, const srv_err *fail) {
             cJSON_AddNullToObject(c, "logprobs");
         }
     }
-    cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
+    cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     add_usage(o, j);
     add_stats(o, j);

@@ -223,11 +223,11 @@ static int release(srv_job *j, const dfl_token_info *tok, const char *piece, int
     if (n > 0) srv_utf8_sanitize(&clean, piece, (size_t)n);
     int hit = srv_stop_push(&j->stop, clean.p ? clean.p : "", clean.len, final, &out, &n_out);
     if (j->think.state == SRV_THINK_OFF) {
-        srv_emit_token(j, tok, out, n_out, NULL, 0);
+        srv_emit_answer(j, tok, out, n_out, NULL, 0, final || hit);
     } else {
         srv_buf r = {0}, c = {0};
         srv_think_push(&j->think, out, n_out, final || hit, &r, &c);
-        srv_emit_token(j, tok, c.p ? c.p : "", c.len, r.p, r.len);
+        srv_emit_answer(j, tok, c.p ? c.p : "", c.len, r.p, r.len, final || hit);
         srv_buf_free(&r), srv_buf_free(&c);
     }
     srv_buf_free(&clean);
@@ -249,8 +249,10 @@ static int on_token(void *ud, const dfl_token_info *tok) {
     srv_metrics_tokens(&srv->m, 1);
     char piece[4096];
     int eog = !j->gp.ignore_eos && dfl_token_is_eog(srv->e, tok->id);
+    if (j->toolp.t) j->detok.show_special = srv_tools_shown(j->tools, tok->id);
     int n = eog ? 0 : dfl_detok_push(&j->detok, tok->id, piece, sizeof piece);
-    if (release(j, tok, piece, n, 0) || eog) {
+    /* the end of generation releases what the stop, think and tool parsers hold */
+    if (release(j, tok, piece, n, eog) || eog) {
         j->finish = SRV_FIN_STOP;
         return 1;
     }

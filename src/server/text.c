@@ -92,7 +92,7 @@ static int nul_escape(const char *s, size_t n, size_t i) {
     return i + 4 < n && s[i] == 'u' && !memcmp(s + i + 1, "0000", 4);
 }
 
-int srv_json_scan(const char *s, size_t n, int max, size_t max_items) {
+int srv_json_check_items(const char *s, size_t n, int max, size_t max_items) {
     int depth = 0, in_str = 0;
     size_t items = 1;
     for (size_t i = 0; i < n; i++) {
@@ -112,7 +112,9 @@ int srv_json_scan(const char *s, size_t n, int max, size_t max_items) {
     return 0;
 }
 
-int srv_json_check(const char *s, size_t n, int max) { return srv_json_scan(s, n, max, SIZE_MAX); }
+int srv_json_check(const char *s, size_t n, int max) {
+    return srv_json_check_items(s, n, max, SIZE_MAX);
+}
 
 int srv_secret_equal(const char *secret, const char *given) {
     size_t ns = strlen(secret), ng = strlen(given);

@@ -154,9 +154,9 @@ static void test_json_depth(void) {
     CHECK(!srv_json_check(one, strlen(one), 8), "\\u0001 is fine");
     /* values counted before cJSON allocates: commas and brackets outside strings */
     const char *arr = "{\"p\":[1,2,3,4],\"s\":\"a,b,c,[d]\"}";   /* 7 by the count */
-    CHECK(!srv_json_scan(arr, strlen(arr), 8, 7), "7 values allowed");
-    CHECK(srv_json_scan(arr, strlen(arr), 8, 6) == SRV_JSON_ITEMS, "7 values > 6");
-    CHECK(!srv_json_scan("\"a,,,,,,\"", 9, 8, 1), "commas in strings do not count");
+    CHECK(!srv_json_check_items(arr, strlen(arr), 8, 7), "7 values allowed");
+    CHECK(srv_json_check_items(arr, strlen(arr), 8, 6) == SRV_JSON_ITEMS, "7 values > 6");
+    CHECK(!srv_json_check_items("\"a,,,,,,\"", 9, 8, 1), "commas in strings do not count");
 }
 
 static void test_buf_reserve(void) {
