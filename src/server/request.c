@@ -119,6 +119,11 @@ void srv_job_unref(srv_job *j) {
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     __atomic_sub_fetch(&j->srv->live_jobs, 1, __ATOMIC_ACQ_REL);
+    srv_job *parent = j->parent;
+    for (int i = 0; j->choices && i < j->n_choices; i++) srv_job_unref(j->choices[i]);
+    free(j->choices);
+    cJSON_Delete((cJSON *)j->ended);
+    free(j->fail_json);
     free(j->prompt);
     free(j->bias_ids);
     free(j->bias_vals);
@@ -138,6 +143,7 @@ void srv_job_unref(srv_job *j) {
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
+    srv_job_unref(parent);   /* a choice held its request */
 }
 
 /* ---- typed field access: 0 absent or null, 1 set, -1 error (e filled) -------- */
@@ -314,9 +320,10 @@ static int parse_common(srv_job *j, const cJSON *root, srv_err *e) {
         }
     }
     snprintf(j->model, sizeof j->model, "%s", srv->model_id);
-    long long i;
-    if (get_int(root, "n", 1, 1, &i, e) < 0)
-        return srv_errf(e, 400, "n", "'n' must be 1: one choice per request");
+    long long i = 1;
+    if (get_int(root, "n", 1, SRV_MAX_CHOICES, &i, e) < 0)
+        return srv_errf(e, 400, "n", "'n' must be an integer from 1 to %d", SRV_MAX_CHOICES);
+    j->n_choices = (int)i;
     if (get_int(root, "best_of", 1, 1, &i, e) < 0)
         return srv_errf(e, 400, "best_of", "'best_of' must be 1");
     if (get_bool(root, "stream", &j->stream, e) < 0) return -1;
@@ -379,7 +386,7 @@ static int parse_prompt(srv_job *j, const cJSON *root, srv_err *e) {
         (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         p = p->child;
     else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
-        return srv_errf(e, 400, "prompt", "one prompt per request ('n' and batches are not supported)");
+        return srv_errf(e, 400, "prompt", "one prompt per request (batches are not supported)");
     if (cJSON_IsString(p))
         return tokenize(j, p->valuestring, strlen(p->valuestring), 1, "prompt", e);
     if (!cJSON_IsArray(p))
@@ -673,7 +680,9 @@ char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err 
     return out;
 }
 
-srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
+/* One choice's job: the body parsed and tokenized. */
+static srv_job *parse_one(srv_server *srv, srv_kind kind, const char *body, size_t len,
+                          srv_err *e) {
     srv_job *j;
     cJSON *root = parse_body(srv, kind, body, len, &j, e);
     if (!root) return NULL;
@@ -688,4 +697,42 @@ fail:
     cJSON_Delete(root);
     srv_job_unref(j);
     return NULL;
+}
+
+/* ---- n > 1 ------------------------------------------------------------------------ */
+
+/* definition: choice i samples with seed + i * 0x9E3779B97F4A7C15 (mod 2^64), so
+ * choice 0 is exactly the n = 1 answer, and requests whose seeds differ by a
+ * little (1, 2, 3...) share no choice. */
+static uint64_t choice_seed(uint64_t seed, int i) {
+    return seed + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
+}
+
+/* Each choice is the body parsed again, so that every field (and any field added
+ * later) reaches it exactly as it reaches an n = 1 request; only the seed differs. */
+static int parse_choices(srv_job *j, const char *body, size_t len, srv_err *e) {
+    j->choices = calloc((size_t)j->n_choices, sizeof *j->choices);
+    if (!j->choices) return srv_errf(e, 500, NULL, "out of memory");
+    if (!j->stream) {
+        j->ended = cJSON_CreateArray();
+        for (int i = 0; i < j->n_choices; i++) cJSON_AddItemToArray(j->ended, cJSON_CreateNull());
+    }
+    for (int i = 0; i < j->n_choices; i++) {
+        srv_job *c = parse_one(j->srv, j->kind, body, len, e);
+        if (!c) return -1;
+        j->choices[i] = c;
+        c->index = i;
+        c->gp.seed = choice_seed(j->gp.seed, i);
+        c->created = j->created;
+    }
+    return 0;
+}
+
+srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
+    srv_job *j = parse_one(srv, kind, body, len, e);
+    if (j && j->n_choices > 1 && parse_choices(j, body, len, e) < 0) {
+        srv_job_unref(j);
+        return NULL;
+    }
+    return j;
 }

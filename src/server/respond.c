@@ -25,8 +25,10 @@ static cJSON *base(const srv_job *j, int chunk) {
     return o;
 }
 
-/* Appends to out under the lock and wakes the HTTP side. */
+/* Appends to out under the lock and wakes the HTTP side. A choice of a request
+ * with n > 1 writes into its request's out. */
 static void put(srv_job *j, const char *s, size_t n, int sse) {
+    if (j->parent) j = j->parent;
     pthread_mutex_lock(&j->mu);
     if (sse) srv_buf_puts(&j->out, "data: ");
     srv_buf_put(&j->out, s, n);
@@ -175,7 +177,7 @@ void srv_emit_begin(srv_job *j) {
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     cJSON_AddStringToObject(d, "role", "assistant");
     cJSON_AddStringToObject(d, "content", "");
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
@@ -199,7 +201,7 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
     j->text_off += n;
     if (!n && !rn && !lp) return;
     cJSON *o = base(j, 1), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     if (j->kind == SRV_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (rn) cJSON_AddStringToObject(d, "reasoning_content", reason);
@@ -232,7 +234,7 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
 /* A chunk whose one choice carries delta. */
 static void put_delta(srv_job *j, cJSON *delta) {
     cJSON *o = base(j, 1), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     cJSON_AddItemToObject(c, "delta", delta);
     cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");
@@ -289,6 +291,15 @@ void srv_emit_answer(srv_job *j, const dfl_token_info *tok, const char *text, si
     srv_buf_free(&c);
 }
 
+/* The stream's last chunk with include_usage: no choices, the usage. */
+static void usage_chunk(srv_job *j) {
+    cJSON *o = base(j, 1);
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, j);
+    add_stats(o, j);
+    put_json(j, o, 1);
+}
+
 static void end_stream(srv_job *j, const srv_err *fail) {
     if (fail) {
         char *s = srv_err_json(fail);
@@ -296,7 +307,7 @@ static void end_stream(srv_job *j, const srv_err *fail) {
         cJSON_free(s);
     } else {
         cJSON *o = base(j, 1), *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON_AddNumberToObject(c, "index", j->index);
         if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(c, "delta");
         else cJSON_AddStringToObject(c, "text", "");
         cJSON_AddNullToObject(c, "logprobs");
@@ -305,16 +316,13 @@ static void end_stream(srv_job *j, const srv_err *fail) {
         if (j->include_usage) cJSON_AddNullToObject(o, "usage");
         add_stats(o, j);
         put_json(j, o, 1);
-        if (j->include_usage) {
-            o = base(j, 1);
-            cJSON_AddArrayToObject(o, "choices");
-            add_usage(o, j);
-            add_stats(o, j);
-            put_json(j, o, 1);
-        }
+        if (j->include_usage && !j->parent) usage_chunk(j);
     }
-    put(j, "[DONE]", 6, 1);
+    if (!j->parent) put(j, "[DONE]", 6, 1);   /* a choice's request ends its stream */
 }
+
+static cJSON *whole_choice(srv_job *j);
+static void keep_choice(srv_job *j, cJSON *c);
 
 static void end_whole(srv_job *j, const srv_err *fail) {
     if (fail) {
@@ -324,8 +332,23 @@ static void end_whole(srv_job *j, const srv_err *fail) {
         cJSON_free(s);
         return;
     }
-    cJSON *o = base(j, 0), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *c = whole_choice(j);
+    if (j->parent) {
+        keep_choice(j, c);
+        return;
+    }
+    cJSON *o = base(j, 0);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    add_usage(o, j);
+    add_stats(o, j);
+    j->http_status = 200;
+    put_json(j, o, 0);
+}
+
+/* A non-streamed response's choice: text or message, logprobs, finish_reason. */
+static cJSON *whole_choice(srv_job *j) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", j->index);
     cJSON *entries = (cJSON *)j->lp;
     if (j->kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
@@ -357,11 +380,71 @@ static void end_whole(srv_job *j, const srv_err *fail) {
         }
     }
     cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
-    add_usage(o, j);
-    add_stats(o, j);
-    j->http_status = 200;
-    put_json(j, o, 0);
+    return c;
+}
+
+/* ---- n > 1: a request's choices end one by one ------------------------------------- */
+
+static void keep_choice(srv_job *j, cJSON *c) {
+    srv_job *g = j->parent;
+    pthread_mutex_lock(&g->mu);
+    cJSON_ReplaceItemInArray((cJSON *)g->ended, j->index, c);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The request's numbers: generated tokens and engine work summed over its
+ * choices; the prompt counted once, as OpenAI does, with the most any choice
+ * found cached; queue_ms until the first choice started. */
+static void sum_choice(srv_job *g, const srv_job *j) {
+    dfl_stats *a = &g->st;
+    const dfl_stats *b = &j->st;
+    g->n_gen += j->n_gen;
+    if (j->n_cached > g->n_cached) g->n_cached = j->n_cached;
+    if (!g->t_start || j->t_start < g->t_start) g->t_start = j->t_start;
+    if (j->t_end > g->t_end) g->t_end = j->t_end;
+    a->n_gen += b->n_gen;
+    a->t_prefill += b->t_prefill, a->t_decode += b->t_decode;
+    a->t_draft += b->t_draft, a->t_verify += b->t_verify, a->t_other += b->t_other;
+    a->rounds += b->rounds, a->proposed += b->proposed, a->accepted += b->accepted;
+    a->committed += b->committed, a->classic_steps += b->classic_steps;
+    if (!a->note[0]) memcpy(a->note, b->note, sizeof a->note);
+}
+
+/* After the last choice: the whole response, or the stream's usage chunk and
+ * [DONE]; the first error instead when a choice failed. Nothing when the client left. */
+static void end_choices(srv_job *g) {
+    if (g->n_cancelled) return;
+    if (g->fail_json) {
+        g->http_status = g->fail_status;
+        put(g, g->fail_json, strlen(g->fail_json), g->stream);
+    } else if (!g->stream) {
+        cJSON *o = base(g, 0);
+        cJSON_AddItemToObject(o, "choices", (cJSON *)g->ended);
+        g->ended = NULL;
+        add_usage(o, g);
+        add_stats(o, g);
+        g->http_status = 200;
+        put_json(g, o, 0);
+    } else if (g->include_usage) {
+        usage_chunk(g);
+    }
+    if (g->stream) put(g, "[DONE]", 6, 1);
+}
+
+static void choice_ended(srv_job *j, const srv_err *fail) {
+    srv_job *g = j->parent;
+    pthread_mutex_lock(&g->mu);
+    sum_choice(g, j);
+    if (j->finish == SRV_FIN_CANCEL) g->n_cancelled++;
+    else if (fail && !g->fail_json) g->fail_json = srv_err_json(fail), g->fail_status = fail->status;
+    int last = ++g->n_ended == g->n_choices;
+    pthread_mutex_unlock(&g->mu);
+    if (!last) return;
+    end_choices(g);
+    pthread_mutex_lock(&g->mu);
+    g->state = SRV_DONE;
+    srv_job_signal(g);
+    pthread_mutex_unlock(&g->mu);
 }
 
 void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
@@ -371,7 +454,8 @@ void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
         srv_errf(&fail, 503, NULL, "the server is shutting down; the request was cancelled");
     else if (failed)
         srv_errf(&fail, 500, NULL, "generation failed: %s", err && err->msg[0] ? err->msg : "engine error");
-    if (j->finish != SRV_FIN_CANCEL) {
+    /* A choice's error is its request's, said once when the last choice ends. */
+    if (j->finish != SRV_FIN_CANCEL && !(failed && j->parent)) {
         if (j->stream) end_stream(j, failed ? &fail : NULL);
         else end_whole(j, failed ? &fail : NULL);
     }
@@ -379,4 +463,5 @@ void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
     j->state = SRV_DONE;
     srv_job_signal(j);
     pthread_mutex_unlock(&j->mu);
+    if (j->parent) choice_ended(j, failed ? &fail : NULL);
 }

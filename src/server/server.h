@@ -194,6 +194,8 @@ typedef enum {
 } srv_finish;
 typedef enum { SRV_QUEUED = 0, SRV_RUNNING, SRV_DONE } srv_state;
 enum { SRV_CANCEL_CLIENT = 1, SRV_CANCEL_SHUTDOWN = 2 };
+/* The most choices (`n`) one request may ask for: each is a generation of its own. */
+enum { SRV_MAX_CHOICES = 16 };
 
 typedef struct srv_server srv_server;
 
@@ -221,6 +223,13 @@ typedef struct srv_job {
     char model[160];
     long created;
     double t_submit;
+    /* n > 1: the HTTP side holds the request's job, which never runs; each choice
+     * is a job of its own (its own seed, slot and stop state) that writes its
+     * events into the request's out. */
+    int n_choices;                /* the request's n */
+    int index;                    /* a choice: its index in choices[] */
+    struct srv_job *parent;       /* a choice, once submitted: its request (a reference) */
+    struct srv_job **choices;     /* the request, until submitted: (n_choices) its choices */
 
     /* ---- worker-only while RUNNING ---- */
     dfl_detok detok;
@@ -250,6 +259,11 @@ typedef struct srv_job {
     void *wake_ud;                /*   a connection suspended until the job has news */
     double t_start, t_end;
     dfl_stats st;
+    /* the request of n > 1 choices, as they end (respond.c) */
+    int n_ended, n_cancelled;
+    void *ended;                  /* non-stream: cJSON array (n_choices) of the choices */
+    char *fail_json;              /* the first choice's error, if one failed */
+    int fail_status;
 } srv_job;
 
 srv_job *srv_job_new(srv_server *srv, srv_kind kind);
