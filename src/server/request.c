@@ -36,8 +36,51 @@ void srv_json_err(srv_err *e, int why, int max) {
     if (why == SRV_JSON_NUL)
         srv_errf(e, 400, NULL, "a string in the request contains U+0000 (\\u0000), which this "
                  "server does not accept");
+    else if (why == SRV_JSON_ITEMS)
+        srv_errf(e, 413, NULL, "the request holds more JSON values than a request to this server "
+                 "can use (a prompt fills at most its context); send less");
     else
         srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", max);
+}
+
+size_t srv_text_budget(const srv_server *srv) {
+    return (size_t)srv->info.ctx_size * SRV_TOKEN_BYTES;
+}
+
+int srv_text_fits(const srv_server *srv, size_t len, const char *param, srv_err *e) {
+    if (len <= srv_text_budget(srv)) return 0;
+    srv_errf(e, 400, param, "'%s' is %zu bytes of text; this server takes at most %zu (its "
+             "context of %d tokens at %d bytes each): shorten it", param, len,
+             srv_text_budget(srv), srv->info.ctx_size, SRV_TOKEN_BYTES);
+    e->code = "context_length_exceeded";
+    return -1;
+}
+
+cJSON *srv_json_parse(srv_server *srv, const char *body, size_t len, srv_err *e) {
+    memset(e, 0, sizeof *e);
+    if (!srv_utf8_valid(body, len)) {
+        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
+        return NULL;
+    }
+    /* cJSON spends ~64 bytes a value: bounded before it allocates them. */
+    size_t items = 2 * (size_t)srv->info.ctx_size + SRV_JSON_SPARE_ITEMS;
+    int bad = srv_json_check_items(body, len, srv->o.max_json_depth, items);
+    if (bad) {
+        srv_json_err(e, bad, srv->o.max_json_depth);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, &end, 1);   /* body is NUL-terminated */
+    if (!root) {
+        srv_errf(e, 400, NULL, "invalid JSON near byte %ld", end ? (long)(end - body) : 0L);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_errf(e, 400, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
 }
 
 char *srv_err_json(const srv_err *e) {
@@ -318,6 +361,7 @@ static int tokenize(srv_job *j, const char *text, size_t len, int add_special, c
     srv_server *srv = j->srv;
     int cap = srv->info.ctx_size;
     dfl_error err = {0};
+    if (srv_text_fits(srv, len, param, e)) return -1;
     j->prompt = malloc(sizeof(int32_t) * (size_t)cap);
     if (!j->prompt) return srv_errf(e, 500, NULL, "out of memory");
     int n = dfl_tokenize(srv->e, text, len, add_special, 1, j->prompt, cap, &err);
@@ -467,7 +511,13 @@ static char *render_chat(srv_job *j, const cJSON *root, int *len, srv_err *e) {
     cJSON_Delete(msgs);
     char *rendered = NULL;
     dfl_error err = {0};
-    size_t cap = 4096 + 2 * strlen(mj) + (tj ? 2 * strlen(tj) : 0);
+    /* The token budget, before rendering: the messages and tools are in the prompt. */
+    size_t in = (mj ? strlen(mj) : 0) + (tj ? strlen(tj) : 0);
+    if (srv_text_fits(srv, in, "messages", e)) {
+        cJSON_free(mj), cJSON_free(tj);
+        return NULL;
+    }
+    size_t cap = 4096 + 2 * in;
     for (int tries = 0; tries < 2 && mj; tries++) {
         free(rendered);
         rendered = malloc(cap);
@@ -594,28 +644,9 @@ static int check_fields(const srv_server *srv, srv_kind kind, const cJSON *root,
 /* The body as a JSON object with only known fields, and a new job for it. */
 static cJSON *parse_body(srv_server *srv, srv_kind kind, const char *body, size_t len,
                          srv_job **j, srv_err *e) {
-    memset(e, 0, sizeof *e);
     *j = NULL;
-    if (!srv_utf8_valid(body, len)) {
-        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
-        return NULL;
-    }
-    int bad = srv_json_check(body, len, srv->o.max_json_depth);
-    if (bad) {
-        srv_json_err(e, bad, srv->o.max_json_depth);
-        return NULL;
-    }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, &end, 1);   /* body is NUL-terminated */
-    if (!root) {
-        srv_errf(e, 400, NULL, "invalid JSON near byte %ld",
-                 end ? (long)(end - body) : 0L);
-        return NULL;
-    }
-    if (!cJSON_IsObject(root)) {
-        srv_errf(e, 400, NULL, "the body must be a JSON object");
-        goto fail;
-    }
+    cJSON *root = srv_json_parse(srv, body, len, e);
+    if (!root) return NULL;
     *j = srv_job_new(srv, kind);
     if (!*j) {
         srv_errf(e, 500, NULL, "out of memory");

@@ -33,7 +33,7 @@ static void put(srv_job *j, const char *s, size_t n, int sse) {
     if (sse) srv_buf_puts(&j->out, "data: ");
     srv_buf_put(&j->out, s, n);
     if (sse) srv_buf_puts(&j->out, "\n\n");
-    pthread_cond_broadcast(&j->cv);
+    srv_job_signal(j);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -443,7 +443,7 @@ static void choice_ended(srv_job *j, const srv_err *fail) {
     end_choices(g);
     pthread_mutex_lock(&g->mu);
     g->state = SRV_DONE;
-    pthread_cond_broadcast(&g->cv);
+    srv_job_signal(g);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -461,7 +461,7 @@ void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
     }
     pthread_mutex_lock(&j->mu);
     j->state = SRV_DONE;
-    pthread_cond_broadcast(&j->cv);
+    srv_job_signal(j);
     pthread_mutex_unlock(&j->mu);
     if (j->parent) choice_ended(j, failed ? &fail : NULL);
 }

@@ -392,9 +392,9 @@ static void *worker(void *arg) {
         if (!j) break;
         pthread_mutex_unlock(&srv->mu);
         run_job(srv, s, j);
-        srv_job_unref(j);
         pthread_mutex_lock(&srv->mu);
         s->job = NULL;
+        srv_job_unref(j);   /* only now: until s->job is cleared, srv_sched_stop may write j->cancel */
         s->last_used = ++srv->use_clock;
         srv->n_busy--;
         dispatch(srv);

@@ -39,6 +39,11 @@ typedef struct srv_opts {
     size_t max_body;           /* request body limit in bytes */
     int max_json_depth;
     int conn_timeout_s;        /* idle connection timeout */
+    int read_timeout_s;        /* deadline for a whole request (headers and body) to arrive */
+    int max_conns;             /* open connections at most (MHD_OPTION_CONNECTION_LIMIT) */
+    int max_conns_per_ip;      /* of those, from one address */
+    int http_threads;          /* MHD's event-loop threads */
+    int heavy_max;             /* requests with bodies over SRV_LIGHT_BODY at once */
     double shutdown_grace_s;   /* let in-flight requests finish this long on SIGTERM */
     double default_temp;       /* temperature when a request gives none */
     int reasoning;             /* split <think> blocks into reasoning_content (default 1) */
@@ -57,6 +62,9 @@ typedef struct srv_buf {
 } srv_buf;
 
 void srv_buf_put(srv_buf *b, const void *p, size_t n);
+/* Makes room for n more bytes; -1 (b unchanged) when memory is short, where
+ * srv_buf_put would abort: for buffers whose size a client chooses. */
+int srv_buf_reserve(srv_buf *b, size_t n);
 void srv_buf_puts(srv_buf *b, const char *s);
 void srv_buf_free(srv_buf *b);
 
@@ -66,9 +74,12 @@ int srv_utf8_valid(const char *s, size_t n);
 void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n);
 /* 0 when the JSON text nests at most max levels of {} / [] and no string holds
  * \u0000; else SRV_JSON_DEEP or SRV_JSON_NUL. */
-enum { SRV_JSON_DEEP = 1, SRV_JSON_NUL = 2 };
+enum { SRV_JSON_DEEP = 1, SRV_JSON_NUL = 2, SRV_JSON_ITEMS = 3 };
 int srv_json_check(const char *s, size_t n, int max);
-/* The 400 for a srv_json_check failure. */
+/* The same, and SRV_JSON_ITEMS when the text holds more than max_items values
+ * (counted from its commas and brackets: what cJSON would allocate a node for). */
+int srv_json_check_items(const char *s, size_t n, int max, size_t max_items);
+/* The 400 (413 for SRV_JSON_ITEMS) for a srv_json_check_items failure. */
 struct srv_err;
 void srv_json_err(struct srv_err *e, int why, int max);
 /* Monotonic seconds. */
@@ -244,6 +255,8 @@ typedef struct srv_job {
     int http_status;              /* non-stream: status of out */
     int refs;
     int cancel;                   /* SRV_CANCEL_*: the worker stops at the next token */
+    void (*wake)(void *ud);       /* NULL or the HTTP side's hook, called with cv: it resumes */
+    void *wake_ud;                /*   a connection suspended until the job has news */
     double t_start, t_end;
     dfl_stats st;
     /* the request of n > 1 choices, as they end (respond.c) */
@@ -255,6 +268,11 @@ typedef struct srv_job {
 
 srv_job *srv_job_new(srv_server *srv, srv_kind kind);
 void srv_job_unref(srv_job *j);
+/* Under j->mu: out grew or the job ended; wakes whoever waits for it. */
+static inline void srv_job_signal(srv_job *j) {
+    pthread_cond_broadcast(&j->cv);
+    if (j->wake) j->wake(j->wake_ud);
+}
 
 /* An HTTP error waiting to be sent: status, OpenAI error type/code, message. */
 typedef struct srv_err {
@@ -270,6 +288,18 @@ int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...)
 /* {"error":{...}} as a malloc'd string. */
 char *srv_err_json(const srv_err *e);
 
+/* The token budget: text a request may have tokenized (a prompt, rendered
+ * messages, /tokenize content) is at most SRV_TOKEN_BYTES bytes per context
+ * token, checked before the tokenizer allocates: its work is bounded by the
+ * context, not by the body. */
+enum { SRV_TOKEN_BYTES = 32, SRV_JSON_SPARE_ITEMS = 1 << 16 };
+size_t srv_text_budget(const srv_server *srv);
+/* 0, or -1 and a 400 naming param when len bytes exceed the budget. */
+int srv_text_fits(const srv_server *srv, size_t len, const char *param, srv_err *e);
+/* A body -> its JSON object: UTF-8, depth, U+0000 and value count checked
+ * before cJSON allocates (at most 2 x context + SRV_JSON_SPARE_ITEMS values). */
+struct cJSON;
+struct cJSON *srv_json_parse(srv_server *srv, const char *body, size_t len, srv_err *e);
 /* Parses and checks a chat or completions body into a new job (tokenized).
  * Returns NULL and fills e on any problem. */
 srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e);

@@ -257,6 +257,23 @@ async def main():
     check(waited >= 0, "a disconnected stream frees its slot", waited)
     m = await get("/metrics")
     check(metric(m.text, "dflash_requests_total", 'result="cancelled"') >= 1, "the cancel is counted")
+    # Not streaming: the connection waits suspended, which MHD does not watch; the
+    # server's watcher sees the hang-up and cancels the generation.
+    cancelled = metric(m.text, "dflash_requests_total", 'result="cancelled"')
+    task = asyncio.create_task(create(chat, chat_req(max_tokens=100000, ignore_eos=True)))
+    running = False
+    for _ in range(500):
+        m = await get("/metrics")
+        running = metric(m.text, "dflash_slots_busy") > 0
+        if running or task.done():
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()   # closes its connection
+    waited = await wait_idle(10000)
+    m = await get("/metrics")
+    check(running and waited >= 0 and
+          metric(m.text, "dflash_requests_total", 'result="cancelled"') == cancelled + 1,
+          "a non-streaming client that leaves frees its slot", {"running": running, "waited": waited})
 
     # ---- tokenize / detokenize -------------------------------------------------------------
     text = "Hello, world! héllo 日本 🙂"
