@@ -10,9 +10,9 @@
 #include "models/model.h"
 #include "models/config_json.h"
 
-static const char *arch_name(int a) {
+const char *dfl_arch_name(int a) {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
-         : a == ARCH_LAGUNA ? "laguna" : "?";
+         : a == ARCH_LAGUNA ? "laguna" : a == ARCH_QWEN35 ? "qwen3_5" : "?";
 }
 
 /* ---- validation --------------------------------------------------------- */
@@ -56,6 +56,27 @@ static int validate_rope(const dfl_config *c, const char *src, dfl_error *err) {
     }
 }
 
+/* Gated DeltaNet layers: only Qwen3.5 has them, and their shapes must fit. */
+static int validate_recurrent(const dfl_config *c, const char *src, dfl_error *err) {
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        RANGE(c->layer_kind[l], DFL_LAYER_FULL, DFL_LAYER_RECURRENT, "layer_types");
+        any |= c->layer_kind[l] == DFL_LAYER_RECURRENT;
+    }
+    if (!any) return 0;
+    if (c->arch != ARCH_QWEN35)
+        return dfl_fail(err, DFL_EFORMAT, "%s: linear_attention layers need a Qwen3.5 model", src);
+    RANGE(c->lin_conv, 1, DFL_MAX_CONV, "linear_conv_kernel_dim");
+    RANGE(c->lin_k_heads, 1, MAX_HEADS, "linear_num_key_heads");
+    RANGE(c->lin_v_heads, 1, MAX_HEADS, "linear_num_value_heads");
+    RANGE(c->lin_k_dim, 1, MAX_HEAD_DIM, "linear_key_head_dim");
+    RANGE(c->lin_v_dim, 1, MAX_HEAD_DIM, "linear_value_head_dim");
+    if (c->lin_v_heads % c->lin_k_heads)
+        return dfl_fail(err, DFL_EFORMAT, "%s: linear_num_value_heads = %d is not a multiple of "
+                        "linear_num_key_heads = %d", src, c->lin_v_heads, c->lin_k_heads);
+    return 0;
+}
+
 /* Rotated dims of a head: partial rotary turns the first head_dim * partial
  * (transformers: int(head_dim * partial_rotary_factor)). */
 static int rot_dims(int hd, float partial) {
@@ -64,7 +85,7 @@ static int rot_dims(int hd, float partial) {
 
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     if (!src) src = "config";
-    RANGE(c->arch, ARCH_LLAMA, ARCH_LAGUNA, "arch");
+    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN35, "arch");
     RANGE(c->n_layers, 1, MAX_LAYERS, "num_hidden_layers");
     RANGE(c->dim, 1, MAX_DIM, "hidden_size");
     RANGE(c->n_heads, 1, MAX_HEADS, "num_attention_heads");
@@ -107,6 +128,7 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
         RANGE(c->moe_ffn, 1, MAX_FFN, "moe_intermediate_size");
         RANGE(c->shared_ffn, 0, MAX_FFN, "shared_expert_intermediate_size");
     }
+    TRY(validate_recurrent(c, src, err));
     if (rot_dims(c->head_dim, c->rope_partial) < 2 ||
         rot_dims(c->head_dim, c->swa_rope_partial) < 2)
         return dfl_fail(err, DFL_EFORMAT, "%s: partial_rotary_factor rotates fewer than 2 dims",
@@ -125,6 +147,8 @@ static const struct {
     {"Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
     {"LagunaForCausalLM", "laguna", ARCH_LAGUNA},
+    {"Qwen3_5ForCausalLM", "qwen3_5_text", ARCH_QWEN35},
+    {"Qwen3_5ForConditionalGeneration", "qwen3_5", ARCH_QWEN35},
 };
 
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
@@ -140,7 +164,8 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
                         "LlamaForCausalLM)", file);
     return dfl_fail(err, DFL_EUNSUP,
                     "%s: architecture %.100s not supported (LlamaForCausalLM, MistralForCausalLM, "
-                    "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM are)",
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM, Qwen3_5ForCausalLM, "
+                    "Qwen3_5ForConditionalGeneration are)",
                     file, name ? name : mt);
 }
 
@@ -201,7 +226,7 @@ static int hf_refuse_features(const cJSON *j, int arch, const char *file, dfl_er
     if (b) return dfl_fail(err, DFL_EUNSUP, "%s: mlp_bias = true not supported", file);
     double prf = 1;
     TRY(dfl_json_num(j, "partial_rotary_factor", 0, 1, &prf, file, err));
-    if (prf != 1 && arch != ARCH_LAGUNA)
+    if (prf != 1 && arch != ARCH_LAGUNA && arch != ARCH_QWEN35)
         return dfl_fail(err, DFL_EUNSUP, "%s: partial_rotary_factor = %g not supported (1 is)",
                         file, prf);
     return 0;
@@ -322,6 +347,8 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
         return dfl_fail(err, DFL_EFORMAT, "%s: expected a JSON object", file);
     if (arch < 0 && (arch = hf_arch(j, file, err)) < 0) return arch;
     c->arch = arch;
+    const cJSON *top = j;
+    if (arch == ARCH_QWEN35) j = dfl_qwen35_text(j);
     TRY(hf_refuse_features(j, arch, file, err));
     TRY(need_int(j, "hidden_size", 1, MAX_DIM, &c->dim, file, err));
     TRY(need_int(j, "num_hidden_layers", 1, MAX_LAYERS, &c->n_layers, file, err));
@@ -352,7 +379,8 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     c->eos_id = arch == ARCH_LLAMA ? 2 : -1;
     TRY(token_id(j, "bos_token_id", &c->bos_id, file, err));
     TRY(token_id(j, "eos_token_id", &c->eos_id, file, err));
-    TRY(hf_layer_types(j, c, file, err));
+    if (arch == ARCH_QWEN35) TRY(dfl_qwen35_config(j, top, c, file, err));
+    else TRY(hf_layer_types(j, c, file, err));
     if (arch == ARCH_LAGUNA) TRY(dfl_laguna_config(j, c, file, err));
     return dfl_config_validate(c, file, err);
 }
@@ -481,12 +509,13 @@ int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err) {
     if (rc) return rc;
     c->arch = -1;
     for (int i = ARCH_LLAMA; i <= ARCH_QWEN3; i++)
-        if (a.len == strlen(arch_name(i)) && memcmp(a.s, arch_name(i), a.len) == 0) c->arch = i;
+        if (a.len == strlen(dfl_arch_name(i)) && !memcmp(a.s, dfl_arch_name(i), a.len))
+            c->arch = i;
     if (c->arch < 0)
         return dfl_fail(err, DFL_EUNSUP,
                         "%s: general.architecture = \"%.*s\" not supported (llama, qwen2, qwen3 "
                         "are)", src, (int)(a.len < 60 ? a.len : 60), a.s);
-    gkeys k = {.g = g, .arch = arch_name(c->arch)};
+    gkeys k = {.g = g, .arch = dfl_arch_name(c->arch)};
     TRY(g_int(&k, "block_count", 1, 1, MAX_LAYERS, &c->n_layers, err));
     TRY(g_int(&k, "embedding_length", 1, 1, MAX_DIM, &c->dim, err));
     TRY(g_int(&k, "attention.head_count", 1, 1, MAX_HEADS, &c->n_heads, err));

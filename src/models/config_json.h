@@ -13,7 +13,7 @@
 enum {
     MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
     MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20,
-    MAX_EXPERTS = DFL_MAX_EXPERTS
+    MAX_EXPERTS = DFL_MAX_EXPERTS, MAX_CONV = DFL_MAX_CONV
 };
 static const float F_MAX = 3.0e38f;
 
@@ -43,6 +43,13 @@ int cfg_name_list(const cJSON *j, const char *key, int n, const char *zero, cons
  * of one): theta, scaling type and factors into c's rope fields. */
 int cfg_rope(const cJSON *r, const char *key, dfl_config *c, const char *file, dfl_error *err);
 
+/* Qwen3.5's text fields: the object itself, or its text_config when the
+ * checkpoint is the multimodal class (qwen35_config.c). */
+const cJSON *dfl_qwen35_text(const cJSON *j);
+/* Qwen3.5's own fields after the common ones (layer_types in place of
+ * hf_layer_types); top is the file's object (tie_word_embeddings). */
+int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const char *file,
+                      dfl_error *err);
 /* Laguna's own fields (laguna.c), after the common ones. */
 int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
 

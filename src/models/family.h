@@ -18,6 +18,7 @@ typedef struct dfl_family {
 
 extern const dfl_family dfl_family_dense;    /* llama.c: Llama, Mistral, Qwen2, Qwen3 */
 extern const dfl_family dfl_family_laguna;   /* laguna.c */
+extern const dfl_family dfl_family_qwen35;   /* qwen35.c: Qwen3.5 hybrid */
 
 /* "model.layers.%d.xxx" with l filled in, into buf (256 bytes). */
 const char *dfl_lname(char *buf, const char *fmt, int l);

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "models/model.h"
+#include "models/gdn.h"
 
 static void matmul(dfl_target *t, const dfl_mat *W, int n, const float *X, float *Y) {
     dfl_matmul(t->pool, W, n, X, W->cols, Y, W->rows, t->qscratch);
@@ -49,11 +49,24 @@ static const float *row_cs(const dfl_target *t, const dfl_layer *L, int r) {
     return t->rope_cs + (size_t)r * 2 * hd + (L->rope == &t->rope_swa && own_swa(t) ? hd : 0);
 }
 
+/* q_proj rows [q | gate] per head (DFL_GATE_Q_SIGMOID) into q and gate. */
+static void split_q_gate(dfl_target *t, const dfl_layer *L, int n) {
+    int hd = t->c.head_dim, qd = L->n_heads * hd;
+    matmul(t, &L->wq, n, t->xn, t->qg);
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < L->n_heads; h++) {
+            const float *src = t->qg + (size_t)r * 2 * qd + (size_t)h * 2 * hd;
+            memcpy(t->q + (size_t)r * qd + (size_t)h * hd, src, sizeof(float) * hd);
+            memcpy(t->gate + (size_t)r * qd + (size_t)h * hd, src + hd, sizeof(float) * hd);
+        }
+}
+
 /* q/k projections, per-head norm, RoPE; K and V land in each row's cache. */
 static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     const dfl_config *c = &t->c;
     int n = b->n, hd = c->head_dim, qd = L->n_heads * hd, kvd = c->n_kv_heads * hd;
-    matmul(t, &L->wq, n, t->xn, t->q);
+    if (c->gating == DFL_GATE_Q_SIGMOID) split_q_gate(t, L, n);
+    else matmul(t, &L->wq, n, t->xn, t->q);
     matmul(t, &L->wk, n, t->xn, t->k);
     matmul(t, &L->wv, n, t->xn, t->v);
     add_bias(t->q, L->bq, n, qd);
@@ -99,8 +112,14 @@ static void attend(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* att *= softplus(g_proj(xn)), one gate per head or per element. */
+/* att *= softplus(g_proj(xn)), one gate per head or per element; or
+ * att *= sigmoid(gate), the gate q_proj emitted. */
 static void output_gate(dfl_target *t, const dfl_layer *L, int n) {
+    if (t->c.gating == DFL_GATE_Q_SIGMOID) {
+        size_t m = (size_t)n * L->n_heads * t->c.head_dim;
+        for (size_t i = 0; i < m; i++) t->att[i] *= 1.0f / (1.0f + expf(-t->gate[i]));
+        return;
+    }
     if (!L->wg.rows) return;
     int hd = t->c.head_dim, qd = L->n_heads * hd, per_head = L->wg.rows == L->n_heads;
     matmul(t, &L->wg, n, t->xn, t->gate);
@@ -197,7 +216,8 @@ static void layer_forward(dfl_target *t, int l, const rows *b) {
     const dfl_layer *L = &t->layers[l];
     int n = b->n;
     norm_rows(t->xn, t->x, L->attn_norm, n, c->dim, c->norm_eps);
-    attention_layer(t, L, b, l);
+    if (L->gdn) dfl_gdn_layer(t, L, l, b->f, b->off, b->n_seq);
+    else attention_layer(t, L, b, l);
     residual_add(t->x, t->h1, (size_t)n * c->dim);
     norm_rows(t->xn, t->x, L->ffn_norm, n, c->dim, c->norm_eps);
     if (L->moe) moe_mlp(t, L->moe, n);

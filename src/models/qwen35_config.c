@@ -1,0 +1,52 @@
+/* qwen35_config.c - Qwen3.5's config.json fields, after the common ones
+ * (config.c): which layers are gated DeltaNet (linear_attention) and which
+ * gated full attention, the DeltaNet shapes, partial rotary. The multimodal
+ * class (Qwen3_5ForConditionalGeneration) nests them in text_config. Apart
+ * from qwen35.c's tensors so the config fuzzer links only the readers. */
+#include <string.h>
+
+#include "models/config_json.h"
+
+const cJSON *dfl_qwen35_text(const cJSON *j) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    return cJSON_IsObject(t) ? t : j;
+}
+
+/* layer_types ("linear_attention" / "full_attention"), else transformers'
+ * default: full attention every full_attention_interval-th layer. */
+static int layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
+    int rc = cfg_name_list(j, "layer_types", c->n_layers, "full_attention", "linear_attention",
+                           c->layer_kind, file, err);
+    if (rc < 0) return rc;
+    if (rc == 1) {
+        int every = 4;
+        TRY(opt_int(j, "full_attention_interval", 1, MAX_LAYERS, &every, file, err));
+        for (int l = 0; l < c->n_layers; l++) c->layer_kind[l] = (l + 1) % every != 0;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        c->layer_kind[l] = c->layer_kind[l] ? DFL_LAYER_RECURRENT : DFL_LAYER_FULL;
+    return 0;
+}
+
+int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const char *file,
+                      dfl_error *err) {
+    c->qk_norm = 1;
+    c->norm_offset = 1;
+    c->gating = DFL_GATE_Q_SIGMOID;
+    if (top != j) TRY(dfl_json_bool(top, "tie_word_embeddings", &c->tied_embed, file, err));
+    TRY(layer_types(j, c, file, err));
+    /* partial rotary: in rope_parameters (transformers 5), or top-level (older files) */
+    c->rope_partial = 0.25f;
+    TRY(opt_float(j, "partial_rotary_factor", 0, 1, &c->rope_partial, file, err));
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (cJSON_IsObject(r))
+        TRY(opt_float(r, "partial_rotary_factor", 0, 1, &c->rope_partial, file, err));
+    c->lin_conv = 4, c->lin_k_heads = 16, c->lin_v_heads = 32;
+    c->lin_k_dim = 128, c->lin_v_dim = 128;
+    TRY(opt_int(j, "linear_conv_kernel_dim", 1, MAX_CONV, &c->lin_conv, file, err));
+    TRY(opt_int(j, "linear_num_key_heads", 1, MAX_HEADS, &c->lin_k_heads, file, err));
+    TRY(opt_int(j, "linear_num_value_heads", 1, MAX_HEADS, &c->lin_v_heads, file, err));
+    TRY(opt_int(j, "linear_key_head_dim", 1, MAX_HEAD_DIM, &c->lin_k_dim, file, err));
+    TRY(opt_int(j, "linear_value_head_dim", 1, MAX_HEAD_DIM, &c->lin_v_dim, file, err));
+    return 0;
+}
