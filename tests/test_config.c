@@ -38,6 +38,18 @@ static const char *QWEN2 =
     "\"sliding_window\":32768,\"tie_word_embeddings\":true,\"use_sliding_window\":false,"
     "\"vocab_size\":151936}";
 
+/* A Qwen3.5 text config (the 9B's shapes, trimmed; transformers 5 writes rope_parameters). */
+static const char *QWEN35 =
+    "{\"architectures\":[\"Qwen3_5ForCausalLM\"],\"attention_bias\":false,\"head_dim\":256,"
+    "\"hidden_act\":\"silu\",\"hidden_size\":4096,\"intermediate_size\":12288,"
+    "\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":128,\"linear_num_key_heads\":16,"
+    "\"linear_num_value_heads\":32,\"linear_value_head_dim\":128,"
+    "\"max_position_embeddings\":262144,\"model_type\":\"qwen3_5_text\","
+    "\"num_attention_heads\":16,\"num_hidden_layers\":32,\"num_key_value_heads\":4,"
+    "\"rms_norm_eps\":1e-06,\"rope_parameters\":{\"mrope_interleaved\":true,"
+    "\"mrope_section\":[11,11,10],\"partial_rotary_factor\":0.25,\"rope_theta\":10000000,"
+    "\"rope_type\":\"default\"},\"tie_word_embeddings\":false,\"vocab_size\":248320}";
+
 /* base with key set to the JSON text val (NULL: key removed), parsed as a config. */
 static int cfg_with(const char *base, const char *key, const char *val, dfl_config *c,
                     dfl_error *e) {
@@ -221,6 +233,57 @@ static void test_hf_refused(void) {
               strstr(e.msg, "deeper than 64"), "deep nesting: %s", e.msg);
     CHECK(dfl_config_from_json("[]", 2, &c, &e) == DFL_EFORMAT && strstr(e.msg, "JSON object"),
           "not an object: %s", e.msg);
+}
+
+/* Qwen3.5: DeltaNet layers by layer_types or full_attention_interval, partial rotary, the
+ * multimodal class's text_config; malformed DeltaNet fields refused by name. */
+static void test_hf_qwen35(void) {
+    dfl_config c;
+    dfl_error e;
+    int rc = cfg_with(QWEN35, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN35 && c.layer_kind[0] == DFL_LAYER_RECURRENT &&
+              c.layer_kind[3] == DFL_LAYER_FULL && c.layer_kind[31] == DFL_LAYER_FULL &&
+              c.layer_kind[30] == DFL_LAYER_RECURRENT && c.rope_partial == 0.25f &&
+              c.rope_theta == 1e7f && c.lin_v_heads == 32 && c.lin_k_dim == 128 &&
+              c.lin_conv == 4 && c.norm_offset && c.qk_norm && c.gating == DFL_GATE_Q_SIGMOID,
+          "qwen3.5 text config: %s", e.msg);
+    rc = cfg_with(QWEN35, "full_attention_interval", "2", &c, &e);
+    CHECK(rc == 0 && c.layer_kind[1] == DFL_LAYER_FULL && c.layer_kind[2] == DFL_LAYER_RECURRENT,
+          "full_attention_interval: %s", e.msg);
+    char lt[2048] = "[";
+    for (int l = 0; l < 32; l++) strcat(lt, l == 5 ? "\"full_attention\"," : "\"linear_attention\",");
+    lt[strlen(lt) - 1] = ']';
+    rc = cfg_with(QWEN35, "layer_types", lt, &c, &e);
+    CHECK(rc == 0 && c.layer_kind[5] == DFL_LAYER_FULL && c.layer_kind[3] == DFL_LAYER_RECURRENT,
+          "layer_types: %s", e.msg);
+    expect(QWEN35, "layer_types", "[\"sliding_attention\"]", DFL_EFORMAT, "layer_types");
+    char *bad = strdup(lt);
+    memcpy(strstr(bad, "linear_attention"), "sliding_attention", 16);
+    expect(QWEN35, "layer_types", bad, DFL_EUNSUP, "layer_types[0]");
+    free(bad);
+    expect(QWEN35, "linear_num_value_heads", "24", DFL_EFORMAT,
+           "linear_num_value_heads = 24 is not a multiple of linear_num_key_heads = 16");
+    expect(QWEN35, "linear_num_key_heads", "0", DFL_EFORMAT, "linear_num_key_heads = 0");
+    expect(QWEN35, "linear_conv_kernel_dim", "0", DFL_EFORMAT, "linear_conv_kernel_dim = 0");
+    expect(QWEN35, "linear_conv_kernel_dim", "65", DFL_EFORMAT, "linear_conv_kernel_dim = 65");
+    expect(QWEN35, "linear_key_head_dim", "1025", DFL_EFORMAT, "linear_key_head_dim = 1025");
+    expect(QWEN35, "linear_value_head_dim", "-1", DFL_EFORMAT, "linear_value_head_dim = -1");
+    expect(QWEN35, "attention_bias", "true", DFL_EUNSUP, "attention_bias = true");
+    expect(QWEN35, "full_attention_interval", "0", DFL_EFORMAT, "full_attention_interval = 0");
+    expect(QWEN35, "partial_rotary_factor", "1.5", DFL_EFORMAT, "partial_rotary_factor");
+    lt[strlen(lt) - 4 * strlen("\"linear_attention\",") - 1] = ']';   /* 28 entries */
+    expect(QWEN3, "layer_types", lt, DFL_EUNSUP, "layer_types[0] = 'linear_attention'");
+    /* the multimodal class: the text model's fields in text_config, tie at the top */
+    char mm[4096];
+    snprintf(mm, sizeof mm, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],"
+             "\"tie_word_embeddings\":true,\"vision_config\":{\"depth\":27},\"text_config\":%s}",
+             QWEN35);
+    rc = cfg_with(mm, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN35 && c.dim == 4096 && c.n_layers == 32 && c.tied_embed &&
+              c.layer_kind[0] == DFL_LAYER_RECURRENT, "qwen3.5 multimodal config: %s", e.msg);
+    rc = cfg_with(mm, "text_config", "{\"hidden_size\":64}", &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "num_hidden_layers is missing"),
+          "text_config without its fields: %s", e.msg);
 }
 
 /* From a file: messages name the path. */
@@ -465,6 +528,7 @@ int main(void) {
     test_hf_sliding();
     test_hf_valid();
     test_hf_refused();
+    test_hf_qwen35();
     test_hf_file();
     test_gguf_stories();
     test_gguf_meta();

@@ -21,6 +21,14 @@ factor and blends the band between; "yarn" ramps between interpolated and
 extrapolated frequencies over the correction range of beta_fast/beta_slow at
 original_max_position_embeddings, and scales cos/sin by 0.1 ln(factor) + 1.
 
+Qwen3.5 dense hybrids (spec/architectures.md section 2; forward_qwen35): every
+RMSNorm x_hat * (1 + w) but the DeltaNet's gated one; full-attention layers with
+q_proj rows [q | gate] per head, q/k norm, partial rotary, out * sigmoid(gate);
+gated DeltaNet layers in the step form: depthwise causal conv (kernel K) then
+silu, L2-normalised q/k, q / sqrt(d), beta = sigmoid(b), g = -exp(A_log) *
+softplus(a + dt_bias), per value head S = e^g S, S += k (beta (v - S^T k))^T,
+o = S^T q, then rmsnorm(o) * w * silu(z) and out_proj.
+
 DFlash drafter: spec/dflash.md section 3 (see draft_forward).
 
 Command line, mirroring `dflash dump` (same file formats):
@@ -171,12 +179,82 @@ def load(d):
     return cfg, w
 
 
+def gated_deltanet(cfg, W, p, h):
+    """One gated DeltaNet mixer over rows h (n, dim) from a zero state, step by step."""
+    Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    K = cfg["linear_conv_kernel_dim"]
+    n = h.shape[0]
+    mixed = h @ W[p + "in_proj_qkv.weight"].T                      # (n, C)
+    w = W[p + "conv1d.weight"][:, 0, :]                           # (C, K)
+    pad = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+    x = silu(np.stack([(pad[t:t + K] * w.T).sum(axis=0) for t in range(n)]))
+    q, k = x[:, :Hk * dk].reshape(n, Hk, dk), x[:, Hk * dk:2 * Hk * dk].reshape(n, Hk, dk)
+    v = x[:, 2 * Hk * dk:].reshape(n, Hv, dv)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    beta = 1 / (1 + np.exp(-(h @ W[p + "in_proj_b.weight"].T)))  # (n, Hv)
+    a = h @ W[p + "in_proj_a.weight"].T + W[p + "dt_bias"]
+    g = -np.exp(W[p + "A_log"]) * np.logaddexp(0, a)               # softplus
+    z = (h @ W[p + "in_proj_z.weight"].T).reshape(n, Hv, dv)
+    S, o = np.zeros((Hv, dk, dv)), np.zeros((n, Hv, dv))
+    r = Hv // Hk
+    for t in range(n):
+        for j in range(Hv):
+            kt, qt = k[t, j // r], q[t, j // r]
+            S[j] *= np.exp(g[t, j])
+            S[j] += np.outer(kt, beta[t, j] * (v[t, j] - S[j].T @ kt))
+            o[t, j] = S[j].T @ qt
+    o = rmsnorm(o, W[p + "norm.weight"], cfg["rms_norm_eps"]) * silu(z)
+    return o.reshape(n, Hv * dv) @ W[p + "out_proj.weight"].T
+
+
+def forward_qwen35(cfg, W, ids):
+    """Qwen3.5 dense: -> (logits, hidden) as forward's."""
+    cfg = cfg.get("text_config", cfg)
+    pre = "model.language_model." if "model.language_model.norm.weight" in W else "model."
+    D, H, KV, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], \
+        cfg["head_dim"]
+    eps, rp = cfg["rms_norm_eps"], cfg.get("rope_parameters") or {}
+    rot = int(hd * rp.get("partial_rotary_factor", 0.25))
+    inv = 1.0 / rp.get("rope_theta", 10000.0) ** (np.arange(0, rot, 2, dtype=np.float64) / rot)
+    norm = lambda x, name: rmsnorm(x, 1 + W[name], eps)  # noqa: E731
+    ids = np.asarray(ids, dtype=np.int64)
+    n, pos = len(ids), np.arange(len(ids))
+    x = W[pre + "embed_tokens.weight"][ids].copy()
+    hidden = []
+    for i, kind in enumerate(cfg["layer_types"]):
+        p = f"{pre}layers.{i}."
+        h = norm(x, p + "input_layernorm.weight")
+        if kind == "linear_attention":
+            x = x + gated_deltanet(cfg, W, p + "linear_attn.", h)
+        else:
+            qg = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(n, H, 2 * hd)
+            q, gate = norm(qg[..., :hd], p + "self_attn.q_norm.weight"), qg[..., hd:]
+            k = norm((h @ W[p + "self_attn.k_proj.weight"].T).reshape(n, KV, hd),
+                     p + "self_attn.k_norm.weight")
+            v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(n, KV, hd)
+            q[..., :rot], k[..., :rot] = rope(q[..., :rot], pos, inv, 1.0), \
+                rope(k[..., :rot], pos, inv, 1.0)
+            att = attention(q, k, v, True, pos, pos) / (1 + np.exp(-gate.reshape(n, H * hd)))
+            x = x + att @ W[p + "self_attn.o_proj.weight"].T
+        h = norm(x, p + "post_attention_layernorm.weight")
+        g = silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
+        x = x + g @ W[p + "mlp.down_proj.weight"].T
+        hidden.append(x.copy())
+    y = norm(x, pre + "norm.weight")
+    head = W["lm_head.weight"] if "lm_head.weight" in W else W[pre + "embed_tokens.weight"]
+    return y @ head.T, np.stack(hidden)
+
+
 def forward(cfg, W, ids, interleaved=False, kv_f16=False):
     """-> (logits (n, vocab), hidden (n_layers, n, dim)) for ids at positions 0..n-1.
 
     interleaved=True runs Meta/GGUF-llama RoPE (q/k rows permuted); used to
     check a converted file's weights. kv_f16=True rounds K (after RoPE) and V
     to float16 before attention, as an f16 KV cache stores them."""
+    if cfg.get("model_type", "").startswith("qwen3_5"):
+        return forward_qwen35(cfg, W, ids)
     dm = dims(cfg)
     inv, scale = rope_params(cfg)
     H, KV, hd, eps = dm["heads"], dm["kv_heads"], dm["head_dim"], dm["eps"]
