@@ -48,7 +48,9 @@ static const char *QWEN35 =
     "\"num_attention_heads\":16,\"num_hidden_layers\":32,\"num_key_value_heads\":4,"
     "\"rms_norm_eps\":1e-06,\"rope_parameters\":{\"mrope_interleaved\":true,"
     "\"mrope_section\":[11,11,10],\"partial_rotary_factor\":0.25,\"rope_theta\":10000000,"
-    "\"rope_type\":\"default\"},\"tie_word_embeddings\":false,\"vocab_size\":248320}";
+    "\"rope_type\":\"default\"},\"tie_word_embeddings\":false,\"vocab_size\":248320,"
+    "\"num_experts_per_tok\":8,\"moe_intermediate_size\":512,"
+    "\"shared_expert_intermediate_size\":512}";
 
 /* base with key set to the JSON text val (NULL: key removed), parsed as a config. */
 static int cfg_with(const char *base, const char *key, const char *val, dfl_config *c,
@@ -273,6 +275,20 @@ static void test_hf_qwen35(void) {
     expect(QWEN35, "partial_rotary_factor", "1.5", DFL_EFORMAT, "partial_rotary_factor");
     lt[strlen(lt) - 4 * strlen("\"linear_attention\",") - 1] = ']';   /* 28 entries */
     expect(QWEN3, "layer_types", lt, DFL_EUNSUP, "layer_types[0] = 'linear_attention'");
+    expect(QWEN35, "intermediate_size", NULL, DFL_EFORMAT, "intermediate_size is missing");
+    /* Qwen3.5-MoE: every MLP routed, no intermediate_size */
+    char moe[4096];
+    snprintf(moe, sizeof moe, "%s", QWEN35);
+    const char *dense = "\"intermediate_size\":12288,", *sparse = "\"num_experts\":256,        ";
+    memcpy(strstr(moe, dense), sparse, strlen(dense));   /* same length */
+    rc = cfg_with(moe, "architectures", "[\"Qwen3_5MoeForCausalLM\"]", &c, &e);
+    CHECK(rc == 0 && c.n_experts == 256 && c.top_k == 8 && c.router_softmax && c.norm_topk &&
+              c.mlp_kind[0] == DFL_MLP_MOE && c.mlp_kind[31] == DFL_MLP_MOE && c.shared_ffn == 512,
+          "qwen3.5 moe: %s", e.msg);
+    expect(moe, "num_experts_per_tok", "300", DFL_EFORMAT, "num_experts_per_tok = 300");
+    expect(moe, "num_experts", "0", DFL_EFORMAT, "num_experts = 0");
+    expect(moe, "shared_expert_intermediate_size", NULL, DFL_EFORMAT,
+           "shared_expert_intermediate_size is missing");
     /* the multimodal class: the text model's fields in text_config, tie at the top */
     char mm[4096];
     snprintf(mm, sizeof mm, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],"

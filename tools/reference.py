@@ -209,6 +209,36 @@ def gated_deltanet(cfg, W, p, h):
     return o.reshape(n, Hv * dv) @ W[p + "out_proj.weight"].T
 
 
+def mlp(W, p, h):
+    """SwiGLU: down(silu(gate h) * up h)."""
+    return (silu(h @ W[p + "gate_proj.weight"].T) * (h @ W[p + "up_proj.weight"].T)) @ \
+        W[p + "down_proj.weight"].T
+
+
+def moe(cfg, W, p, h):
+    """Qwen MoE: softmax router, top k renormalised, experts one tensor each (as saved) or
+    fused, plus the shared expert times sigmoid(shared_expert_gate h)."""
+    E, K = cfg["num_experts"], cfg["num_experts_per_tok"]
+    logits = h @ W[p + "gate.weight"].T
+    prob = np.exp(logits - logits.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for r in range(h.shape[0]):
+        top = np.argsort(-prob[r], kind="stable")[:K]
+        w = prob[r, top] / prob[r, top].sum() if cfg.get("norm_topk_prob", True) else prob[r, top]
+        for e, we in zip(top, w):
+            if p + "experts.gate_up_proj" in W:
+                gu = W[p + "experts.gate_up_proj"][e] @ h[r]
+                I = gu.shape[0] // 2
+                out[r] += we * (W[p + "experts.down_proj"][e] @ (silu(gu[:I]) * gu[I:]))
+            else:
+                out[r] += we * mlp(W, f"{p}experts.{e}.", h[r:r + 1])[0]
+    sh = mlp(W, p + "shared_expert.", h)
+    if p + "shared_expert_gate.weight" in W:
+        sh = sh / (1 + np.exp(-(h @ W[p + "shared_expert_gate.weight"].T)))
+    return out + sh
+
+
 def forward_qwen35(cfg, W, ids):
     """Qwen3.5 dense: -> (logits, hidden) as forward's."""
     cfg = cfg.get("text_config", cfg)
@@ -239,8 +269,7 @@ def forward_qwen35(cfg, W, ids):
             att = attention(q, k, v, True, pos, pos) / (1 + np.exp(-gate.reshape(n, H * hd)))
             x = x + att @ W[p + "self_attn.o_proj.weight"].T
         h = norm(x, p + "post_attention_layernorm.weight")
-        g = silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
-        x = x + g @ W[p + "mlp.down_proj.weight"].T
+        x = x + (moe(cfg, W, p + "mlp.", h) if p + "mlp.gate.weight" in W else mlp(W, p + "mlp.", h))
         hidden.append(x.copy())
     y = norm(x, pre + "norm.weight")
     head = W["lm_head.weight"] if "lm_head.weight" in W else W[pre + "embed_tokens.weight"]

@@ -149,6 +149,8 @@ static const struct {
     {"LagunaForCausalLM", "laguna", ARCH_LAGUNA},
     {"Qwen3_5ForCausalLM", "qwen3_5_text", ARCH_QWEN35},
     {"Qwen3_5ForConditionalGeneration", "qwen3_5", ARCH_QWEN35},
+    {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ARCH_QWEN35},
+    {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", ARCH_QWEN35},
 };
 
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
@@ -165,7 +167,7 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
     return dfl_fail(err, DFL_EUNSUP,
                     "%s: architecture %.100s not supported (LlamaForCausalLM, MistralForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM, Qwen3_5ForCausalLM, "
-                    "Qwen3_5ForConditionalGeneration are)",
+                    "Qwen3_5ForConditionalGeneration and their Moe forms are)",
                     file, name ? name : mt);
 }
 
@@ -353,7 +355,9 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     TRY(need_int(j, "hidden_size", 1, MAX_DIM, &c->dim, file, err));
     TRY(need_int(j, "num_hidden_layers", 1, MAX_LAYERS, &c->n_layers, file, err));
     TRY(need_int(j, "num_attention_heads", 1, MAX_HEADS, &c->n_heads, file, err));
-    TRY(need_int(j, "intermediate_size", 1, MAX_FFN, &c->ffn_dim, file, err));
+    /* (Qwen3.5-MoE has no dense MLP: its reader checks) */
+    TRY((arch == ARCH_QWEN35 ? opt_int : need_int)(j, "intermediate_size", 1, MAX_FFN,
+                                                    &c->ffn_dim, file, err));
     TRY(need_int(j, "vocab_size", 1, MAX_VOCAB, &c->vocab, file, err));
     c->n_kv_heads = c->n_heads;
     TRY(opt_int(j, "num_key_value_heads", 1, MAX_HEADS, &c->n_kv_heads, file, err));

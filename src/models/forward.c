@@ -28,6 +28,8 @@ static void norm_rows(float *y, const float *x, const float *w, int n, int d, fl
     for (int r = 0; r < n; r++) dfl_rmsnorm(y + (size_t)r * d, x + (size_t)r * d, w, d, eps);
 }
 
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 static void residual_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -117,7 +119,7 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 static void output_gate(dfl_target *t, const dfl_layer *L, int n) {
     if (t->c.gating == DFL_GATE_Q_SIGMOID) {
         size_t m = (size_t)n * L->n_heads * t->c.head_dim;
-        for (size_t i = 0; i < m; i++) t->att[i] *= 1.0f / (1.0f + expf(-t->gate[i]));
+        for (size_t i = 0; i < m; i++) t->att[i] *= sigmoid(t->gate[i]);
         return;
     }
     if (!L->wg.rows) return;
@@ -149,6 +151,23 @@ static void swiglu_mlp(dfl_target *t, const dfl_mat *g, const dfl_mat *u, const 
     matmul(t, d, n, t->h2, out);
 }
 
+/* Router logits (E) to scores in place: softmax, or sigmoid of the
+ * (optionally soft-capped) logits. */
+static void router_scores(const dfl_config *c, float *lg, int E) {
+    if (c->router_softmax) {
+        float m = lg[0], sum = 0;
+        for (int e = 1; e < E; e++) m = lg[e] > m ? lg[e] : m;
+        for (int e = 0; e < E; e++) sum += lg[e] = expf(lg[e] - m);
+        for (int e = 0; e < E; e++) lg[e] /= sum;
+        return;
+    }
+    for (int e = 0; e < E; e++) {
+        float x = lg[e];
+        if (c->router_softcap > 0) x = c->router_softcap * tanhf(x / c->router_softcap);
+        lg[e] = sigmoid(x);
+    }
+}
+
 /* Each row's top_k experts (ascending expert order) and their weights. */
 static void route(dfl_target *t, const dfl_moe *M, int n) {
     const dfl_config *c = &t->c;
@@ -156,12 +175,8 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
     matmul(t, &M->router, n, t->xn, t->router);
     for (int r = 0; r < n; r++) {
         float *lg = t->router + (size_t)r * E, sel[DFL_MAX_EXPERTS];
-        for (int e = 0; e < E; e++) {
-            float x = lg[e];
-            if (c->router_softcap > 0) x = c->router_softcap * tanhf(x / c->router_softcap);
-            lg[e] = 1.0f / (1.0f + expf(-x));
-            sel[e] = lg[e] + (M->sel_bias ? M->sel_bias[e] : 0.0f);
-        }
+        router_scores(c, lg, E);
+        for (int e = 0; e < E; e++) sel[e] = lg[e] + (M->sel_bias ? M->sel_bias[e] : 0.0f);
         int *ex = t->moe_e + (size_t)r * K;
         for (int k = 0; k < K; k++) {   /* highest selection score, lowest index on ties */
             int best = -1;
@@ -177,7 +192,8 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
             }
         float sum = 0, *w = t->moe_w + (size_t)r * K;
         for (int k = 0; k < K; k++) sum += lg[ex[k]];
-        for (int k = 0; k < K; k++) w[k] = lg[ex[k]] / sum * c->routed_scale;
+        for (int k = 0; k < K; k++)
+            w[k] = (c->norm_topk ? lg[ex[k]] / sum : lg[ex[k]]) * c->routed_scale;
     }
 }
 
@@ -191,6 +207,13 @@ static void moe_mlp(dfl_target *t, const dfl_moe *M, int n) {
     route(t, M, n);
     if (M->sh_gate.rows) swiglu_mlp(t, &M->sh_gate, &M->sh_up, &M->sh_down, n, t->xn, t->h1);
     else memset(t->h1, 0, sizeof(float) * (size_t)n * D);
+    if (M->sh_scale.rows) {   /* the shared expert's output times sigmoid(gate x) */
+        matmul(t, &M->sh_scale, n, t->xn, t->sh_gate);
+        for (int r = 0; r < n; r++) {
+            float g = sigmoid(t->sh_gate[r]), *o = t->h1 + (size_t)r * D;
+            for (int d = 0; d < D; d++) o[d] *= g;
+        }
+    }
     for (int e = 0; e < c->n_experts; e++) {
         int m = 0;
         for (int r = 0; r < n; r++)

@@ -108,7 +108,7 @@ static int ropes(const cJSON *j, dfl_config *c, const char *file, dfl_error *err
 
 static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
     c->n_experts = 256, c->top_k = 8, c->moe_ffn = 512, c->shared_ffn = 512;
-    c->routed_scale = 1;
+    c->routed_scale = 1, c->norm_topk = 1;
     TRY(opt_int(j, "num_experts", 1, MAX_EXPERTS, &c->n_experts, file, err));
     TRY(opt_int(j, "num_experts_per_tok", 1, MAX_EXPERTS, &c->top_k, file, err));
     if (c->top_k > c->n_experts)

@@ -52,6 +52,8 @@ typedef struct dfl_config {
     int n_experts, top_k, moe_ffn, shared_ffn;   /* DFL_MLP_MOE layers */
     float routed_scale;       /* routed experts' sum is scaled by this */
     float router_softcap;     /* > 0: router logits = c * tanh(logits / c) */
+    int router_softmax;       /* 1: router scores softmax(logits) (Qwen); 0: sigmoid (Laguna) */
+    int norm_topk;            /* 1: the chosen scores are divided by their sum */
     int norm_offset;          /* 1: RMSNorm weights are stored as w and applied as 1 + w */
     /* gated DeltaNet (DFL_LAYER_RECURRENT) layers: conv kernel, key / value heads and dims */
     int lin_conv, lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
@@ -78,9 +80,10 @@ void dfl_rope_init_swa(dfl_rope *r, const dfl_config *c);
 
 typedef struct dfl_combiner dfl_combiner;
 
-/* A mixture-of-experts MLP: a sigmoid router picks top_k experts per row
- * (by score + sel_bias), their SwiGLU outputs weighted by the normalised
- * scores times routed_scale, plus a shared expert. */
+/* A mixture-of-experts MLP: a sigmoid (Laguna) or softmax (Qwen) router
+ * picks top_k experts per row (by score + sel_bias), their SwiGLU outputs
+ * weighted by the scores (normalised when norm_topk) times routed_scale,
+ * plus a shared expert, scaled by sigmoid(sh_scale x) when it has one. */
 typedef struct dfl_moe {
     dfl_mat router;       /* (n_experts, dim) */
     const float *sel_bias;/* (n_experts) e_score_correction_bias, selection only; NULL: none */
@@ -88,6 +91,7 @@ typedef struct dfl_moe {
     dfl_mat *down;        /* [n_experts] (dim, moe_ffn) */
     dfl_mat sh_gate, sh_up;/* (shared_ffn, dim); rows 0: no shared expert */
     dfl_mat sh_down;      /* (dim, shared_ffn) */
+    dfl_mat sh_scale;     /* (1, dim) shared_expert_gate; rows 0: none */
 } dfl_moe;
 
 /* A gated DeltaNet mixer (Qwen3.5 layout: separate projections). With
@@ -157,6 +161,7 @@ typedef struct dfl_target {
     float *router;        /* (R, n_experts) router logits */
     float *moe_x, *moe_y; /* (R, dim) rows routed to one expert, and their output */
     int *moe_rows;        /* (R) which rows */
+    float *sh_gate;       /* (R) shared-expert gate logits */
     float *moe_w;         /* (R * top_k) each row's expert weights ... */
     int *moe_e;           /* (R * top_k) ... and experts, in ascending expert order */
     uint64_t moe_touched, moe_bytes; /* last forward: experts run, their weight bytes */

@@ -77,6 +77,11 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
                                                      : load_attention(t, w, l, err);
     rc = rc ? rc : vec(t, w, l, "input_layernorm.weight", c->dim, 1, &L->attn_norm, err);
     rc = rc ? rc : vec(t, w, l, "post_attention_layernorm.weight", c->dim, 1, &L->ffn_norm, err);
+    if (!rc && c->mlp_kind[l] == DFL_MLP_MOE) {
+        char lfmt[160];
+        snprintf(lfmt, sizeof lfmt, "%slayers.%%d.", t->prefix);
+        return dfl_load_moe(w, c, lfmt, l, L, err);
+    }
     rc = rc ? rc : mat(t, w, l, "mlp.gate_proj.weight", c->ffn_dim, c->dim, &L->w_gate, err);
     rc = rc ? rc : mat(t, w, l, "mlp.up_proj.weight", c->ffn_dim, c->dim, &L->w_up, err);
     return rc ? rc : mat(t, w, l, "mlp.down_proj.weight", c->dim, c->ffn_dim, &L->w_down, err);

@@ -28,6 +28,26 @@ static int layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_erro
     return 0;
 }
 
+/* Qwen3.5-MoE: every layer's MLP is a softmax-routed mixture of experts
+ * whose top_k scores are renormalised, plus a shared expert behind a
+ * sigmoid gate; the dense form needs intermediate_size. */
+static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
+    const cJSON *ne = cJSON_GetObjectItemCaseSensitive(j, "num_experts");
+    if (!ne || cJSON_IsNull(ne)) {
+        if (c->ffn_dim) return 0;   /* dense */
+        return dfl_fail(err, DFL_EFORMAT, "%s: intermediate_size is missing (a dense Qwen3.5 "
+                        "needs it; an MoE one num_experts)", file);
+    }
+    TRY(need_int(j, "num_experts", 1, MAX_EXPERTS, &c->n_experts, file, err));
+    TRY(need_int(j, "num_experts_per_tok", 1, c->n_experts, &c->top_k, file, err));
+    TRY(need_int(j, "moe_intermediate_size", 1, MAX_FFN, &c->moe_ffn, file, err));
+    TRY(need_int(j, "shared_expert_intermediate_size", 1, MAX_FFN, &c->shared_ffn, file, err));
+    c->router_softmax = 1, c->norm_topk = 1, c->routed_scale = 1;
+    if (!c->ffn_dim) c->ffn_dim = c->moe_ffn;   /* no dense layer uses it */
+    for (int l = 0; l < c->n_layers; l++) c->mlp_kind[l] = DFL_MLP_MOE;
+    return 0;
+}
+
 int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const char *file,
                       dfl_error *err) {
     c->qk_norm = 1;
@@ -48,5 +68,5 @@ int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const cha
     TRY(opt_int(j, "linear_num_value_heads", 1, MAX_HEADS, &c->lin_v_heads, file, err));
     TRY(opt_int(j, "linear_key_head_dim", 1, MAX_HEAD_DIM, &c->lin_k_dim, file, err));
     TRY(opt_int(j, "linear_value_head_dim", 1, MAX_HEAD_DIM, &c->lin_v_dim, file, err));
-    return 0;
+    return moe(j, c, file, err);
 }

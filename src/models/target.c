@@ -103,8 +103,8 @@ static int layer_mats(dfl_layer *L, const dfl_config *c, dfl_mat **out) {
     out[n++] = &M->router;
     for (int e = 0; e < c->n_experts; e++)
         out[n++] = &M->gate[e], out[n++] = &M->up[e], out[n++] = &M->down[e];
-    dfl_mat *sh[] = {&M->sh_gate, &M->sh_up, &M->sh_down};
-    for (int i = 0; i < 3; i++)
+    dfl_mat *sh[] = {&M->sh_gate, &M->sh_up, &M->sh_down, &M->sh_scale};
+    for (int i = 0; i < 4; i++)
         if (sh[i]->rows) out[n++] = sh[i];
     return n;
 }
@@ -170,6 +170,7 @@ static void alloc_scratch(dfl_target *t) {
         t->moe_x = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
         t->moe_y = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
         t->moe_rows = xcalloc(R, sizeof(int));
+        t->sh_gate = xcalloc(R, sizeof(float));
         t->moe_w = xcalloc((size_t)R * c->top_k, sizeof(float));
         t->moe_e = xcalloc((size_t)R * c->top_k, sizeof(int));
     }
@@ -269,7 +270,7 @@ void dfl_target_free(dfl_target *t) {
     free(t->x), free(t->xn), free(t->q), free(t->k), free(t->v), free(t->att), free(t->gate);
     free(t->h1), free(t->h2), free(t->n_keys), free(t->qscratch), free(t->rope_cs);
     free(t->router), free(t->moe_x), free(t->moe_y), free(t->moe_rows), free(t->moe_w);
-    free(t->moe_e);
+    free(t->moe_e), free(t->sh_gate);
     free(t->qg), free(t->lin_x), free(t->lin_z), free(t->lin_ba), free(t->lin_o);
     free(t->logits);
     free(t);
