@@ -129,6 +129,10 @@ variants = {
                "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
                                    "partial_rotary_factor": 0.25}},
 }
+variants["qwen3_next"] = {**variants["qwen35"], "architectures": ["Qwen3NextForCausalLM"],
+                         "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1],
+                         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 16,
+                         "norm_topk_prob": False, "decoder_sparse_step": 1}
 variants["qwen35_multimodal"] = {"architectures": ["Qwen3_5ForConditionalGeneration"],
                                  "tie_word_embeddings": False, "vision_config": {"depth": 1},
                                  "text_config": {**base, **variants["qwen35"],

@@ -289,6 +289,29 @@ static void test_hf_qwen35(void) {
     expect(moe, "num_experts", "0", DFL_EFORMAT, "num_experts = 0");
     expect(moe, "shared_expert_intermediate_size", NULL, DFL_EFORMAT,
            "shared_expert_intermediate_size is missing");
+    /* Qwen3-Next: the MoE fields with mlp_only_layers and decoder_sparse_step */
+    cJSON *jn = cJSON_Parse(QWEN35);
+    cJSON_ReplaceItemInObject(jn, "architectures", cJSON_Parse("[\"Qwen3NextForCausalLM\"]"));
+    cJSON_AddItemToObject(jn, "num_experts", cJSON_CreateNumber(256));
+    char *nx = cJSON_PrintUnformatted(jn);
+    rc = cfg_with(nx, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN3_NEXT && c.n_experts == 256 &&
+              c.mlp_kind[0] == DFL_MLP_MOE && c.mlp_kind[31] == DFL_MLP_MOE &&
+              c.ffn_dim == 12288 && c.norm_topk, "qwen3-next config: %s", e.msg);
+    free(nx);
+    cJSON_AddItemToObject(jn, "norm_topk_prob", cJSON_CreateFalse());
+    cJSON_AddItemToObject(jn, "decoder_sparse_step", cJSON_CreateNumber(2));
+    nx = cJSON_PrintUnformatted(jn);
+    cJSON_Delete(jn);
+    rc = cfg_with(nx, "mlp_only_layers", "[3]", &c, &e);
+    CHECK(rc == 0 && !c.norm_topk && c.mlp_kind[0] == DFL_MLP_DENSE &&
+              c.mlp_kind[1] == DFL_MLP_MOE && c.mlp_kind[3] == DFL_MLP_DENSE &&
+              c.mlp_kind[5] == DFL_MLP_MOE, "qwen3-next sparse layers: %s", e.msg);
+    expect(nx, "mlp_only_layers", "[32]", DFL_EFORMAT, "mlp_only_layers[0] is not a layer");
+    expect(nx, "mlp_only_layers", "{}", DFL_EFORMAT, "mlp_only_layers is not a list");
+    expect(nx, "decoder_sparse_step", "0", DFL_EFORMAT, "decoder_sparse_step = 0");
+    expect(nx, "intermediate_size", NULL, DFL_EFORMAT, "layer 0 is dense but intermediate_size");
+    free(nx);
     /* the multimodal class: the text model's fields in text_config, tie at the top */
     char mm[4096];
     snprintf(mm, sizeof mm, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],"

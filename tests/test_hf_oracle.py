@@ -157,6 +157,16 @@ ARCHS = [  # (name, config class, config kwargs, seed)
                        "linear_attention"], num_experts=6, num_experts_per_tok=2,
           moe_intermediate_size=32, shared_expert_intermediate_size=48,
           tie_word_embeddings=False), 32),
+    # Qwen3-Next: grouped DeltaNet projections (in_proj_qkvz, in_proj_ba), a dense layer
+    # (mlp_only_layers) among softmax-routed ones, top-k scores not renormalised
+    ("qwen3next-grouped-moe", "Qwen3NextConfig",
+     dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+          linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=6,
+          layer_types=["linear_attention", "full_attention", "linear_attention",
+                       "linear_attention"], num_experts=6, num_experts_per_tok=2,
+          moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[1],
+          norm_topk_prob=False, tie_word_embeddings=False), 43),
     # wide enough for Q8_0 and Q4_K rows: 3 DeltaNet layers to 1 attention, as released
     ("qwen35-256-probe", "Qwen3_5TextConfig",
      dict(hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -327,6 +337,9 @@ def row(case, dt, mode, kv, diff, tol, ok):
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
+HYBRID = ("qwen35", "qwen3next")   # cases with gated DeltaNet layers
+
+
 # ---- 1 and 2: targets ----------------------------------------------------------------------
 
 def test_target(binary, name, dirs):
@@ -343,7 +356,7 @@ def test_target(binary, name, dirs):
         # hidden_states[l + 1] is decoder layer l's output, but the last entry is
         # after the final norm: capture all layers but the last.
         cap = list(range(tcfg.num_hidden_layers - 1))
-        ref, href = hf_forward(hf, ids, cap, step=name.startswith("qwen35"))
+        ref, href = hf_forward(hf, ids, cap, step=name.startswith(HYBRID))
         check(ref.std() > 1.0, f"{name} {dt}: logits spread (std {ref.std():.2f})")
         for mode, dec in (("prefill", None), ("decode", DECODE_FROM)):
             for kv in ("f32", "f16"):
@@ -361,11 +374,11 @@ def test_target(binary, name, dirs):
                 check(ok, f"{name} {dt} {mode} kv {kv} hidden {cap}: max |diff| {diff:.3g} > "
                       f"tol {tol:.3g}")
                 row(name, dt, mode + "-h", kv, diff, tol, ok)
-        if name.startswith("qwen35"):
+        if name.startswith(HYBRID):
             test_chunked(binary, name, dt, d, hf, ids)
         if dt == "f32":
             test_generate(binary, name, d, hf)
-        if name.startswith("qwen35"):
+        if name.startswith(HYBRID):
             test_reference64(binary, name, dt, d, ids, ref)
 
 
@@ -481,7 +494,7 @@ def test_probe(binary, name, dirs):
         # a hybrid's recurrent states (each verify row's snapshot) are part of what is compared
         states = json.loads(r.stdout)["probe"]["state_bytes_compared"]
         ok = r.returncode == 0 and not bad and len(sizes) == 15 and \
-            (states > 0) == name.startswith("qwen35")
+            (states > 0) == name.startswith(HYBRID)
         check(ok, f"{name} {label}: probe blocks {bad} differ from decode (exit {r.returncode})")
         print(f"  {name:26s} {label:5s} probe     B=2..16: {'0 bytes differ' if ok else bad}"
               f"{f' (recurrent states: {states} bytes)' if states else ''}", flush=True)
@@ -706,7 +719,7 @@ def main():
             test_target(binary, name, dirs[name])
         test_drafters(binary, dirs)
         for name in dirs:
-            if name.startswith(("laguna", "qwen35")):
+            if name.startswith(("laguna",) + HYBRID):
                 test_probe(binary, name, dirs[name])
         test_hybrid_spec(binary, dirs)
     print(f"test_hf_oracle: {time.time() - t0:.1f} s")

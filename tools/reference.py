@@ -21,7 +21,7 @@ factor and blends the band between; "yarn" ramps between interpolated and
 extrapolated frequencies over the correction range of beta_fast/beta_slow at
 original_max_position_embeddings, and scales cos/sin by 0.1 ln(factor) + 1.
 
-Qwen3.5 dense hybrids (spec/architectures.md section 2; forward_qwen35): every
+Qwen3.5 and Qwen3-Next hybrids (spec/architectures.md section 2; forward_qwen35): every
 RMSNorm x_hat * (1 + w) but the DeltaNet's gated one; full-attention layers with
 q_proj rows [q | gate] per head, q/k norm, partial rotary, out * sigmoid(gate);
 gated DeltaNet layers in the step form: depthwise causal conv (kernel K) then
@@ -184,8 +184,17 @@ def gated_deltanet(cfg, W, p, h):
     Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     K = cfg["linear_conv_kernel_dim"]
-    n = h.shape[0]
-    mixed = h @ W[p + "in_proj_qkv.weight"].T                      # (n, C)
+    n, r = h.shape[0], Hv // Hk
+    if p + "in_proj_qkvz.weight" in W:  # Qwen3-Next: per key head [q | k | v | z] and [b | a]
+        g = (h @ W[p + "in_proj_qkvz.weight"].T).reshape(n, Hk, 2 * dk + 2 * r * dv)
+        q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
+        mixed = np.concatenate([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], axis=1)
+        ba = (h @ W[p + "in_proj_ba.weight"].T).reshape(n, Hk, 2 * r)
+        b_in, a_in, z = ba[..., :r].reshape(n, Hv), ba[..., r:].reshape(n, Hv), z.reshape(n, -1)
+    else:
+        mixed = h @ W[p + "in_proj_qkv.weight"].T                  # (n, C)
+        b_in, a_in = h @ W[p + "in_proj_b.weight"].T, h @ W[p + "in_proj_a.weight"].T
+        z = h @ W[p + "in_proj_z.weight"].T
     w = W[p + "conv1d.weight"][:, 0, :]                           # (C, K)
     pad = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
     x = silu(np.stack([(pad[t:t + K] * w.T).sum(axis=0) for t in range(n)]))
@@ -193,12 +202,10 @@ def gated_deltanet(cfg, W, p, h):
     v = x[:, 2 * Hk * dk:].reshape(n, Hv, dv)
     q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
     k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
-    beta = 1 / (1 + np.exp(-(h @ W[p + "in_proj_b.weight"].T)))  # (n, Hv)
-    a = h @ W[p + "in_proj_a.weight"].T + W[p + "dt_bias"]
-    g = -np.exp(W[p + "A_log"]) * np.logaddexp(0, a)               # softplus
-    z = (h @ W[p + "in_proj_z.weight"].T).reshape(n, Hv, dv)
+    beta = 1 / (1 + np.exp(-b_in))                                 # (n, Hv)
+    g = -np.exp(W[p + "A_log"]) * np.logaddexp(0, a_in + W[p + "dt_bias"])   # softplus
+    z = z.reshape(n, Hv, dv)
     S, o = np.zeros((Hv, dk, dv)), np.zeros((n, Hv, dv))
-    r = Hv // Hk
     for t in range(n):
         for j in range(Hv):
             kt, qt = k[t, j // r], q[t, j // r]
@@ -282,7 +289,7 @@ def forward(cfg, W, ids, interleaved=False, kv_f16=False):
     interleaved=True runs Meta/GGUF-llama RoPE (q/k rows permuted); used to
     check a converted file's weights. kv_f16=True rounds K (after RoPE) and V
     to float16 before attention, as an f16 KV cache stores them."""
-    if cfg.get("model_type", "").startswith("qwen3_5"):
+    if cfg.get("model_type", "").startswith(("qwen3_5", "qwen3_next")):
         return forward_qwen35(cfg, W, ids)
     dm = dims(cfg)
     inv, scale = rope_params(cfg)

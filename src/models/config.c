@@ -12,7 +12,8 @@
 
 const char *dfl_arch_name(int a) {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
-         : a == ARCH_LAGUNA ? "laguna" : a == ARCH_QWEN35 ? "qwen3_5" : "?";
+         : a == ARCH_LAGUNA ? "laguna" : a == ARCH_QWEN35 ? "qwen3_5"
+         : a == ARCH_QWEN3_NEXT ? "qwen3_next" : "?";
 }
 
 /* ---- validation --------------------------------------------------------- */
@@ -64,8 +65,9 @@ static int validate_recurrent(const dfl_config *c, const char *src, dfl_error *e
         any |= c->layer_kind[l] == DFL_LAYER_RECURRENT;
     }
     if (!any) return 0;
-    if (c->arch != ARCH_QWEN35)
-        return dfl_fail(err, DFL_EFORMAT, "%s: linear_attention layers need a Qwen3.5 model", src);
+    if (!DFL_ARCH_HYBRID(c->arch))
+        return dfl_fail(err, DFL_EFORMAT, "%s: linear_attention layers need a Qwen3.5 or "
+                        "Qwen3-Next model", src);
     RANGE(c->lin_conv, 1, DFL_MAX_CONV, "linear_conv_kernel_dim");
     RANGE(c->lin_k_heads, 1, MAX_HEADS, "linear_num_key_heads");
     RANGE(c->lin_v_heads, 1, MAX_HEADS, "linear_num_value_heads");
@@ -85,7 +87,7 @@ static int rot_dims(int hd, float partial) {
 
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     if (!src) src = "config";
-    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN35, "arch");
+    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN3_NEXT, "arch");
     RANGE(c->n_layers, 1, MAX_LAYERS, "num_hidden_layers");
     RANGE(c->dim, 1, MAX_DIM, "hidden_size");
     RANGE(c->n_heads, 1, MAX_HEADS, "num_attention_heads");
@@ -151,6 +153,7 @@ static const struct {
     {"Qwen3_5ForConditionalGeneration", "qwen3_5", ARCH_QWEN35},
     {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ARCH_QWEN35},
     {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", ARCH_QWEN35},
+    {"Qwen3NextForCausalLM", "qwen3_next", ARCH_QWEN3_NEXT},
 };
 
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
@@ -167,7 +170,8 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
     return dfl_fail(err, DFL_EUNSUP,
                     "%s: architecture %.100s not supported (LlamaForCausalLM, MistralForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM, Qwen3_5ForCausalLM, "
-                    "Qwen3_5ForConditionalGeneration and their Moe forms are)",
+                    "Qwen3_5ForConditionalGeneration and their Moe forms, Qwen3NextForCausalLM "
+                    "are)",
                     file, name ? name : mt);
 }
 
@@ -228,7 +232,7 @@ static int hf_refuse_features(const cJSON *j, int arch, const char *file, dfl_er
     if (b) return dfl_fail(err, DFL_EUNSUP, "%s: mlp_bias = true not supported", file);
     double prf = 1;
     TRY(dfl_json_num(j, "partial_rotary_factor", 0, 1, &prf, file, err));
-    if (prf != 1 && arch != ARCH_LAGUNA && arch != ARCH_QWEN35)
+    if (prf != 1 && arch != ARCH_LAGUNA && !DFL_ARCH_HYBRID(arch))
         return dfl_fail(err, DFL_EUNSUP, "%s: partial_rotary_factor = %g not supported (1 is)",
                         file, prf);
     return 0;
@@ -350,13 +354,13 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     if (arch < 0 && (arch = hf_arch(j, file, err)) < 0) return arch;
     c->arch = arch;
     const cJSON *top = j;
-    if (arch == ARCH_QWEN35) j = dfl_qwen35_text(j);
+    if (DFL_ARCH_HYBRID(arch)) j = dfl_qwen35_text(j);
     TRY(hf_refuse_features(j, arch, file, err));
     TRY(need_int(j, "hidden_size", 1, MAX_DIM, &c->dim, file, err));
     TRY(need_int(j, "num_hidden_layers", 1, MAX_LAYERS, &c->n_layers, file, err));
     TRY(need_int(j, "num_attention_heads", 1, MAX_HEADS, &c->n_heads, file, err));
     /* (Qwen3.5-MoE has no dense MLP: its reader checks) */
-    TRY((arch == ARCH_QWEN35 ? opt_int : need_int)(j, "intermediate_size", 1, MAX_FFN,
+    TRY((DFL_ARCH_HYBRID(arch) ? opt_int : need_int)(j, "intermediate_size", 1, MAX_FFN,
                                                     &c->ffn_dim, file, err));
     TRY(need_int(j, "vocab_size", 1, MAX_VOCAB, &c->vocab, file, err));
     c->n_kv_heads = c->n_heads;
@@ -383,7 +387,7 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     c->eos_id = arch == ARCH_LLAMA ? 2 : -1;
     TRY(token_id(j, "bos_token_id", &c->bos_id, file, err));
     TRY(token_id(j, "eos_token_id", &c->eos_id, file, err));
-    if (arch == ARCH_QWEN35) TRY(dfl_qwen35_config(j, top, c, file, err));
+    if (DFL_ARCH_HYBRID(arch)) TRY(dfl_qwen35_config(j, top, c, file, err));
     else TRY(hf_layer_types(j, c, file, err));
     if (arch == ARCH_LAGUNA) TRY(dfl_laguna_config(j, c, file, err));
     return dfl_config_validate(c, file, err);

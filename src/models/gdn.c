@@ -119,15 +119,49 @@ static void row_step(dfl_target *t, const dfl_gdn *G, int l, dfl_kv *kv, int r, 
         memcpy(dfl_kv_snap(kv, l, i + 1), win, sizeof(float) * kv->rec_floats);
 }
 
+/* Qwen3-Next's grouped projections, per key head [q | k | v | z] and
+ * [b | a], into the separate layout: lin_x = q | k | v, lin_z, lin_ba. */
+static void split_grouped(dfl_target *t, const dfl_gdn *G, int n) {
+    const dfl_config *c = &t->c;
+    int dk = c->lin_k_dim, H = c->lin_v_heads, Hk = c->lin_k_heads, r = H / Hk;
+    int Kd = Hk * dk, rv = r * c->lin_v_dim, C = dfl_gdn_channels(c), Vd = H * c->lin_v_dim;
+    size_t fl = sizeof(float);
+    dfl_matmul(t->pool, &G->qkv, n, t->xn, c->dim, t->lin_g, C + Vd, t->qscratch);
+    for (int row = 0; row < n; row++) {
+        const float *g = t->lin_g + (size_t)row * (C + Vd);
+        float *x = t->lin_x + (size_t)row * C, *z = t->lin_z + (size_t)row * Vd;
+        for (int h = 0; h < Hk; h++, g += 2 * dk + 2 * rv) {
+            memcpy(x + (size_t)h * dk, g, dk * fl);
+            memcpy(x + Kd + (size_t)h * dk, g + dk, dk * fl);
+            memcpy(x + 2 * Kd + (size_t)h * rv, g + 2 * dk, rv * fl);
+            memcpy(z + (size_t)h * rv, g + 2 * dk + rv, rv * fl);
+        }
+    }
+    dfl_matmul(t->pool, &G->b, n, t->xn, c->dim, t->lin_g, 2 * H, t->qscratch);
+    for (int row = 0; row < n; row++) {
+        const float *g = t->lin_g + (size_t)row * 2 * H;
+        float *ba = t->lin_ba + (size_t)row * 2 * H;
+        for (int h = 0; h < Hk; h++) {
+            memcpy(ba + (size_t)h * r, g + (size_t)h * 2 * r, r * fl);
+            memcpy(ba + H + (size_t)h * r, g + (size_t)h * 2 * r + r, r * fl);
+        }
+    }
+}
+
 void dfl_gdn_layer(dfl_target *t, const dfl_layer *L, int l, dfl_fwd *f, const int *off,
                    int n_seq) {
     const dfl_config *c = &t->c;
     const dfl_gdn *G = L->gdn;
     int n = off[n_seq], H = c->lin_v_heads, Vd = H * c->lin_v_dim;
-    dfl_matmul(t->pool, &G->qkv, n, t->xn, c->dim, t->lin_x, dfl_gdn_channels(c), t->qscratch);
-    dfl_matmul(t->pool, &G->z, n, t->xn, c->dim, t->lin_z, Vd, t->qscratch);
-    dfl_matmul(t->pool, &G->b, n, t->xn, c->dim, t->lin_ba, 2 * H, t->qscratch);
-    dfl_matmul(t->pool, &G->a, n, t->xn, c->dim, t->lin_ba + H, 2 * H, t->qscratch);
+    if (G->grouped) {
+        split_grouped(t, G, n);
+    } else {
+        dfl_matmul(t->pool, &G->qkv, n, t->xn, c->dim, t->lin_x, dfl_gdn_channels(c),
+                   t->qscratch);
+        dfl_matmul(t->pool, &G->z, n, t->xn, c->dim, t->lin_z, Vd, t->qscratch);
+        dfl_matmul(t->pool, &G->b, n, t->xn, c->dim, t->lin_ba, 2 * H, t->qscratch);
+        dfl_matmul(t->pool, &G->a, n, t->xn, c->dim, t->lin_ba + H, 2 * H, t->qscratch);
+    }
     for (int s = 0; s < n_seq; s++)
         for (int r = off[s]; r < off[s + 1]; r++) row_step(t, G, l, f[s].kv, r, r - off[s]);
     dfl_matmul(t->pool, &G->out, n, t->lin_o, Vd, t->h1, c->dim, t->qscratch);

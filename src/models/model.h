@@ -19,7 +19,9 @@
 #include "kernels/kernels.h"
 #include "models/seqstate.h"
 
-enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA, ARCH_QWEN35 };
+enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA, ARCH_QWEN35, ARCH_QWEN3_NEXT };
+/* Qwen3.5 and Qwen3-Next: the gated DeltaNet hybrids (one family, qwen35.c). */
+#define DFL_ARCH_HYBRID(a) ((a) == ARCH_QWEN35 || (a) == ARCH_QWEN3_NEXT)
 enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024 };
 enum { DFL_MAX_CONV = 64 };   /* the longest gated DeltaNet conv kernel */
 enum { DFL_MLP_DENSE = 0, DFL_MLP_MOE = 1 };
@@ -94,12 +96,16 @@ typedef struct dfl_moe {
     dfl_mat sh_scale;     /* (1, dim) shared_expert_gate; rows 0: none */
 } dfl_moe;
 
-/* A gated DeltaNet mixer (Qwen3.5 layout: separate projections). With
- * Kd = k_heads * k_dim, Vd = v_heads * v_dim, C = 2 * Kd + Vd channels. */
+/* A gated DeltaNet mixer. With Kd = k_heads * k_dim, Vd = v_heads * v_dim,
+ * C = 2 * Kd + Vd channels, r = v_heads / k_heads. Qwen3.5 has separate
+ * projections; Qwen3-Next (grouped) two, whose rows go per key head. */
 typedef struct dfl_gdn {
-    dfl_mat qkv;          /* (C, dim) q | k | v before the conv */
-    dfl_mat z;            /* (Vd, dim) output gate */
-    dfl_mat b, a;         /* (v_heads, dim) beta and decay inputs */
+    int grouped;          /* 1: qkv is in_proj_qkvz, b is in_proj_ba (Qwen3-Next) */
+    dfl_mat qkv;          /* (C, dim) q | k | v before the conv; grouped: (C + Vd, dim),
+                             per key head [q (k_dim) | k (k_dim) | v (r v_dim) | z (r v_dim)] */
+    dfl_mat z;            /* (Vd, dim) output gate; grouped: rows 0 (in qkv) */
+    dfl_mat b, a;         /* (v_heads, dim) beta and decay inputs; grouped: b (2 v_heads, dim),
+                             per key head [b (r) | a (r)], a rows 0 */
     dfl_mat out;          /* (dim, Vd) */
     const float *conv;    /* (C, lin_conv) depthwise causal conv taps, oldest input first */
     const float *dt_bias; /* (v_heads) */
@@ -170,6 +176,7 @@ typedef struct dfl_target {
     float *lin_z;         /* (R, Vd) output gates */
     float *lin_ba;        /* (R, 2*v_heads) beta inputs, then decay inputs */
     float *lin_o;         /* (R, Vd) recurrence output, then gated-normed */
+    float *lin_g;         /* (R, C + Vd) grouped projections before they are split */
     int n_snap;           /* recurrent states kept per sequence besides the live one */
     uint64_t rec_bytes;   /* recurrent state of one sequence, its snapshots included */
     float *logits;        /* (R - max_rows, vocab) logits of a several-sequence forward,

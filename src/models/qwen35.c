@@ -1,4 +1,4 @@
-/* qwen35.c - Qwen3.5 dense (text): a hybrid of gated DeltaNet layers
+/* qwen35.c - Qwen3.5 (dense and MoE, text) and Qwen3-Next: hybrids of gated DeltaNet layers
  * (linear_attention: a recurrent state per sequence) and gated full
  * attention (q_proj emits [q | gate] per head, output * sigmoid(gate), q/k
  * norm, partial rotary), each followed by a dense SwiGLU MLP. Every RMSNorm
@@ -36,10 +36,17 @@ static int load_gdn(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     int D = c->dim, H = c->lin_v_heads;
     char b[256];
     int conv[3] = {ch, 1, c->lin_conv}, heads[1] = {H};
-    int rc = mat(t, w, l, "linear_attn.in_proj_qkv.weight", ch, D, &G->qkv, err);
-    rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_z.weight", vd, D, &G->z, err);
-    rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_b.weight", H, D, &G->b, err);
-    rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_a.weight", H, D, &G->a, err);
+    G->grouped = t->c.arch == ARCH_QWEN3_NEXT;
+    int rc = 0;
+    if (G->grouped) {
+        rc = mat(t, w, l, "linear_attn.in_proj_qkvz.weight", ch + vd, D, &G->qkv, err);
+        rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_ba.weight", 2 * H, D, &G->b, err);
+    } else {
+        rc = mat(t, w, l, "linear_attn.in_proj_qkv.weight", ch, D, &G->qkv, err);
+        rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_z.weight", vd, D, &G->z, err);
+        rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_b.weight", H, D, &G->b, err);
+        rc = rc ? rc : mat(t, w, l, "linear_attn.in_proj_a.weight", H, D, &G->a, err);
+    }
     rc = rc ? rc : mat(t, w, l, "linear_attn.out_proj.weight", D, vd, &G->out, err);
     rc = rc ? rc : dfl_w_array(w, name(b, t, l, "linear_attn.conv1d.weight"), 3, conv, 0,
                                &G->conv, err);

@@ -28,9 +28,32 @@ static int layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_erro
     return 0;
 }
 
+/* Qwen3-Next: a layer's MLP is sparse unless it is in mlp_only_layers or
+ * (l + 1) is not a multiple of decoder_sparse_step. */
+static int next_sparse_layers(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
+    int step = 1;
+    TRY(opt_int(j, "decoder_sparse_step", 1, MAX_LAYERS, &step, file, err));
+    for (int l = 0; l < c->n_layers; l++) c->mlp_kind[l] = (l + 1) % step == 0;
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+    if (!only || cJSON_IsNull(only)) return 0;
+    if (!cJSON_IsArray(only))
+        return dfl_fail(err, DFL_EFORMAT, "%s: mlp_only_layers is not a list", file);
+    for (int i = 0; i < cJSON_GetArraySize(only); i++) {
+        const cJSON *v = cJSON_GetArrayItem(only, i);
+        double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (!(d >= 0 && d < c->n_layers && d == (int)d))
+            return dfl_fail(err, DFL_EFORMAT, "%s: mlp_only_layers[%d] is not a layer (0..%d)",
+                            file, i, c->n_layers - 1);
+        c->mlp_kind[(int)d] = DFL_MLP_DENSE;
+    }
+    return 0;
+}
+
 /* Qwen3.5-MoE: every layer's MLP is a softmax-routed mixture of experts
  * whose top_k scores are renormalised, plus a shared expert behind a
- * sigmoid gate; the dense form needs intermediate_size. */
+ * sigmoid gate; the dense form needs intermediate_size. Qwen3-Next: the
+ * same on its sparse layers, norm_topk_prob read, intermediate_size for
+ * the dense ones. */
 static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
     const cJSON *ne = cJSON_GetObjectItemCaseSensitive(j, "num_experts");
     if (!ne || cJSON_IsNull(ne)) {
@@ -43,6 +66,16 @@ static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) 
     TRY(need_int(j, "moe_intermediate_size", 1, MAX_FFN, &c->moe_ffn, file, err));
     TRY(need_int(j, "shared_expert_intermediate_size", 1, MAX_FFN, &c->shared_ffn, file, err));
     c->router_softmax = 1, c->norm_topk = 1, c->routed_scale = 1;
+    if (c->arch == ARCH_QWEN3_NEXT) {
+        TRY(dfl_json_bool(j, "norm_topk_prob", &c->norm_topk, file, err));
+        TRY(next_sparse_layers(j, c, file, err));
+        for (int l = 0; l < c->n_layers; l++)
+            if (c->mlp_kind[l] == DFL_MLP_DENSE && !c->ffn_dim)
+                return dfl_fail(err, DFL_EFORMAT, "%s: layer %d is dense but intermediate_size "
+                                "is missing", file, l);
+        if (!c->ffn_dim) c->ffn_dim = c->moe_ffn;
+        return 0;
+    }
     if (!c->ffn_dim) c->ffn_dim = c->moe_ffn;   /* no dense layer uses it */
     for (int l = 0; l < c->n_layers; l++) c->mlp_kind[l] = DFL_MLP_MOE;
     return 0;

@@ -15,7 +15,7 @@ const char *dfl_lname(char *buf, const char *fmt, int l) {
 
 static const dfl_family *family_of(int arch) {
     return arch == ARCH_LAGUNA ? &dfl_family_laguna
-         : arch == ARCH_QWEN35 ? &dfl_family_qwen35 : &dfl_family_dense;
+         : DFL_ARCH_HYBRID(arch) ? &dfl_family_qwen35 : &dfl_family_dense;
 }
 
 static int is_file(const char *path) {
@@ -145,6 +145,7 @@ static void alloc_recurrent_scratch(dfl_target *t) {
     t->lin_z = dfl_aligned_alloc((size_t)R * vd * sizeof(float));
     t->lin_ba = dfl_aligned_alloc((size_t)R * 2 * c->lin_v_heads * sizeof(float));
     t->lin_o = dfl_aligned_alloc((size_t)R * vd * sizeof(float));
+    t->lin_g = dfl_aligned_alloc((size_t)R * (dfl_gdn_channels(c) + vd) * sizeof(float));
 }
 
 static void alloc_scratch(dfl_target *t) {
@@ -271,7 +272,7 @@ void dfl_target_free(dfl_target *t) {
     free(t->h1), free(t->h2), free(t->n_keys), free(t->qscratch), free(t->rope_cs);
     free(t->router), free(t->moe_x), free(t->moe_y), free(t->moe_rows), free(t->moe_w);
     free(t->moe_e), free(t->sh_gate);
-    free(t->qg), free(t->lin_x), free(t->lin_z), free(t->lin_ba), free(t->lin_o);
+    free(t->qg), free(t->lin_x), free(t->lin_z), free(t->lin_ba), free(t->lin_o), free(t->lin_g);
     free(t->logits);
     free(t);
 }
