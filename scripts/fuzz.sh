@@ -133,6 +133,9 @@ variants["qwen3_next"] = {**variants["qwen35"], "architectures": ["Qwen3NextForC
                          "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1],
                          "moe_intermediate_size": 32, "shared_expert_intermediate_size": 16,
                          "norm_topk_prob": False, "decoder_sparse_step": 1}
+variants["qwen3_moe"] = {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                        "mlp_only_layers": [0], "decoder_sparse_step": 1, "norm_topk_prob": True}
 variants["qwen35_multimodal"] = {"architectures": ["Qwen3_5ForConditionalGeneration"],
                                  "tie_word_embeddings": False, "vision_config": {"depth": 1},
                                  "text_config": {**base, **variants["qwen35"],

@@ -312,6 +312,24 @@ static void test_hf_qwen35(void) {
     expect(nx, "decoder_sparse_step", "0", DFL_EFORMAT, "decoder_sparse_step = 0");
     expect(nx, "intermediate_size", NULL, DFL_EFORMAT, "layer 0 is dense but intermediate_size");
     free(nx);
+    /* Qwen3-MoE: Qwen3 with experts on its sparse layers, no shared expert */
+    jn = cJSON_Parse(QWEN3);
+    cJSON_ReplaceItemInObject(jn, "architectures", cJSON_Parse("[\"Qwen3MoeForCausalLM\"]"));
+    cJSON_AddItemToObject(jn, "num_experts", cJSON_CreateNumber(128));
+    cJSON_AddItemToObject(jn, "num_experts_per_tok", cJSON_CreateNumber(8));
+    cJSON_AddItemToObject(jn, "moe_intermediate_size", cJSON_CreateNumber(768));
+    cJSON_AddItemToObject(jn, "mlp_only_layers", cJSON_Parse("[0, 27]"));
+    nx = cJSON_PrintUnformatted(jn);
+    cJSON_Delete(jn);
+    rc = cfg_with(nx, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN3_MOE && c.qk_norm && c.n_experts == 128 &&
+              c.shared_ffn == 0 && c.router_softmax && c.norm_topk && !c.norm_offset &&
+              c.mlp_kind[0] == DFL_MLP_DENSE && c.mlp_kind[1] == DFL_MLP_MOE &&
+              c.mlp_kind[27] == DFL_MLP_DENSE, "qwen3-moe config: %s", e.msg);
+    expect(nx, "num_experts_per_tok", "129", DFL_EFORMAT, "num_experts_per_tok = 129");
+    expect(nx, "moe_intermediate_size", NULL, DFL_EFORMAT, "moe_intermediate_size is missing");
+    expect(nx, "mlp_only_layers", "[-1]", DFL_EFORMAT, "mlp_only_layers[0] is not a layer");
+    free(nx);
     /* the multimodal class: the text model's fields in text_config, tie at the top */
     char mm[4096];
     snprintf(mm, sizeof mm, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],"

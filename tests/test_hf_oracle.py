@@ -172,6 +172,13 @@ ARCHS = [  # (name, config class, config kwargs, seed)
      dict(hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
           num_key_value_heads=2, head_dim=64, linear_key_head_dim=32, linear_value_head_dim=64,
           linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=False), 27),
+    # Qwen3-MoE: Qwen3 attention, a dense layer (mlp_only_layers) among softmax-routed
+    # experts (top 2 of 8, renormalised), no shared expert
+    ("qwen3moe-sparse", "Qwen3MoeConfig",
+     dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=True,
+          tie_word_embeddings=False), 61),
     ("qwen2-bias-gqa4-tied", "Qwen2Config",
      dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
           num_key_value_heads=2, tie_word_embeddings=True), 4),
@@ -719,7 +726,7 @@ def main():
             test_target(binary, name, dirs[name])
         test_drafters(binary, dirs)
         for name in dirs:
-            if name.startswith(("laguna",) + HYBRID):
+            if name.startswith(("laguna", "qwen3moe") + HYBRID):
                 test_probe(binary, name, dirs[name])
         test_hybrid_spec(binary, dirs)
     print(f"test_hf_oracle: {time.time() - t0:.1f} s")

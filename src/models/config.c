@@ -13,7 +13,7 @@
 const char *dfl_arch_name(int a) {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
          : a == ARCH_LAGUNA ? "laguna" : a == ARCH_QWEN35 ? "qwen3_5"
-         : a == ARCH_QWEN3_NEXT ? "qwen3_next" : "?";
+         : a == ARCH_QWEN3_NEXT ? "qwen3_next" : a == ARCH_QWEN3_MOE ? "qwen3_moe" : "?";
 }
 
 /* ---- validation --------------------------------------------------------- */
@@ -87,7 +87,7 @@ static int rot_dims(int hd, float partial) {
 
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     if (!src) src = "config";
-    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN3_NEXT, "arch");
+    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN3_MOE, "arch");
     RANGE(c->n_layers, 1, MAX_LAYERS, "num_hidden_layers");
     RANGE(c->dim, 1, MAX_DIM, "hidden_size");
     RANGE(c->n_heads, 1, MAX_HEADS, "num_attention_heads");
@@ -154,6 +154,7 @@ static const struct {
     {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ARCH_QWEN35},
     {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", ARCH_QWEN35},
     {"Qwen3NextForCausalLM", "qwen3_next", ARCH_QWEN3_NEXT},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", ARCH_QWEN3_MOE},
 };
 
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
@@ -170,8 +171,8 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
     return dfl_fail(err, DFL_EUNSUP,
                     "%s: architecture %.100s not supported (LlamaForCausalLM, MistralForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM, Qwen3_5ForCausalLM, "
-                    "Qwen3_5ForConditionalGeneration and their Moe forms, Qwen3NextForCausalLM "
-                    "are)",
+                    "Qwen3_5ForConditionalGeneration and their Moe forms, Qwen3NextForCausalLM, "
+                    "Qwen3MoeForCausalLM are)",
                     file, name ? name : mt);
 }
 
@@ -381,7 +382,7 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     TRY(hf_rope(j, c, file, err));
     c->rope_neox = 1;
     c->qkv_bias = arch == ARCH_QWEN2;
-    c->qk_norm = arch == ARCH_QWEN3;
+    c->qk_norm = arch == ARCH_QWEN3 || arch == ARCH_QWEN3_MOE;
     TRY(dfl_json_bool(j, "tie_word_embeddings", &c->tied_embed, file, err));
     c->bos_id = arch == ARCH_LLAMA ? 1 : -1;
     c->eos_id = arch == ARCH_LLAMA ? 2 : -1;
@@ -389,6 +390,7 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     TRY(token_id(j, "eos_token_id", &c->eos_id, file, err));
     if (DFL_ARCH_HYBRID(arch)) TRY(dfl_qwen35_config(j, top, c, file, err));
     else TRY(hf_layer_types(j, c, file, err));
+    if (arch == ARCH_QWEN3_MOE) TRY(dfl_qwen_moe_config(j, c, file, err));
     if (arch == ARCH_LAGUNA) TRY(dfl_laguna_config(j, c, file, err));
     return dfl_config_validate(c, file, err);
 }

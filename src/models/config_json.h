@@ -50,6 +50,10 @@ const cJSON *dfl_qwen35_text(const cJSON *j);
  * hf_layer_types); top is the file's object (tie_word_embeddings). */
 int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const char *file,
                       dfl_error *err);
+/* The Qwen MoE fields (qwen35_config.c): Qwen3-MoE and Qwen3-Next (sparse layers by
+ * mlp_only_layers and decoder_sparse_step, norm_topk_prob), Qwen3.5-MoE (every layer,
+ * renormalised); a softmax router, the hybrids' shared expert. Absent num_experts: dense. */
+int dfl_qwen_moe_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
 /* Laguna's own fields (laguna.c), after the common ones. */
 int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
 

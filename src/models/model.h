@@ -19,7 +19,8 @@
 #include "kernels/kernels.h"
 #include "models/seqstate.h"
 
-enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA, ARCH_QWEN35, ARCH_QWEN3_NEXT };
+enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA, ARCH_QWEN35, ARCH_QWEN3_NEXT,
+       ARCH_QWEN3_MOE };
 /* Qwen3.5 and Qwen3-Next: the gated DeltaNet hybrids (one family, qwen35.c). */
 #define DFL_ARCH_HYBRID(a) ((a) == ARCH_QWEN35 || (a) == ARCH_QWEN3_NEXT)
 enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024 };

@@ -28,7 +28,7 @@ static int layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_erro
     return 0;
 }
 
-/* Qwen3-Next: a layer's MLP is sparse unless it is in mlp_only_layers or
+/* Qwen3-Next and Qwen3-MoE: a layer's MLP is sparse unless it is in mlp_only_layers or
  * (l + 1) is not a multiple of decoder_sparse_step. */
 static int next_sparse_layers(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
     int step = 1;
@@ -53,20 +53,26 @@ static int next_sparse_layers(const cJSON *j, dfl_config *c, const char *file, d
  * whose top_k scores are renormalised, plus a shared expert behind a
  * sigmoid gate; the dense form needs intermediate_size. Qwen3-Next: the
  * same on its sparse layers, norm_topk_prob read, intermediate_size for
- * the dense ones. */
-static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
-    const cJSON *ne = cJSON_GetObjectItemCaseSensitive(j, "num_experts");
+ * the dense ones. Qwen3-MoE: as Qwen3-Next without a shared expert. */
+int dfl_qwen_moe_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
+    /* (transformers 5 writes Qwen3-MoE's as num_local_experts; released files num_experts) */
+    const char *key = "num_experts";
+    const cJSON *ne = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!ne || cJSON_IsNull(ne))
+        ne = cJSON_GetObjectItemCaseSensitive(j, key = "num_local_experts");
     if (!ne || cJSON_IsNull(ne)) {
         if (c->ffn_dim) return 0;   /* dense */
         return dfl_fail(err, DFL_EFORMAT, "%s: intermediate_size is missing (a dense Qwen3.5 "
                         "needs it; an MoE one num_experts)", file);
     }
-    TRY(need_int(j, "num_experts", 1, MAX_EXPERTS, &c->n_experts, file, err));
+    TRY(need_int(j, key, 1, MAX_EXPERTS, &c->n_experts, file, err));
     TRY(need_int(j, "num_experts_per_tok", 1, c->n_experts, &c->top_k, file, err));
     TRY(need_int(j, "moe_intermediate_size", 1, MAX_FFN, &c->moe_ffn, file, err));
-    TRY(need_int(j, "shared_expert_intermediate_size", 1, MAX_FFN, &c->shared_ffn, file, err));
+    if (c->arch != ARCH_QWEN3_MOE)
+        TRY(need_int(j, "shared_expert_intermediate_size", 1, MAX_FFN, &c->shared_ffn, file,
+                     err));
     c->router_softmax = 1, c->norm_topk = 1, c->routed_scale = 1;
-    if (c->arch == ARCH_QWEN3_NEXT) {
+    if (c->arch == ARCH_QWEN3_NEXT || c->arch == ARCH_QWEN3_MOE) {
         TRY(dfl_json_bool(j, "norm_topk_prob", &c->norm_topk, file, err));
         TRY(next_sparse_layers(j, c, file, err));
         for (int l = 0; l < c->n_layers; l++)
@@ -101,5 +107,5 @@ int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const cha
     TRY(opt_int(j, "linear_num_value_heads", 1, MAX_HEADS, &c->lin_v_heads, file, err));
     TRY(opt_int(j, "linear_key_head_dim", 1, MAX_HEAD_DIM, &c->lin_k_dim, file, err));
     TRY(opt_int(j, "linear_value_head_dim", 1, MAX_HEAD_DIM, &c->lin_v_dim, file, err));
-    return moe(j, c, file, err);
+    return dfl_qwen_moe_config(j, c, file, err);
 }
