@@ -2,13 +2,16 @@
  * layer kinds (config: layer_kind, mlp_kind):
  *   mixer  full or sliding-window attention: q/k/v (+bias), per-head q/k
  *          norm, RoPE of the layer's set (partial rotary allowed), an
- *          optional softplus output gate per head or per element, o;
- *   MLP    dense SwiGLU, or a mixture of experts whose rows are grouped by
- *          expert, so each expert runs one multi-row product over just the
- *          rows routed to it.
- * Every op is per row or a batch-invariant matmul, attention reads each
- * row's own sequence, and a row's expert outputs are summed in ascending
- * expert order: a row's bits never depend on what else is in the call. */
+ *          optional softplus output gate per head or per element or a
+ *          sigmoid gate q_proj emits, o; or a gated DeltaNet (gdn.c);
+ *   MLP    dense SwiGLU, or a mixture of experts (sigmoid or softmax
+ *          router, a shared expert, optionally gated) whose rows are
+ *          grouped by expert, so each expert runs one multi-row product
+ *          over just the rows routed to it.
+ * Every op is per row or a batch-invariant matmul, attention and the
+ * DeltaNet's recurrence read each row's own sequence in order, and a row's
+ * expert outputs are summed in ascending expert order: a row's bits never
+ * depend on what else is in the call. */
 #include <math.h>
 #include <string.h>
 
