@@ -120,16 +120,6 @@ static const char *base_name(const char *p) {
     return s;
 }
 
-/* Parameters from the shapes: what the checkpoint holds, for the load summary. */
-static uint64_t target_params(const dfl_config *c) {
-    uint64_t d = (uint64_t)c->dim, q = (uint64_t)c->n_heads * c->head_dim,
-             kv = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t layer = d * q * 2 + d * kv * 2 + d * (uint64_t)c->ffn_dim * 3 + d * 2;
-    if (c->qkv_bias) layer += q + kv * 2;
-    if (c->qk_norm) layer += (uint64_t)c->head_dim * 2;
-    return layer * (uint64_t)c->n_layers + (uint64_t)c->vocab * d * (c->tied_embed ? 1 : 2) + d;
-}
-
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     memset(info, 0, sizeof *info);
     if (!e->t) return;
@@ -153,7 +143,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->rec_state_bytes = e->t->rec_bytes;
     info->rec_snapshots = e->t->n_snap;
     info->n_threads = dfl_pool_size(e->pool);
-    info->n_params = target_params(c);
+    info->n_params = dfl_target_params(e->t);
     snprintf(info->simd, sizeof info->simd, "%s", dfl_kernels_simd() ? "avx2" : "generic");
     if (e->d) {
         info->has_draft = 1;

@@ -200,6 +200,9 @@ typedef struct dfl_load_opts {
 /* path: HF folder (config.json + safetensors) or a .gguf file. */
 int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, dfl_error *err);
 void dfl_target_free(dfl_target *t);
+/* Parameters of what was loaded (matrices, embeddings, norms, biases), for
+ * the load summary: whatever the family. */
+uint64_t dfl_target_params(const dfl_target *t);
 
 /* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);

@@ -128,6 +128,25 @@ static uint64_t decode_bytes(dfl_target *t, dfl_mat **ms) {
     return b;
 }
 
+uint64_t dfl_target_params(const dfl_target *t) {
+    const dfl_config *c = &t->c;
+    dfl_mat **ms = xcalloc(13 + 3 * (size_t)c->n_experts + 4, sizeof *ms);
+    uint64_t n = (uint64_t)c->vocab * c->dim * (t->lm_head.data == t->embed.data ? 1 : 2) + c->dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        const dfl_layer *L = &t->layers[l];
+        int k = layer_mats(&t->layers[l], c, ms);
+        for (int i = 0; i < k; i++) n += (uint64_t)ms[i]->rows * ms[i]->cols;
+        n += 2 * (uint64_t)c->dim + (L->q_norm ? 2 * (uint64_t)c->head_dim : 0);
+        if (L->bq) n += (uint64_t)L->wq.rows + 2 * (uint64_t)L->wk.rows;
+        if (L->moe && L->moe->sel_bias) n += (uint64_t)c->n_experts;
+        if (L->gdn)   /* conv taps, A_log, dt_bias, the gated norm */
+            n += (uint64_t)dfl_gdn_channels(c) * c->lin_conv + 2 * (uint64_t)c->lin_v_heads +
+                 (uint64_t)c->lin_v_dim;
+    }
+    free(ms);
+    return n;
+}
+
 static int max_heads(const dfl_target *t) {
     int h = 0;
     for (int l = 0; l < t->c.n_layers; l++)
