@@ -546,6 +546,18 @@ def test_hybrid_spec(binary, dirs):
         check(ok, f"{SPEC_TARGET} {dt}: speculative ids differ from classic: {ids}")
         print(f"  {SPEC_TARGET:26s} {dt:5s} generate --draft: blocks {same} give classic ids",
               flush=True)
+        # the probe's drafter diagnostic chains the rounds a pinned run makes, rollbacks included
+        r = run([binary, "probe", "-m", d, "--draft", dd, "--block-size", "8", "-n", "40", "-p",
+                 PROMPT, "-t", "2"])
+        p = re.search(r'"rounds": (\d+), "committed": (\d+)', r.stdout)
+        st = os.path.join(os.path.dirname(d), f"stats-{dt}.json")
+        run([binary, "generate", "-m", d, "--draft", dd, "-p", PROMPT, "-n", "40", "--ignore-eos",
+             "--block-size", "8", "-q", "-t", "2", "--stats-json", st])
+        g = json.load(open(st))
+        ok = p is not None and (int(p.group(1)), int(p.group(2))) == (g["rounds"], g["committed"])
+        check(ok, f"{SPEC_TARGET} {dt}: probe's chained rounds {p and p.groups()} vs generate's "
+              f"{g.get('rounds')}, {g.get('committed')}")
+        print(f"  {SPEC_TARGET:26s} {dt:5s} probe chain = generate: {p and p.groups()}", flush=True)
         if dt == "f32":
             test_hybrid_batch(d, dd)
 
