@@ -78,7 +78,7 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err);
 void dfl_engine_free(dfl_engine *e);
 
 typedef struct dfl_model_info {
-    char arch[32];         /* "llama", "qwen2", "qwen3" */
+    char arch[32];         /* "llama", "qwen2", "qwen3", "laguna", "qwen3_5" */
     char name[128];        /* file or folder name */
     char dtype[16];        /* weight type as loaded */
     char kv_type[8];       /* K/V cache element type: "f16" or "f32" */
@@ -86,6 +86,8 @@ typedef struct dfl_model_info {
     int ctx_size;          /* per session */
     int max_ctx;           /* model's max_position_embeddings */
     uint64_t weight_bytes; /* bytes read per decoded token (all layers + lm_head) */
+    uint64_t rec_state_bytes; /* recurrent layers' state per session, snapshots included */
+    int rec_snapshots;     /* recurrent states kept for rollback besides the live one */
     int has_draft;
     int draft_block;       /* drafter's trained block size */
     int draft_layers;
@@ -255,6 +257,7 @@ int dfl_format_accepts(const dfl_format *f, const char *text, size_t n);
 typedef struct dfl_probe_result {
     int block;
     uint64_t bytes_compared, bytes_differ;
+    uint64_t state_bytes_compared, state_bytes_differ; /* recurrent layers' states */
     double max_abs_diff;
     int n_argmax_disagree;
 } dfl_probe_result;

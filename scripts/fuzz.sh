@@ -27,7 +27,7 @@ mkdir -p "$out"
 cd "$root"
 
 srcs=(src/base/base.c src/io/types.c src/io/gguf.c src/io/safetensors.c src/io/json.c
-      src/models/config.c src/models/laguna_config.c)
+      src/models/config.c src/models/laguna_config.c src/models/qwen35_config.c)
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer -Wall -Iinclude -Isrc)
 for t in "${targets[@]}"; do
@@ -155,7 +155,25 @@ variants = {
                       "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
                       "swa_rope_parameters": {"rope_theta": 1e4}, "num_experts": 4,
                       "num_experts_per_tok": 2},
+    "qwen35": {"architectures": ["Qwen3_5ForCausalLM"], "rope_scaling": None,
+               "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
+               "linear_key_head_dim": 16, "linear_value_head_dim": 24,
+               "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                                   "partial_rotary_factor": 0.25}},
 }
+variants["qwen3_next"] = {**variants["qwen35"], "architectures": ["Qwen3NextForCausalLM"],
+                         "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1],
+                         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 16,
+                         "norm_topk_prob": False, "decoder_sparse_step": 1}
+variants["qwen3_moe"] = {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                        "mlp_only_layers": [0], "decoder_sparse_step": 1, "norm_topk_prob": True}
+variants["qwen35_multimodal"] = {"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                 "tie_word_embeddings": False, "vision_config": {"depth": 1},
+                                 "text_config": {**base, **variants["qwen35"],
+                                                 "full_attention_interval": 2,
+                                                 "layer_types": None}}
 for name, v in variants.items():
     open(f"{seeds}/config/{name}.json", "w").write(json.dumps({**base, **v}))
 EOF

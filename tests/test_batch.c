@@ -10,7 +10,10 @@
  *    fixed blocks and the adaptive policy, over several seeds.
  * 3. Sliding-window layers (a window of 16; their ring of 80 rows wraps):
  *    all of the above, and speculative output equal to classic over 200
- *    tokens, across the window boundary many times. */
+ *    tokens, across the window boundary many times.
+ * $DFLASH_BATCH_TARGET and $DFLASH_BATCH_DRAFT run all of it on that pair
+ * instead (test_hf_oracle.py: a Qwen3.5 hybrid, whose recurrent states roll
+ * back through snapshots, or restart when a rollback reaches further). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,9 +26,10 @@
 enum { NSEQ = 6, LEN = 96, CTX = 256, NCAP = 2, MAXG = 240, NTHREAD = 6 };
 static const int CAP[NCAP] = {1, 3};
 
-/* Under AddressSanitizer (make check-asan sets ASAN_OPTIONS) the same checks
- * run at a smaller scale: fewer seeds and weight types. */
-static int small(void) { return getenv("ASAN_OPTIONS") != NULL; }
+/* Under AddressSanitizer (make check-asan sets ASAN_OPTIONS), and on a pair
+ * given by the environment (a second model in another test's time), the
+ * same checks run at a smaller scale: fewer seeds and weight types. */
+static int small(void) { return getenv("ASAN_OPTIONS") || getenv("DFLASH_BATCH_TARGET"); }
 
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
@@ -171,7 +175,8 @@ static void test_spec_exact(dfl_engine *e) {
     static const int blocks[] = {2, 4, 8, 16, 0};
     for (int k = 0; k < 3; k++) {
         job ref = {.e = e, .block = 1, .n_prompt = 5 + 3 * k, .max_tokens = 220};
-        for (int i = 0; i < ref.n_prompt; i++) ref.prompt[i] = (int32_t)((i * 97 + k * 31) % 512);
+        for (int i = 0; i < ref.n_prompt; i++)
+            ref.prompt[i] = (int32_t)((i * 97 + k * 31) % e->t->c.vocab);
         gen(&ref);
         CHECK(ref.rc == 0 && ref.n == 220, "classic: %d tokens", ref.n);
         for (int b = 0; b < 5; b++) {
@@ -197,7 +202,8 @@ static void test_crowd(dfl_engine *e) {
             j->e = e;
             j->block = blocks[i];
             j->n_prompt = 3 + (int)(rng_next(&rs) % 12);
-            for (int k = 0; k < j->n_prompt; k++) j->prompt[k] = (int32_t)(rng_next(&rs) % 512);
+            for (int k = 0; k < j->n_prompt; k++)
+                j->prompt[k] = (int32_t)(rng_next(&rs) % (uint64_t)e->t->c.vocab);
             crowd[i] = *j;
             gen(j);
         }
@@ -216,10 +222,7 @@ static void test_crowd(dfl_engine *e) {
     printf("crowd: %llu forwards shared\n", (unsigned long long)shared);
 }
 
-static void run_model(const char *flags, const char *name, int n_dtypes) {
-    const char *dir = test_tmpdir();
-    char model[512], draft[512];
-    if (test_make_pair(dir, flags, model, draft)) return;
+static void run_pair(const char *model, const char *draft, const char *name, int n_dtypes) {
     static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
     if (small()) n_dtypes = 1;
     for (int d = 0; d < n_dtypes; d++) {
@@ -242,10 +245,22 @@ static void run_model(const char *flags, const char *name, int n_dtypes) {
         if (d == 0) test_spec_exact(e);
         dfl_engine_free(e);
     }
+}
+
+static void run_model(const char *flags, const char *name, int n_dtypes) {
+    const char *dir = test_tmpdir();
+    char model[512], draft[512];
+    if (test_make_pair(dir, flags, model, draft)) return;
+    run_pair(model, draft, name, n_dtypes);
     test_rmdir(dir);
 }
 
 int main(void) {
+    const char *tm = getenv("DFLASH_BATCH_TARGET"), *dm = getenv("DFLASH_BATCH_DRAFT");
+    if (tm && dm) {
+        run_pair(tm, dm, tm, 1);
+        return test_summary();
+    }
     const char *common = "--arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 --head-dim 16 "
                          "--ffn 192 --vocab 512 --untied --dtype bf16";
     char sliding[512];

@@ -38,6 +38,20 @@ static const char *QWEN2 =
     "\"sliding_window\":32768,\"tie_word_embeddings\":true,\"use_sliding_window\":false,"
     "\"vocab_size\":151936}";
 
+/* A Qwen3.5 text config (the 9B's shapes, trimmed; transformers 5 writes rope_parameters). */
+static const char *QWEN35 =
+    "{\"architectures\":[\"Qwen3_5ForCausalLM\"],\"attention_bias\":false,\"head_dim\":256,"
+    "\"hidden_act\":\"silu\",\"hidden_size\":4096,\"intermediate_size\":12288,"
+    "\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":128,\"linear_num_key_heads\":16,"
+    "\"linear_num_value_heads\":32,\"linear_value_head_dim\":128,"
+    "\"max_position_embeddings\":262144,\"model_type\":\"qwen3_5_text\","
+    "\"num_attention_heads\":16,\"num_hidden_layers\":32,\"num_key_value_heads\":4,"
+    "\"rms_norm_eps\":1e-06,\"rope_parameters\":{\"mrope_interleaved\":true,"
+    "\"mrope_section\":[11,11,10],\"partial_rotary_factor\":0.25,\"rope_theta\":10000000,"
+    "\"rope_type\":\"default\"},\"tie_word_embeddings\":false,\"vocab_size\":248320,"
+    "\"num_experts_per_tok\":8,\"moe_intermediate_size\":512,"
+    "\"shared_expert_intermediate_size\":512}";
+
 /* base with key set to the JSON text val (NULL: key removed), parsed as a config. */
 static int cfg_with(const char *base, const char *key, const char *val, dfl_config *c,
                     dfl_error *e) {
@@ -221,6 +235,112 @@ static void test_hf_refused(void) {
               strstr(e.msg, "deeper than 64"), "deep nesting: %s", e.msg);
     CHECK(dfl_config_from_json("[]", 2, &c, &e) == DFL_EFORMAT && strstr(e.msg, "JSON object"),
           "not an object: %s", e.msg);
+}
+
+/* Qwen3.5: DeltaNet layers by layer_types or full_attention_interval, partial rotary, the
+ * multimodal class's text_config; malformed DeltaNet fields refused by name. */
+static void test_hf_qwen35(void) {
+    dfl_config c;
+    dfl_error e;
+    int rc = cfg_with(QWEN35, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN35 && c.layer_kind[0] == DFL_LAYER_RECURRENT &&
+              c.layer_kind[3] == DFL_LAYER_FULL && c.layer_kind[31] == DFL_LAYER_FULL &&
+              c.layer_kind[30] == DFL_LAYER_RECURRENT && c.rope_partial == 0.25f &&
+              c.rope_theta == 1e7f && c.lin_v_heads == 32 && c.lin_k_dim == 128 &&
+              c.lin_conv == 4 && c.norm_offset && c.qk_norm && c.gating == DFL_GATE_Q_SIGMOID,
+          "qwen3.5 text config: %s", e.msg);
+    rc = cfg_with(QWEN35, "full_attention_interval", "2", &c, &e);
+    CHECK(rc == 0 && c.layer_kind[1] == DFL_LAYER_FULL && c.layer_kind[2] == DFL_LAYER_RECURRENT,
+          "full_attention_interval: %s", e.msg);
+    char lt[2048] = "[";
+    for (int l = 0; l < 32; l++) strcat(lt, l == 5 ? "\"full_attention\"," : "\"linear_attention\",");
+    lt[strlen(lt) - 1] = ']';
+    rc = cfg_with(QWEN35, "layer_types", lt, &c, &e);
+    CHECK(rc == 0 && c.layer_kind[5] == DFL_LAYER_FULL && c.layer_kind[3] == DFL_LAYER_RECURRENT,
+          "layer_types: %s", e.msg);
+    expect(QWEN35, "layer_types", "[\"sliding_attention\"]", DFL_EFORMAT, "layer_types");
+    char *bad = strdup(lt);
+    memcpy(strstr(bad, "linear_attention"), "sliding_attention", 16);
+    expect(QWEN35, "layer_types", bad, DFL_EUNSUP, "layer_types[0]");
+    free(bad);
+    expect(QWEN35, "linear_num_value_heads", "24", DFL_EFORMAT,
+           "linear_num_value_heads = 24 is not a multiple of linear_num_key_heads = 16");
+    expect(QWEN35, "linear_num_key_heads", "0", DFL_EFORMAT, "linear_num_key_heads = 0");
+    expect(QWEN35, "linear_conv_kernel_dim", "0", DFL_EFORMAT, "linear_conv_kernel_dim = 0");
+    expect(QWEN35, "linear_conv_kernel_dim", "65", DFL_EFORMAT, "linear_conv_kernel_dim = 65");
+    expect(QWEN35, "linear_key_head_dim", "1025", DFL_EFORMAT, "linear_key_head_dim = 1025");
+    expect(QWEN35, "linear_value_head_dim", "-1", DFL_EFORMAT, "linear_value_head_dim = -1");
+    expect(QWEN35, "attention_bias", "true", DFL_EUNSUP, "attention_bias = true");
+    expect(QWEN35, "full_attention_interval", "0", DFL_EFORMAT, "full_attention_interval = 0");
+    expect(QWEN35, "partial_rotary_factor", "1.5", DFL_EFORMAT, "partial_rotary_factor");
+    lt[strlen(lt) - 4 * strlen("\"linear_attention\",") - 1] = ']';   /* 28 entries */
+    expect(QWEN3, "layer_types", lt, DFL_EUNSUP, "layer_types[0] = 'linear_attention'");
+    expect(QWEN35, "intermediate_size", NULL, DFL_EFORMAT, "intermediate_size is missing");
+    /* Qwen3.5-MoE: every MLP routed, no intermediate_size */
+    char moe[4096];
+    snprintf(moe, sizeof moe, "%s", QWEN35);
+    const char *dense = "\"intermediate_size\":12288,", *sparse = "\"num_experts\":256,        ";
+    memcpy(strstr(moe, dense), sparse, strlen(dense));   /* same length */
+    rc = cfg_with(moe, "architectures", "[\"Qwen3_5MoeForCausalLM\"]", &c, &e);
+    CHECK(rc == 0 && c.n_experts == 256 && c.top_k == 8 && c.router_softmax && c.norm_topk &&
+              c.mlp_kind[0] == DFL_MLP_MOE && c.mlp_kind[31] == DFL_MLP_MOE && c.shared_ffn == 512,
+          "qwen3.5 moe: %s", e.msg);
+    expect(moe, "num_experts_per_tok", "300", DFL_EFORMAT, "num_experts_per_tok = 300");
+    expect(moe, "num_experts", "0", DFL_EFORMAT, "num_experts = 0");
+    expect(moe, "shared_expert_intermediate_size", NULL, DFL_EFORMAT,
+           "shared_expert_intermediate_size is missing");
+    /* Qwen3-Next: the MoE fields with mlp_only_layers and decoder_sparse_step */
+    cJSON *jn = cJSON_Parse(QWEN35);
+    cJSON_ReplaceItemInObject(jn, "architectures", cJSON_Parse("[\"Qwen3NextForCausalLM\"]"));
+    cJSON_AddItemToObject(jn, "num_experts", cJSON_CreateNumber(256));
+    char *nx = cJSON_PrintUnformatted(jn);
+    rc = cfg_with(nx, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN3_NEXT && c.n_experts == 256 &&
+              c.mlp_kind[0] == DFL_MLP_MOE && c.mlp_kind[31] == DFL_MLP_MOE &&
+              c.ffn_dim == 12288 && c.norm_topk, "qwen3-next config: %s", e.msg);
+    free(nx);
+    cJSON_AddItemToObject(jn, "norm_topk_prob", cJSON_CreateFalse());
+    cJSON_AddItemToObject(jn, "decoder_sparse_step", cJSON_CreateNumber(2));
+    nx = cJSON_PrintUnformatted(jn);
+    cJSON_Delete(jn);
+    rc = cfg_with(nx, "mlp_only_layers", "[3]", &c, &e);
+    CHECK(rc == 0 && !c.norm_topk && c.mlp_kind[0] == DFL_MLP_DENSE &&
+              c.mlp_kind[1] == DFL_MLP_MOE && c.mlp_kind[3] == DFL_MLP_DENSE &&
+              c.mlp_kind[5] == DFL_MLP_MOE, "qwen3-next sparse layers: %s", e.msg);
+    expect(nx, "mlp_only_layers", "[32]", DFL_EFORMAT, "mlp_only_layers[0] is not a layer");
+    expect(nx, "mlp_only_layers", "{}", DFL_EFORMAT, "mlp_only_layers is not a list");
+    expect(nx, "decoder_sparse_step", "0", DFL_EFORMAT, "decoder_sparse_step = 0");
+    expect(nx, "intermediate_size", NULL, DFL_EFORMAT, "layer 0 is dense but intermediate_size");
+    free(nx);
+    /* Qwen3-MoE: Qwen3 with experts on its sparse layers, no shared expert */
+    jn = cJSON_Parse(QWEN3);
+    cJSON_ReplaceItemInObject(jn, "architectures", cJSON_Parse("[\"Qwen3MoeForCausalLM\"]"));
+    cJSON_AddItemToObject(jn, "num_experts", cJSON_CreateNumber(128));
+    cJSON_AddItemToObject(jn, "num_experts_per_tok", cJSON_CreateNumber(8));
+    cJSON_AddItemToObject(jn, "moe_intermediate_size", cJSON_CreateNumber(768));
+    cJSON_AddItemToObject(jn, "mlp_only_layers", cJSON_Parse("[0, 27]"));
+    nx = cJSON_PrintUnformatted(jn);
+    cJSON_Delete(jn);
+    rc = cfg_with(nx, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN3_MOE && c.qk_norm && c.n_experts == 128 &&
+              c.shared_ffn == 0 && c.router_softmax && c.norm_topk && !c.norm_offset &&
+              c.mlp_kind[0] == DFL_MLP_DENSE && c.mlp_kind[1] == DFL_MLP_MOE &&
+              c.mlp_kind[27] == DFL_MLP_DENSE, "qwen3-moe config: %s", e.msg);
+    expect(nx, "num_experts_per_tok", "129", DFL_EFORMAT, "num_experts_per_tok = 129");
+    expect(nx, "moe_intermediate_size", NULL, DFL_EFORMAT, "moe_intermediate_size is missing");
+    expect(nx, "mlp_only_layers", "[-1]", DFL_EFORMAT, "mlp_only_layers[0] is not a layer");
+    free(nx);
+    /* the multimodal class: the text model's fields in text_config, tie at the top */
+    char mm[4096];
+    snprintf(mm, sizeof mm, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],"
+             "\"tie_word_embeddings\":true,\"vision_config\":{\"depth\":27},\"text_config\":%s}",
+             QWEN35);
+    rc = cfg_with(mm, NULL, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN35 && c.dim == 4096 && c.n_layers == 32 && c.tied_embed &&
+              c.layer_kind[0] == DFL_LAYER_RECURRENT, "qwen3.5 multimodal config: %s", e.msg);
+    rc = cfg_with(mm, "text_config", "{\"hidden_size\":64}", &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "num_hidden_layers is missing"),
+          "text_config without its fields: %s", e.msg);
 }
 
 /* From a file: messages name the path. */
@@ -465,6 +585,7 @@ int main(void) {
     test_hf_sliding();
     test_hf_valid();
     test_hf_refused();
+    test_hf_qwen35();
     test_hf_file();
     test_gguf_stories();
     test_gguf_meta();

@@ -18,6 +18,10 @@ layer_types mixing sliding and full layers), each in float32 and bfloat16:
    written as z-lab's modeling file is (transformers' Qwen3 parts, context
    K/V from fc + hidden_norm of the target's hidden states, concatenated
    before the block's), against dump's drafter logits.
+Qwen3.5 dense hybrids (gated DeltaNet layers with a recurrent state, gated full
+attention; the text class and the multimodal class) go through 1 and 2 as well, through
+`dflash probe` with the recurrent states compared, and speculative = classic decode
+(test_hybrid_spec).
 Tolerances are stated per comparison (TOL); a table line per case prints the
 largest |diff|. Without $DFLASH_BIN or torch/transformers: skipped, unless
 CI=true, where that is a failure.
@@ -121,6 +125,60 @@ ARCHS = [  # (name, config class, config kwargs, seed)
                                                   partial_rotary_factor=0.5),
                            "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
           tie_word_embeddings=False), 59),
+    # Qwen3.5 dense: gated DeltaNet (linear_attention) layers with a recurrent state and gated
+    # full attention (q_proj [q | gate], partial rotary 8 of 32), every norm 1 + w; value heads
+    # twice the key heads, key and value head dims apart
+    ("qwen35-hybrid-untied", "Qwen3_5TextConfig",
+     dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+          linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+          layer_types=["linear_attention", "full_attention", "linear_attention",
+                       "full_attention"], tie_word_embeddings=False), 7),
+    # the multimodal class: text_config nested, "model.language_model." names, a vision tower
+    # the engine skips, tied embeddings, transformers' default layout (full every 4th layer)
+    ("qwen35-multimodal-tied", "Qwen3_5Config",
+     dict(text_config=dict(hidden_size=64, intermediate_size=80, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                           linear_conv_kernel_dim=3, linear_key_head_dim=8,
+                           linear_value_head_dim=16, linear_num_key_heads=2,
+                           linear_num_value_heads=2,
+                           rope_parameters=dict(rope_type="default", rope_theta=100000.0,
+                                                partial_rotary_factor=0.5)),
+          vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
+                             out_hidden_size=64, patch_size=4, num_position_embeddings=16),
+          tie_word_embeddings=True), 15),
+    # Qwen3.5-MoE: every MLP softmax-routed (top 2 of 6, renormalised) plus a shared expert
+    # behind a sigmoid gate, on the same hybrid mixer
+    ("qwen35moe-hybrid", "Qwen3_5MoeTextConfig",
+     dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+          head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+          linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+          layer_types=["linear_attention", "linear_attention", "full_attention",
+                       "linear_attention"], num_experts=6, num_experts_per_tok=2,
+          moe_intermediate_size=32, shared_expert_intermediate_size=48,
+          tie_word_embeddings=False), 32),
+    # Qwen3-Next: grouped DeltaNet projections (in_proj_qkvz, in_proj_ba), a dense layer
+    # (mlp_only_layers) among softmax-routed ones, top-k scores not renormalised
+    ("qwen3next-grouped-moe", "Qwen3NextConfig",
+     dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+          linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=6,
+          layer_types=["linear_attention", "full_attention", "linear_attention",
+                       "linear_attention"], num_experts=6, num_experts_per_tok=2,
+          moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[1],
+          norm_topk_prob=False, tie_word_embeddings=False), 43),
+    # wide enough for Q8_0 and Q4_K rows: 3 DeltaNet layers to 1 attention, as released
+    ("qwen35-256-probe", "Qwen3_5TextConfig",
+     dict(hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=64, linear_key_head_dim=32, linear_value_head_dim=64,
+          linear_num_key_heads=2, linear_num_value_heads=4, tie_word_embeddings=False), 27),
+    # Qwen3-MoE: Qwen3 attention, a dense layer (mlp_only_layers) among softmax-routed
+    # experts (top 2 of 8, renormalised), no shared expert
+    ("qwen3moe-sparse", "Qwen3MoeConfig",
+     dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=True,
+          tie_word_embeddings=False), 61),
     ("qwen2-bias-gqa4-tied", "Qwen2Config",
      dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
           num_key_value_heads=2, tie_word_embeddings=True), 4),
@@ -190,13 +248,22 @@ def randomize(model):
                 p.normal_(0, p.shape[-1] ** -0.5)
 
 
+# Config classes whose checkpoints are a multimodal model (the text model's fields in
+# text_config): the class transformers saves and loads them with.
+MULTIMODAL = {"Qwen3_5Config": "Qwen3_5ForConditionalGeneration"}
+
+
 def make_target(tmp, name, cls, kw, seed):
     """-> {dtype: folder}: the same random model saved as float32 and as bfloat16."""
     import torch
     import transformers
-    cfg = getattr(transformers, cls)(**dict(COMMON, **kw))
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if cls in MULTIMODAL:
+        cfg = getattr(transformers, cls)(**dict(kw, text_config=dict(COMMON, **kw["text_config"])))
+        model = getattr(transformers, MULTIMODAL[cls])(cfg).to(torch.float32)
+    else:
+        cfg = getattr(transformers, cls)(**dict(COMMON, **kw))
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     randomize(model)
     dirs = {}
     for dt in ("f32", "bf16"):
@@ -215,8 +282,10 @@ def load_hf(d):
     products, f32 activations and accumulation)."""
     import torch
     import transformers
-    m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
-                                                          attn_implementation="eager")
+    arch = json.load(open(os.path.join(d, "config.json")))["architectures"][0]
+    cls = getattr(transformers, arch) if arch in MULTIMODAL.values() else \
+        transformers.AutoModelForCausalLM
+    m = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
     return m.eval()
 
 
@@ -275,6 +344,9 @@ def row(case, dt, mode, kv, diff, tol, ok):
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
+HYBRID = ("qwen35", "qwen3next")   # cases with gated DeltaNet layers
+
+
 # ---- 1 and 2: targets ----------------------------------------------------------------------
 
 def test_target(binary, name, dirs):
@@ -282,24 +354,22 @@ def test_target(binary, name, dirs):
     ids = np.random.default_rng(100 + len(name)).integers(0, VOCAB, N_PROMPT).tolist()
     for dt, d in dirs.items():
         hf = load_hf(d)
+        tcfg = hf.config.get_text_config()
         if dt == "bf16":
-            w = hf.model.layers[0].self_attn.o_proj.weight
+            w = hf.lm_head.weight
             check(torch.equal(w, w.to(torch.bfloat16).float()) and
                   json.load(open(os.path.join(d, "config.json")))["dtype"] == "bfloat16",
                   f"{name}: the bf16 checkpoint holds bf16 values")
-        with torch.no_grad():
-            out = hf(torch.tensor([ids]), output_hidden_states=True)
-        ref = out.logits[0].numpy()
         # hidden_states[l + 1] is decoder layer l's output, but the last entry is
         # after the final norm: capture all layers but the last.
-        cap = list(range(hf.config.num_hidden_layers - 1))
-        href = torch.stack([out.hidden_states[l + 1][0] for l in cap], dim=1).numpy()
+        cap = list(range(tcfg.num_hidden_layers - 1))
+        ref, href = hf_forward(hf, ids, cap, step=name.startswith(HYBRID))
         check(ref.std() > 1.0, f"{name} {dt}: logits spread (std {ref.std():.2f})")
         for mode, dec in (("prefill", None), ("decode", DECODE_FROM)):
             for kv in ("f32", "f16"):
                 try:
                     got, feat, _ = dump(binary, d, ids, kv, decode=dec, capture=cap,
-                                        dim=hf.config.hidden_size)
+                                        dim=tcfg.hidden_size)
                 except RuntimeError as e:
                     check(False, f"{name} {dt} {mode} kv {kv}: {e}")
                     continue
@@ -311,8 +381,68 @@ def test_target(binary, name, dirs):
                 check(ok, f"{name} {dt} {mode} kv {kv} hidden {cap}: max |diff| {diff:.3g} > "
                       f"tol {tol:.3g}")
                 row(name, dt, mode + "-h", kv, diff, tol, ok)
+        if name.startswith(HYBRID):
+            test_chunked(binary, name, dt, d, hf, ids)
         if dt == "f32":
             test_generate(binary, name, d, hf)
+        if name.startswith(HYBRID):
+            test_reference64(binary, name, dt, d, ids, ref)
+
+
+def hf_forward(hf, ids, cap, step=False):
+    """-> transformers' (logits (n, vocab), hidden states (n, len(cap), dim)) of ids: one
+    forward, or (step) one token at a time through its cache, its decode path. A hybrid's
+    one-forward prefill runs the chunked form of the delta rule, whose rounding differs:
+    its step form (the recurrence, as the engine runs it) is the oracle there."""
+    import torch
+    with torch.no_grad():
+        if not step:
+            out = hf(torch.tensor([ids]), output_hidden_states=True)
+            return out.logits[0].numpy(), torch.stack([out.hidden_states[l + 1][0] for l in cap],
+                                                       dim=1).numpy()
+        cache, lg, hs = None, [], []
+        for t in ids:
+            out = hf(torch.tensor([[t]]), cache=cache, use_cache=True, output_hidden_states=True)
+            cache = out.cache
+            lg.append(out.logits[0, -1])
+            hs.append(torch.stack([out.hidden_states[l + 1][0, -1] for l in cap]))
+        return torch.stack(lg).numpy(), torch.stack(hs).numpy()
+
+
+# transformers' chunked prefill against its own step form, relative to max |logit|: up to
+# 3e-5 seen (9.2e-4 at logits of 30 in bf16 weights with experts), 4x the step form's error
+CHUNKED_TOL = 1e-4
+
+
+def test_chunked(binary, name, dt, d, hf, ids):
+    """The engine against transformers' one-forward prefill (the chunked delta rule), at the
+    looser CHUNKED_TOL: the engine's recurrence and transformers' chunked form agree too."""
+    import torch
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    got, _, _ = dump(binary, d, ids, "f32")
+    ref64, g64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    tol = CHUNKED_TOL * max(1.0, float(np.abs(ref64).max()))
+    diff = float(np.abs(ref64 - g64).max())
+    ok = diff <= tol and np.array_equal(ref64.argmax(1), g64.argmax(1))
+    check(ok, f"{name} {dt} chunked: max |diff| {diff:.3g} > tol {tol:.3g} or an argmax differs")
+    row(name, dt, "chunked", "f32", diff, tol, ok)
+
+
+def test_reference64(binary, name, dt, d, ids, ref):
+    """A second line for the hybrids: tools/reference.py's float64 numpy forward (the
+    DeltaNet in its step form, written from the spec) against transformers' step form
+    and against the engine."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tools"))
+    import reference
+    cfg, W = reference.load(d)
+    r64, _ = reference.forward(cfg, W, ids)
+    got, _, _ = dump(binary, d, ids, "f32")
+    for what, other in (("ref64-hf", ref), ("ref64", got)):
+        ok, diff, tol = compare(r64, other, "f32")
+        check(ok, f"{name} {dt} {what}: max |diff| {diff:.3g} > tol {tol:.3g} or an argmax differs")
+        row(name, dt, what, "f32", diff, tol, ok)
 
 
 def test_generate(binary, name, d, hf):
@@ -366,11 +496,86 @@ def test_probe(binary, name, dirs):
         except (ValueError, KeyError) as e:
             check(False, f"{name} {label}: probe output ({e}): {r.stderr[-300:]}")
             continue
-        bad = [x["block"] for x in sizes if x["bytes_differ"] or x.get("feat_bytes_differ")]
-        ok = r.returncode == 0 and not bad and len(sizes) == 15
+        bad = [x["block"] for x in sizes if x["bytes_differ"] or x.get("feat_bytes_differ") or
+               x.get("state_bytes_differ")]
+        # a hybrid's recurrent states (each verify row's snapshot) are part of what is compared
+        states = json.loads(r.stdout)["probe"]["state_bytes_compared"]
+        ok = r.returncode == 0 and not bad and len(sizes) == 15 and \
+            (states > 0) == name.startswith(HYBRID)
         check(ok, f"{name} {label}: probe blocks {bad} differ from decode (exit {r.returncode})")
-        print(f"  {name:26s} {label:5s} probe     B=2..16: {'0 bytes differ' if ok else bad}",
+        print(f"  {name:26s} {label:5s} probe     B=2..16: {'0 bytes differ' if ok else bad}"
+              f"{f' (recurrent states: {states} bytes)' if states else ''}", flush=True)
+
+
+# ---- speculation on a hybrid: recurrent states rolled back -----------------------------------
+
+SPEC_TARGET = "qwen35-hybrid-untied"
+
+
+def test_hybrid_spec(binary, dirs):
+    """Speculative ids equal classic ids on a Qwen3.5 hybrid, whose DeltaNet states roll back
+    through per-row snapshots: (1) test_spec_oracle's forced accept lengths 0..B-1 at blocks
+    2..16, mixtures, prefix reuse and stops, with the reference decoded row by row; (2) `dflash
+    generate` with a random z-lab drafter (it accepts almost nothing: every round rolls back)
+    at pinned and adaptive blocks against --block-size 1."""
+    oracle = os.path.join(os.environ.get("DFLASH_BUILD", ""), "test_spec_oracle")
+    src = os.environ.get("DFLASH_SRC", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for dt, d in dirs[SPEC_TARGET].items():
+        if not os.access(oracle, os.X_OK):
+            check(False, f"{oracle} missing ($DFLASH_BUILD)")
+            break
+        r = subprocess.run([oracle], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, DFLASH_ORACLE_TARGET=d))
+        m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped", r.stdout + r.stderr)
+        ok = r.returncode == 0 and m and int(m.group(1)) > 500 and m.group(2) == m.group(3) == "0"
+        check(ok, f"{SPEC_TARGET} {dt}: test_spec_oracle: {r.stdout[-800:]} {r.stderr[-800:]}")
+        print(f"  {SPEC_TARGET:26s} {dt:5s} forced accept lengths: "
+              f"{m.group(0) if m else 'no summary'}", flush=True)
+    for dt, d in dirs[SPEC_TARGET].items():
+        dd = d + "-drafter"
+        run([sys.executable, os.path.join(src, "tools", "make_checkpoint.py"), "--drafter",
+             "--target", d, "--layers", "1", "--block-size", "16", "--quiet", "--out", dd])
+        ids = {}
+        for b in ("1", "2", "4", "16", "auto"):
+            r = run([binary, "generate", "-m", d, "--draft", dd, "-p", PROMPT, "-n", "48",
+                     "--ignore-eos", "--block-size", b, "--print-token-ids", "-q", "-t", "2"])
+            m = re.search(r"generated ids \(\d+\): \[([0-9, ]*)\]", r.stderr)
+            ids[b] = m.group(1) if m else None
+        same = [b for b in ids if ids[b] and ids[b] == ids["1"]]
+        ok = ids["1"] and len(same) == len(ids)
+        check(ok, f"{SPEC_TARGET} {dt}: speculative ids differ from classic: {ids}")
+        print(f"  {SPEC_TARGET:26s} {dt:5s} generate --draft: blocks {same} give classic ids",
               flush=True)
+        # the probe's drafter diagnostic chains the rounds a pinned run makes, rollbacks included
+        r = run([binary, "probe", "-m", d, "--draft", dd, "--block-size", "8", "-n", "40", "-p",
+                 PROMPT, "-t", "2"])
+        p = re.search(r'"rounds": (\d+), "committed": (\d+)', r.stdout)
+        st = os.path.join(os.path.dirname(d), f"stats-{dt}.json")
+        run([binary, "generate", "-m", d, "--draft", dd, "-p", PROMPT, "-n", "40", "--ignore-eos",
+             "--block-size", "8", "-q", "-t", "2", "--stats-json", st])
+        g = json.load(open(st))
+        ok = p is not None and (int(p.group(1)), int(p.group(2))) == (g["rounds"], g["committed"])
+        check(ok, f"{SPEC_TARGET} {dt}: probe's chained rounds {p and p.groups()} vs generate's "
+              f"{g.get('rounds')}, {g.get('committed')}")
+        print(f"  {SPEC_TARGET:26s} {dt:5s} probe chain = generate: {p and p.groups()}", flush=True)
+        if dt == "f32":
+            test_hybrid_batch(d, dd)
+
+
+def test_hybrid_batch(d, dd):
+    """test_batch on the hybrid: rows of several sequences in one forward (decode rows,
+    verify blocks, prefill chunks, random rollbacks) keep single-row decode's bits, and
+    threads generating at once get what each gets alone."""
+    binary = os.path.join(os.environ.get("DFLASH_BUILD", ""), "test_batch")
+    if not os.access(binary, os.X_OK):
+        return check(False, f"{binary} missing ($DFLASH_BUILD)")
+    r = subprocess.run([binary], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, DFLASH_BATCH_TARGET=d, DFLASH_BATCH_DRAFT=dd))
+    m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped", r.stdout + r.stderr)
+    ok = r.returncode == 0 and m and int(m.group(1)) > 5 and m.group(2) == m.group(3) == "0"
+    check(ok, f"{SPEC_TARGET}: test_batch: {r.stdout[-800:]} {r.stderr[-800:]}")
+    print(f"  {SPEC_TARGET:26s} f32   batched sequences: {m.group(0) if m else 'no summary'}",
+          flush=True)
 
 
 # ---- 3: the DFlash drafter -----------------------------------------------------------------
@@ -540,8 +745,9 @@ def main():
             test_target(binary, name, dirs[name])
         test_drafters(binary, dirs)
         for name in dirs:
-            if name.startswith("laguna"):
+            if name.startswith(("laguna", "qwen3moe") + HYBRID):
                 test_probe(binary, name, dirs[name])
+        test_hybrid_spec(binary, dirs)
     print(f"test_hf_oracle: {time.time() - t0:.1f} s")
     return finish()
 

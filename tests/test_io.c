@@ -577,8 +577,8 @@ static void test_st_malformed(void) {
               DFL_EUNSUP, "x.ids: dtype I64 not supported", "I64 dtype");
     expect_st("{\"x\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, DFL_EFORMAT,
               "x: dtype is missing", "numeric dtype");
-    expect_st("{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
-              DFL_EFORMAT, "x: 5 dimensions", "5-d shape");
+    expect_st("{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+              DFL_EFORMAT, "x: 6 dimensions", "6-d shape");
     expect_st("{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, DFL_EFORMAT,
               "x: shape[0]", "negative dim");
     expect_st("{\"x\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}", 8, DFL_EFORMAT,

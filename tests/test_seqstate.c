@@ -3,7 +3,8 @@
  * is always the window's positions in order (each row written twice, so any
  * window is one contiguous run); prefix copies, refused once a ring moved
  * past the rows; recurrent snapshots, rolled back by copy within the last
- * forward and restarting beyond it. */
+ * forward and restarting beyond it; recurrent prefix copies, exact from the
+ * live state or a snapshot, refused (0 rows, the caller prefills) before. */
 #include <string.h>
 
 #include "models/seqstate.h"
@@ -70,21 +71,27 @@ static void test_attention(dfl_type type) {
     dfl_kv_free(kv), dfl_kv_free(cp);
 }
 
+/* A toy recurrence in layer l over n rows: state[i] = row count, written as
+ * a layer would. */
+static void toy_forward(dfl_kv *kv, int l, int n) {
+    int base = kv->len;
+    dfl_kv_begin(kv, n);
+    for (int r = 0; r < n; r++) {
+        float *st = dfl_kv_rec(kv, l);
+        for (int i = 0; i < REC; i++) st[i] = (float)(base + r + 1);
+        if (r + 1 < kv->snap_n) memcpy(dfl_kv_snap(kv, l, r + 1), st, sizeof(float) * REC);
+    }
+    kv->len += n;
+}
+
 static void test_recurrent(void) {
     unsigned char kind[1] = {DFL_LAYER_RECURRENT};
     dfl_kv_shape s = {.n_layers = 1, .kind = kind, .rec_floats = REC, .n_snap = SNAP,
                       .type = DFL_F32};
     dfl_kv *kv = dfl_kv_make(&s, CAP);
-    /* a toy recurrence: state[i] = row count, written as a layer would */
     for (int round = 0; round < 3; round++) {
         int n = 3, base = kv->len;
-        dfl_kv_begin(kv, n);
-        for (int r = 0; r < n; r++) {
-            float *st = dfl_kv_rec(kv, 0);
-            for (int i = 0; i < REC; i++) st[i] = (float)(base + r + 1);
-            if (r + 1 < SNAP) memcpy(dfl_kv_snap(kv, 0, r + 1), st, sizeof(float) * REC);
-        }
-        kv->len += n;
+        toy_forward(kv, 0, n);
         int kept = dfl_kv_truncate(kv, base + 1 + round % 2);
         CHECK(kept == base + 1 + round % 2 && dfl_kv_rec(kv, 0)[REC - 1] == (float)kept,
               "round %d: rolled back to %d rows, state %g", round, kept, dfl_kv_rec(kv, 0)[0]);
@@ -96,9 +103,27 @@ static void test_recurrent(void) {
     dfl_kv_free(kv);
 }
 
+static void test_recurrent_copy(void) {
+    unsigned char kind[2] = {DFL_LAYER_FULL, DFL_LAYER_RECURRENT};
+    dfl_kv_shape s = {.n_layers = 2, .n_kv_heads = KVH, .head_dim = HD, .kind = kind,
+                      .rec_floats = REC, .n_snap = SNAP, .type = DFL_F32, .max_rows = ROWS};
+    dfl_kv *kv = dfl_kv_make(&s, CAP), *cp = dfl_kv_make(&s, CAP);
+    toy_forward(kv, 1, 10);   /* a prefill: snapshots hold rows 0..SNAP-1 of it */
+    toy_forward(kv, 1, 3);    /* a verify block: snapshots after 10, 11, 12, 13 rows */
+    for (int p = 0; p < kv->len; p++) store(kv, 0, p);
+    CHECK(dfl_kv_copy_prefix(cp, kv, 13) == 13 && dfl_kv_rec(cp, 1)[0] == 13.0f &&
+          keys_ok(cp, 0, 12, 0), "copy of every row: the live state");
+    CHECK(dfl_kv_copy_prefix(cp, kv, 11) == 11 && dfl_kv_rec(cp, 1)[REC - 1] == 11.0f &&
+          cp->len == 11 && keys_ok(cp, 0, 10, 0), "copy into the last forward: its snapshot");
+    CHECK(dfl_kv_copy_prefix(cp, kv, 9) == 0 && cp->len == 0 && dfl_kv_rec(cp, 1)[0] == 0,
+          "copy before the last forward: refused, the copy empty with a zero state");
+    dfl_kv_free(kv), dfl_kv_free(cp);
+}
+
 int main(void) {
     test_attention(DFL_F32);
     test_attention(DFL_F16);
     test_recurrent();
+    test_recurrent_copy();
     return test_summary();
 }

@@ -611,7 +611,8 @@ def drafter_config(tc, d):
         "num_target_layers": tc["num_hidden_layers"],
         "rms_norm_eps": tc["rms_norm_eps"],
         "rope_scaling": tc.get("rope_scaling") if d["rope"] == "target" else None,
-        "rope_theta": tc["rope_theta"],
+        "rope_theta": tc.get("rope_theta") or (tc.get("rope_parameters") or {}).get("rope_theta",
+                                                                                  10000.0),
         "sliding_window": None,
         "tie_word_embeddings": tc.get("tie_word_embeddings", True),
         "torch_dtype": TORCH_DTYPE[d["dtype"]],
@@ -669,6 +670,7 @@ def make_drafter(out, target_dir, layers=None, heads=None, kv_heads=None, head_d
     """Writes a random z-lab DFlash drafter paired with target_dir; returns its config."""
     with open(os.path.join(target_dir, "config.json")) as f:
         tc = json.load(f)
+    tc = tc.get("text_config", tc)   # a multimodal target (Qwen3.5) keeps its text model there
     D, N = tc["hidden_size"], tc["num_hidden_layers"]
     H = heads or tc["num_attention_heads"]
     d = dict(layers=layers or min(5, max(1, N // 2)), heads=H,

@@ -21,6 +21,14 @@ factor and blends the band between; "yarn" ramps between interpolated and
 extrapolated frequencies over the correction range of beta_fast/beta_slow at
 original_max_position_embeddings, and scales cos/sin by 0.1 ln(factor) + 1.
 
+Qwen3.5 and Qwen3-Next hybrids (spec/architectures.md section 2; forward_qwen35): every
+RMSNorm x_hat * (1 + w) but the DeltaNet's gated one; full-attention layers with
+q_proj rows [q | gate] per head, q/k norm, partial rotary, out * sigmoid(gate);
+gated DeltaNet layers in the step form: depthwise causal conv (kernel K) then
+silu, L2-normalised q/k, q / sqrt(d), beta = sigmoid(b), g = -exp(A_log) *
+softplus(a + dt_bias), per value head S = e^g S, S += k (beta (v - S^T k))^T,
+o = S^T q, then rmsnorm(o) * w * silu(z) and out_proj.
+
 DFlash drafter: spec/dflash.md section 3 (see draft_forward).
 
 Command line, mirroring `dflash dump` (same file formats):
@@ -171,12 +179,118 @@ def load(d):
     return cfg, w
 
 
+def gated_deltanet(cfg, W, p, h):
+    """One gated DeltaNet mixer over rows h (n, dim) from a zero state, step by step."""
+    Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    K = cfg["linear_conv_kernel_dim"]
+    n, r = h.shape[0], Hv // Hk
+    if p + "in_proj_qkvz.weight" in W:  # Qwen3-Next: per key head [q | k | v | z] and [b | a]
+        g = (h @ W[p + "in_proj_qkvz.weight"].T).reshape(n, Hk, 2 * dk + 2 * r * dv)
+        q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
+        mixed = np.concatenate([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], axis=1)
+        ba = (h @ W[p + "in_proj_ba.weight"].T).reshape(n, Hk, 2 * r)
+        b_in, a_in, z = ba[..., :r].reshape(n, Hv), ba[..., r:].reshape(n, Hv), z.reshape(n, -1)
+    else:
+        mixed = h @ W[p + "in_proj_qkv.weight"].T                  # (n, C)
+        b_in, a_in = h @ W[p + "in_proj_b.weight"].T, h @ W[p + "in_proj_a.weight"].T
+        z = h @ W[p + "in_proj_z.weight"].T
+    w = W[p + "conv1d.weight"][:, 0, :]                           # (C, K)
+    pad = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+    x = silu(np.stack([(pad[t:t + K] * w.T).sum(axis=0) for t in range(n)]))
+    q, k = x[:, :Hk * dk].reshape(n, Hk, dk), x[:, Hk * dk:2 * Hk * dk].reshape(n, Hk, dk)
+    v = x[:, 2 * Hk * dk:].reshape(n, Hv, dv)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    beta = 1 / (1 + np.exp(-b_in))                                 # (n, Hv)
+    g = -np.exp(W[p + "A_log"]) * np.logaddexp(0, a_in + W[p + "dt_bias"])   # softplus
+    z = z.reshape(n, Hv, dv)
+    S, o = np.zeros((Hv, dk, dv)), np.zeros((n, Hv, dv))
+    for t in range(n):
+        for j in range(Hv):
+            kt, qt = k[t, j // r], q[t, j // r]
+            S[j] *= np.exp(g[t, j])
+            S[j] += np.outer(kt, beta[t, j] * (v[t, j] - S[j].T @ kt))
+            o[t, j] = S[j].T @ qt
+    o = rmsnorm(o, W[p + "norm.weight"], cfg["rms_norm_eps"]) * silu(z)
+    return o.reshape(n, Hv * dv) @ W[p + "out_proj.weight"].T
+
+
+def mlp(W, p, h):
+    """SwiGLU: down(silu(gate h) * up h)."""
+    return (silu(h @ W[p + "gate_proj.weight"].T) * (h @ W[p + "up_proj.weight"].T)) @ \
+        W[p + "down_proj.weight"].T
+
+
+def moe(cfg, W, p, h):
+    """Qwen MoE: softmax router, top k renormalised, experts one tensor each (as saved) or
+    fused, plus the shared expert times sigmoid(shared_expert_gate h)."""
+    E, K = cfg["num_experts"], cfg["num_experts_per_tok"]
+    logits = h @ W[p + "gate.weight"].T
+    prob = np.exp(logits - logits.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for r in range(h.shape[0]):
+        top = np.argsort(-prob[r], kind="stable")[:K]
+        w = prob[r, top] / prob[r, top].sum() if cfg.get("norm_topk_prob", True) else prob[r, top]
+        for e, we in zip(top, w):
+            if p + "experts.gate_up_proj" in W:
+                gu = W[p + "experts.gate_up_proj"][e] @ h[r]
+                I = gu.shape[0] // 2
+                out[r] += we * (W[p + "experts.down_proj"][e] @ (silu(gu[:I]) * gu[I:]))
+            else:
+                out[r] += we * mlp(W, f"{p}experts.{e}.", h[r:r + 1])[0]
+    sh = mlp(W, p + "shared_expert.", h)
+    if p + "shared_expert_gate.weight" in W:
+        sh = sh / (1 + np.exp(-(h @ W[p + "shared_expert_gate.weight"].T)))
+    return out + sh
+
+
+def forward_qwen35(cfg, W, ids):
+    """Qwen3.5 dense: -> (logits, hidden) as forward's."""
+    cfg = cfg.get("text_config", cfg)
+    pre = "model.language_model." if "model.language_model.norm.weight" in W else "model."
+    D, H, KV, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], \
+        cfg["head_dim"]
+    eps, rp = cfg["rms_norm_eps"], cfg.get("rope_parameters") or {}
+    rot = int(hd * rp.get("partial_rotary_factor", 0.25))
+    inv = 1.0 / rp.get("rope_theta", 10000.0) ** (np.arange(0, rot, 2, dtype=np.float64) / rot)
+    norm = lambda x, name: rmsnorm(x, 1 + W[name], eps)  # noqa: E731
+    ids = np.asarray(ids, dtype=np.int64)
+    n, pos = len(ids), np.arange(len(ids))
+    x = W[pre + "embed_tokens.weight"][ids].copy()
+    hidden = []
+    for i, kind in enumerate(cfg["layer_types"]):
+        p = f"{pre}layers.{i}."
+        h = norm(x, p + "input_layernorm.weight")
+        if kind == "linear_attention":
+            x = x + gated_deltanet(cfg, W, p + "linear_attn.", h)
+        else:
+            qg = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(n, H, 2 * hd)
+            q, gate = norm(qg[..., :hd], p + "self_attn.q_norm.weight"), qg[..., hd:]
+            k = norm((h @ W[p + "self_attn.k_proj.weight"].T).reshape(n, KV, hd),
+                     p + "self_attn.k_norm.weight")
+            v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(n, KV, hd)
+            q[..., :rot], k[..., :rot] = rope(q[..., :rot], pos, inv, 1.0), \
+                rope(k[..., :rot], pos, inv, 1.0)
+            att = attention(q, k, v, True, pos, pos) / (1 + np.exp(-gate.reshape(n, H * hd)))
+            x = x + att @ W[p + "self_attn.o_proj.weight"].T
+        h = norm(x, p + "post_attention_layernorm.weight")
+        x = x + (moe(cfg, W, p + "mlp.", h) if p + "mlp.gate.weight" in W else mlp(W, p + "mlp.", h))
+        hidden.append(x.copy())
+    y = norm(x, pre + "norm.weight")
+    head = W["lm_head.weight"] if "lm_head.weight" in W else W[pre + "embed_tokens.weight"]
+    return y @ head.T, np.stack(hidden)
+
+
 def forward(cfg, W, ids, interleaved=False, kv_f16=False):
     """-> (logits (n, vocab), hidden (n_layers, n, dim)) for ids at positions 0..n-1.
 
     interleaved=True runs Meta/GGUF-llama RoPE (q/k rows permuted); used to
     check a converted file's weights. kv_f16=True rounds K (after RoPE) and V
     to float16 before attention, as an f16 KV cache stores them."""
+    if cfg.get("model_type", "").startswith(("qwen3_5", "qwen3_next")):
+        return forward_qwen35(cfg, W, ids)
     dm = dims(cfg)
     inv, scale = rope_params(cfg)
     H, KV, hd, eps = dm["heads"], dm["kv_heads"], dm["head_dim"], dm["eps"]

@@ -55,6 +55,7 @@ static int load_models(dfl_engine *e, dfl_error *err) {
                         .draft_window = o->draft_window, .progress = o->progress,
                         .progress_ud = o->progress_ud};
     lo.max_rows = e->max_block > 64 ? e->max_block : 64;
+    lo.snap_rows = e->max_block;   /* a recurrent state rolls back within a verify block */
     /* Room for one prefill chunk and every other session's largest block. */
     if (o->n_parallel > 1) lo.batch_rows = lo.max_rows + (o->n_parallel - 1) * e->max_block;
     int rc = dfl_target_load(o->model_path, &lo, &e->t, err);
@@ -121,26 +122,15 @@ static const char *base_name(const char *p) {
     return s;
 }
 
-/* Parameters: the elements of every tensor the checkpoint holds (experts
- * included, which a formula from the dense shapes would miss). */
-static uint64_t target_params(const dfl_target *t) {
-    const dfl_tensors *ts = t->gguf ? &t->gguf->tensors : &t->ts;
-    uint64_t n = 0;
-    for (int i = 0; i < ts->n; i++) {
-        uint64_t k = 1;
-        for (int d = 0; d < ts->t[i].n_dims; d++) k *= (uint64_t)ts->t[i].shape[d];
-        n += k;
-    }
-    return n;
-}
-
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     memset(info, 0, sizeof *info);
     if (!e->t) return;
     const dfl_config *c = &e->t->c;
+    const dfl_layer *L0 = &e->t->layers[0];
     snprintf(info->arch, sizeof info->arch, "%s", dfl_arch_name(c->arch));
     snprintf(info->name, sizeof info->name, "%s", base_name(e->opts.model_path));
-    snprintf(info->dtype, sizeof info->dtype, "%s", dfl_type_name(e->t->layers[0].wq.type));
+    snprintf(info->dtype, sizeof info->dtype, "%s", dfl_type_name(L0->w_up.rows ? L0->w_up.type
+                                                                   : L0->wq.type));
     snprintf(info->kv_type, sizeof info->kv_type, "%s", dfl_type_name(e->t->kv_type));
     info->n_layers = c->n_layers;
     info->dim = c->dim;
@@ -152,8 +142,10 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->ctx_size = e->ctx_size;
     info->max_ctx = c->max_ctx;
     info->weight_bytes = e->t->weight_bytes;
+    info->rec_state_bytes = e->t->rec_bytes;
+    info->rec_snapshots = e->t->n_snap;
     info->n_threads = dfl_pool_size(e->pool);
-    info->n_params = target_params(e->t);
+    info->n_params = dfl_target_params(e->t);
     snprintf(info->simd, sizeof info->simd, "%s", dfl_kernels_simd() ? "avx2" : "generic");
     if (e->d) {
         info->has_draft = 1;

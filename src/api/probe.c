@@ -79,6 +79,39 @@ static void report_disagreements(jbuf *j, const float *K, const float *S, int B,
 
 /* ---- the probe ------------------------------------------------------------- */
 
+/* Floats of every recurrent layer's state of kv (0: none). */
+static size_t rec_total(const dfl_kv *kv) {
+    size_t n = 0;
+    for (int l = 0; l < kv->n_layers; l++)
+        n += kv->layer[l].kind == DFL_LAYER_RECURRENT ? (size_t)kv->rec_floats : 0;
+    return n;
+}
+
+/* Every recurrent layer's state after row i of the last forward (-1: the
+ * live state) into out, layer after layer. */
+static void rec_save(const dfl_kv *kv, int i, float *out) {
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (kv->layer[l].kind != DFL_LAYER_RECURRENT) continue;
+        memcpy(out, i < 0 ? dfl_kv_rec(kv, l) : dfl_kv_snap(kv, l, i + 1),
+               sizeof(float) * kv->rec_floats);
+        out += kv->rec_floats;
+    }
+}
+
+/* A block of b rows left the state after each of its rows in a snapshot
+ * (as many as kept) and the last in the live state: each against the
+ * single-row arm's state after that row (SR, rt floats a row). */
+static void compare_states(cmp *c, const dfl_kv *kv, int b, const float *SR, size_t rt,
+                           float *tmp) {
+    if (!rt) return;
+    for (int i = 0; i + 1 < kv->snap_n && i < b; i++) {
+        rec_save(kv, i, tmp);
+        compare(c, tmp, SR + (size_t)i * rt, rt);
+    }
+    rec_save(kv, -1, tmp);
+    compare(c, tmp, SR + (size_t)(b - 1) * rt, rt);
+}
+
 int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int *fcap,
                      int n_fcap, dfl_probe_result *r, int *state, char *json, size_t cap,
                      dfl_error *err) {
@@ -92,6 +125,9 @@ int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int 
     float *K = dfl_aligned_alloc((size_t)B * vocab * sizeof(float));
     float *SF = fd ? dfl_aligned_alloc((size_t)B * fd * sizeof(float)) : NULL;
     float *KF = fd ? dfl_aligned_alloc((size_t)B * fd * sizeof(float)) : NULL;
+    size_t rt = rec_total(kv);   /* recurrent state: SR the single arm's after each row */
+    float *SR = rt ? xmalloc((size_t)B * rt * sizeof(float)) : NULL;
+    float *KR = rt ? xmalloc(rt * sizeof(float)) : NULL;
     int32_t x[DFL_MAX_BLOCK];
     int rc = dfl_target_forward(t, kv, ids, n - 1, n - 1, NULL, NULL, 0, NULL, err);
     /* The single-row arm: the anchor, then its greedy continuation. */
@@ -99,44 +135,55 @@ int dfl_probe_target(dfl_target *t, const int32_t *ids, int n, int B, const int 
     for (int i = 0; i < B && !rc; i++) {
         rc = dfl_target_forward(t, kv, x + i, 1, 0, S + (size_t)i * vocab, fcap, n_fcap,
                                 fd ? SF + (size_t)i * fd : NULL, err);
+        if (rt) rec_save(kv, -1, SR + (size_t)i * rt);
         if (i + 1 < B) x[i + 1] = dfl_argmax(S + (size_t)i * vocab, vocab);
     }
     jbuf j = {json, cap, 0};
     if (json && cap) json[0] = 0;
     memset(r, 0, sizeof *r);
     r->block = B;
-    cmp c = {0}, fc = {0};
+    cmp c = {0}, fc = {0}, sc = {0};
     jp(&j, "{\"block\": %d, \"prompt_tokens\": %d, \"sizes\": [", B, n);
     /* The block arm for every size, the largest last so K keeps its rows. */
     for (int b = B > 1 ? 2 : 1; b <= B && !rc; b++) {
-        dfl_kv_truncate(kv, n - 1);
-        rc = dfl_target_forward(t, kv, x, b, 0, K, fcap, n_fcap, KF, err);
+        /* (a recurrent state reaches back only into its last forward: prefill again) */
+        int kept = dfl_kv_truncate(kv, n - 1);
+        if (kept < n - 1)
+            rc = dfl_target_forward(t, kv, ids + kept, n - 1 - kept, n - 1 - kept, NULL, NULL,
+                                    0, NULL, err);
+        rc = rc ? rc : dfl_target_forward(t, kv, x, b, 0, K, fcap, n_fcap, KF, err);
         if (rc) break;
-        c = (cmp){0}, fc = (cmp){0};
+        c = (cmp){0}, fc = (cmp){0}, sc = (cmp){0};
         compare(&c, K, S, (size_t)b * vocab);
         if (fd) compare(&fc, KF, SF, (size_t)b * fd);
-        if (state && b >= 2) state[b] = c.differ == 0 ? 1 : -1;
+        compare_states(&sc, kv, b, SR, rt, KR);
+        if (state && b >= 2) state[b] = c.differ == 0 && sc.differ == 0 ? 1 : -1;
         jp(&j, "%s{\"block\": %d, \"bytes_differ\": %llu, \"max_abs_diff\": ",
            b > 2 ? ", " : "", b, (unsigned long long)c.differ);
         jnum(&j, c.max_abs);
-        jp(&j, ", \"feat_bytes_differ\": %llu}", (unsigned long long)fc.differ);
+        jp(&j, ", \"feat_bytes_differ\": %llu, \"state_bytes_differ\": %llu}",
+           (unsigned long long)fc.differ, (unsigned long long)sc.differ);
     }
     if (!rc) {
         r->bytes_compared = c.bytes;
         r->bytes_differ = c.differ;
+        r->state_bytes_compared = sc.bytes;
+        r->state_bytes_differ = sc.differ;
         r->max_abs_diff = c.max_abs;
         jp(&j, "], \"rows\": %d, \"bytes_compared\": %llu, \"bytes_differ\": %llu, "
            "\"max_abs_diff\": ", B, (unsigned long long)c.bytes, (unsigned long long)c.differ);
         jnum(&j, c.max_abs);
         jp(&j, ", \"feat_layers\": %d, \"feat_bytes_compared\": %llu, "
-           "\"feat_bytes_differ\": %llu, \"exact\": %s, ", n_fcap,
+           "\"feat_bytes_differ\": %llu, \"state_bytes_compared\": %llu, "
+           "\"state_bytes_differ\": %llu, \"exact\": %s, ", n_fcap,
            (unsigned long long)fc.bytes, (unsigned long long)fc.differ,
-           c.differ ? "false" : "true");
+           (unsigned long long)sc.bytes, (unsigned long long)sc.differ,
+           c.differ || sc.differ ? "false" : "true");
         report_disagreements(&j, K, S, B, vocab, n - 1, &r->n_argmax_disagree);
         jp(&j, "}");
     }
     dfl_kv_free(kv);
-    free(S), free(K), free(SF), free(KF);
+    free(S), free(K), free(SF), free(KF), free(SR), free(KR);
     return rc;
 }
 

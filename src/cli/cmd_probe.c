@@ -151,7 +151,12 @@ int cmd_probe(int argc, char **argv) {
         fprintf(stderr, "probe: block %d, %llu of %llu logit bytes differ, max |diff| %g, %d "
                         "argmax disagreements: %s\n", r.block,
                 (unsigned long long)r.bytes_differ, (unsigned long long)r.bytes_compared,
-                r.max_abs_diff, r.n_argmax_disagree, r.bytes_differ ? "NOT EXACT" : "exact");
+                r.max_abs_diff, r.n_argmax_disagree,
+                r.bytes_differ || r.state_bytes_differ ? "NOT EXACT" : "exact");
+        if (r.state_bytes_compared)
+            fprintf(stderr, "probe: %llu of %llu recurrent-state bytes differ\n",
+                    (unsigned long long)r.state_bytes_differ,
+                    (unsigned long long)r.state_bytes_compared);
         if (mi.has_draft) {
             fprintf(stderr, "drafter: tau %.2f over %d anchors (%.2f in the rounds a pinned "
                             "block %d run makes); hit rate by position:", dr.tau, dr.n_anchors,
@@ -165,5 +170,5 @@ int cmd_probe(int argc, char **argv) {
     }
     free(json), free(djson), free(ids);
     dfl_engine_free(e);
-    return rc || r.bytes_differ ? 1 : 0;
+    return rc || r.bytes_differ || r.state_bytes_differ ? 1 : 0;
 }

@@ -149,6 +149,9 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
             mi.n_kv_heads, mi.dtype, (double)mi.weight_bytes / 1e6, mi.ctx_size, mi.max_ctx,
             mi.kv_type, mi.n_threads, mi.simd,
             template_src ? template_src : fallback ? "ChatML (the model has none)" : "the model's");
+    if (mi.rec_state_bytes)
+        fprintf(stderr, "recurrent state %.2f MB per session (%d rollback snapshots); ",
+                (double)mi.rec_state_bytes / 1e6, mi.rec_snapshots);
     if (mi.has_draft)
         fprintf(stderr, "DFlash drafter of %d layers, block %d\n", mi.draft_layers,
                 mi.draft_block);

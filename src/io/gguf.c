@@ -186,7 +186,7 @@ static int read_kvs(rd *r, gguf_file *g, uint64_t n_kv) {
 static int read_tensor_info(rd *r, gguf_file *g, uint64_t *offset) {
     gguf_str nm;
     uint32_t nd, ty;
-    uint64_t ne[DFL_MAX_DIMS];
+    uint64_t ne[DFL_GGUF_MAX_DIMS];
     if (rd_str(r, &nm, "tensor name")) return DFL_EFORMAT;
     dfl_tensor *t = dfl_tensors_push(&g->tensors, r->err);
     if (!t) return DFL_ENOMEM;
@@ -198,9 +198,9 @@ static int read_tensor_info(rd *r, gguf_file *g, uint64_t *offset) {
                         r->name, g->tensors.n);
     }
     if (rd_u32(r, &nd, "tensor n_dims")) return DFL_EFORMAT;
-    if (nd < 1 || nd > DFL_MAX_DIMS)
+    if (nd < 1 || nd > DFL_GGUF_MAX_DIMS)
         return dfl_fail(r->err, DFL_EFORMAT, "%s: tensor %s: n_dims = %u (expected 1..%d)",
-                        r->name, t->name, nd, DFL_MAX_DIMS);
+                        r->name, t->name, nd, DFL_GGUF_MAX_DIMS);
     uint64_t nel = 1;
     for (uint32_t d = 0; d < nd; d++) {
         if (rd_u64(r, &ne[d], "tensor dimension")) return DFL_EFORMAT;
@@ -500,7 +500,8 @@ static int w_kv(wr *w, const gguf_wkv *kv, const char *path, dfl_error *err) {
 
 /* nbytes the tensor must have for its shape and type; 0 when it cannot be written. */
 static uint64_t tensor_bytes(const dfl_tensor *t) {
-    if ((unsigned)t->type >= DFL_NTYPES || t->n_dims < 1 || t->n_dims > DFL_MAX_DIMS || !t->name)
+    if ((unsigned)t->type >= DFL_NTYPES || t->n_dims < 1 || t->n_dims > DFL_GGUF_MAX_DIMS ||
+        !t->name)
         return 0;
     uint64_t n = dfl_type_row_bytes(t->type, t->shape[t->n_dims - 1]);
     for (int d = 0; d < t->n_dims - 1; d++)

@@ -11,7 +11,9 @@
 
 #include "base/base.h"
 
-enum { DFL_MAX_DIMS = 4 };
+/* Dims of a tensor: GGUF has at most 4; a safetensors file may hold 5-D ones
+ * (a multimodal checkpoint's video patch embedding, skipped but parsed). */
+enum { DFL_MAX_DIMS = 5, DFL_GGUF_MAX_DIMS = 4 };
 
 typedef struct dfl_tensor {
     char *name;

@@ -48,7 +48,7 @@ static int read_dtype(const cJSON *e, const char *src, const char *name, dfl_typ
                     "%s: tensor %s: dtype %.40s not supported (F32, F16, BF16 are)", src, name, s);
 }
 
-/* shape: 0..4 non-negative dims; sets t->n_dims, t->shape, returns the element count. */
+/* shape: 0..DFL_MAX_DIMS non-negative dims; sets t->n_dims, t->shape; the element count. */
 static int read_shape(const cJSON *e, const char *src, dfl_tensor *t, uint64_t *nel,
                       dfl_error *err) {
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");

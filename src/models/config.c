@@ -12,7 +12,8 @@
 
 const char *dfl_arch_name(int a) {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
-         : a == ARCH_LAGUNA ? "laguna" : "?";
+         : a == ARCH_LAGUNA ? "laguna" : a == ARCH_QWEN35 ? "qwen35"
+         : a == ARCH_QWEN3_NEXT ? "qwen3next" : a == ARCH_QWEN3_MOE ? "qwen3moe" : "?";
 }
 
 /* ---- validation --------------------------------------------------------- */
@@ -56,6 +57,28 @@ static int validate_rope(const dfl_config *c, const char *src, dfl_error *err) {
     }
 }
 
+/* Gated DeltaNet layers: only Qwen3.5 has them, and their shapes must fit. */
+static int validate_recurrent(const dfl_config *c, const char *src, dfl_error *err) {
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        RANGE(c->layer_kind[l], DFL_LAYER_FULL, DFL_LAYER_RECURRENT, "layer_types");
+        any |= c->layer_kind[l] == DFL_LAYER_RECURRENT;
+    }
+    if (!any) return 0;
+    if (!DFL_ARCH_HYBRID(c->arch))
+        return dfl_fail(err, DFL_EFORMAT, "%s: linear_attention layers need a Qwen3.5 or "
+                        "Qwen3-Next model", src);
+    RANGE(c->lin_conv, 1, DFL_MAX_CONV, "linear_conv_kernel_dim");
+    RANGE(c->lin_k_heads, 1, MAX_HEADS, "linear_num_key_heads");
+    RANGE(c->lin_v_heads, 1, MAX_HEADS, "linear_num_value_heads");
+    RANGE(c->lin_k_dim, 1, MAX_HEAD_DIM, "linear_key_head_dim");
+    RANGE(c->lin_v_dim, 1, MAX_HEAD_DIM, "linear_value_head_dim");
+    if (c->lin_v_heads % c->lin_k_heads)
+        return dfl_fail(err, DFL_EFORMAT, "%s: linear_num_value_heads = %d is not a multiple of "
+                        "linear_num_key_heads = %d", src, c->lin_v_heads, c->lin_k_heads);
+    return 0;
+}
+
 /* Rotated dims of a head: partial rotary turns the first head_dim * partial
  * (transformers: int(head_dim * partial_rotary_factor)). */
 static int rot_dims(int hd, float partial) {
@@ -64,7 +87,7 @@ static int rot_dims(int hd, float partial) {
 
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     if (!src) src = "config";
-    RANGE(c->arch, ARCH_LLAMA, ARCH_LAGUNA, "arch");
+    RANGE(c->arch, ARCH_LLAMA, ARCH_QWEN3_MOE, "arch");
     RANGE(c->n_layers, 1, MAX_LAYERS, "num_hidden_layers");
     RANGE(c->dim, 1, MAX_DIM, "hidden_size");
     RANGE(c->n_heads, 1, MAX_HEADS, "num_attention_heads");
@@ -113,6 +136,7 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     if (sliding) RANGE(c->sliding_window, 2, MAX_WINDOW, "sliding_window");
     RANGE(c->router_func, DFL_ROUTER_SIGMOID, DFL_ROUTER_SQRTSOFTPLUS, "router_func");
     RANGE(c->swa_sinks, 0, 1, "swa_attention_sink_enabled");
+    TRY(validate_recurrent(c, src, err));
     if (rot_dims(c->head_dim, c->rope_partial) < 2 ||
         rot_dims(c->head_dim, c->swa_rope_partial) < 2)
         return dfl_fail(err, DFL_EFORMAT, "%s: partial_rotary_factor rotates fewer than 2 dims",
@@ -131,6 +155,12 @@ static const struct {
     {"Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
     {"LagunaForCausalLM", "laguna", ARCH_LAGUNA},
+    {"Qwen3_5ForCausalLM", "qwen3_5_text", ARCH_QWEN35},
+    {"Qwen3_5ForConditionalGeneration", "qwen3_5", ARCH_QWEN35},
+    {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ARCH_QWEN35},
+    {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", ARCH_QWEN35},
+    {"Qwen3NextForCausalLM", "qwen3_next", ARCH_QWEN3_NEXT},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", ARCH_QWEN3_MOE},
 };
 
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
@@ -146,7 +176,9 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
                         "LlamaForCausalLM)", file);
     return dfl_fail(err, DFL_EUNSUP,
                     "%s: architecture %.100s not supported (LlamaForCausalLM, MistralForCausalLM, "
-                    "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM are)",
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM, LagunaForCausalLM, Qwen3_5ForCausalLM, "
+                    "Qwen3_5ForConditionalGeneration and their Moe forms, Qwen3NextForCausalLM, "
+                    "Qwen3MoeForCausalLM are)",
                     file, name ? name : mt);
 }
 
@@ -207,7 +239,7 @@ static int hf_refuse_features(const cJSON *j, int arch, const char *file, dfl_er
     if (b) return dfl_fail(err, DFL_EUNSUP, "%s: mlp_bias = true not supported", file);
     double prf = 1;
     TRY(dfl_json_num(j, "partial_rotary_factor", 0, 1, &prf, file, err));
-    if (prf != 1 && arch != ARCH_LAGUNA)
+    if (prf != 1 && arch != ARCH_LAGUNA && !DFL_ARCH_HYBRID(arch))
         return dfl_fail(err, DFL_EUNSUP, "%s: partial_rotary_factor = %g not supported (1 is)",
                         file, prf);
     return 0;
@@ -328,11 +360,15 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
         return dfl_fail(err, DFL_EFORMAT, "%s: expected a JSON object", file);
     if (arch < 0 && (arch = hf_arch(j, file, err)) < 0) return arch;
     c->arch = arch;
+    const cJSON *top = j;
+    if (DFL_ARCH_HYBRID(arch)) j = dfl_qwen35_text(j);
     TRY(hf_refuse_features(j, arch, file, err));
     TRY(need_int(j, "hidden_size", 1, MAX_DIM, &c->dim, file, err));
     TRY(need_int(j, "num_hidden_layers", 1, MAX_LAYERS, &c->n_layers, file, err));
     TRY(need_int(j, "num_attention_heads", 1, MAX_HEADS, &c->n_heads, file, err));
-    TRY(need_int(j, "intermediate_size", 1, MAX_FFN, &c->ffn_dim, file, err));
+    /* (Qwen3.5-MoE has no dense MLP: its reader checks) */
+    TRY((DFL_ARCH_HYBRID(arch) ? opt_int : need_int)(j, "intermediate_size", 1, MAX_FFN,
+                                                    &c->ffn_dim, file, err));
     TRY(need_int(j, "vocab_size", 1, MAX_VOCAB, &c->vocab, file, err));
     c->n_kv_heads = c->n_heads;
     TRY(opt_int(j, "num_key_value_heads", 1, MAX_HEADS, &c->n_kv_heads, file, err));
@@ -352,13 +388,15 @@ int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config
     TRY(hf_rope(j, c, file, err));
     c->rope_neox = 1;
     c->qkv_bias = arch == ARCH_QWEN2;
-    c->qk_norm = arch == ARCH_QWEN3;
+    c->qk_norm = arch == ARCH_QWEN3 || arch == ARCH_QWEN3_MOE;
     TRY(dfl_json_bool(j, "tie_word_embeddings", &c->tied_embed, file, err));
     c->bos_id = arch == ARCH_LLAMA ? 1 : -1;
     c->eos_id = arch == ARCH_LLAMA ? 2 : -1;
     TRY(token_id(j, "bos_token_id", &c->bos_id, file, err));
     TRY(token_id(j, "eos_token_id", &c->eos_id, file, err));
-    TRY(hf_layer_types(j, c, file, err));
+    if (DFL_ARCH_HYBRID(arch)) TRY(dfl_qwen35_config(j, top, c, file, err));
+    else TRY(hf_layer_types(j, c, file, err));
+    if (arch == ARCH_QWEN3_MOE) TRY(dfl_qwen_moe_config(j, c, file, err));
     if (arch == ARCH_LAGUNA) TRY(dfl_laguna_config(j, c, file, err));
     return dfl_config_validate(c, file, err);
 }

@@ -13,7 +13,7 @@
 enum {
     MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
     MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20,
-    MAX_EXPERTS = DFL_MAX_EXPERTS,
+    MAX_EXPERTS = DFL_MAX_EXPERTS, MAX_CONV = DFL_MAX_CONV,
     MAX_WINDOW = 1 << 20   /* sliding_window: keys a sliding layer attends */
 };
 static const float F_MAX = 3.0e38f;
@@ -61,6 +61,18 @@ int g_float(gkeys *k, const char *suffix, float *out, dfl_error *err);
 
 /* Laguna's own fields (laguna_config.c), after the common ones: from
  * config.json, and from GGUF metadata as llama.cpp's converter writes it. */
+/* Qwen3.5's text fields: the object itself, or its text_config when the
+ * checkpoint is the multimodal class (qwen35_config.c). */
+const cJSON *dfl_qwen35_text(const cJSON *j);
+/* Qwen3.5's own fields after the common ones (layer_types in place of
+ * hf_layer_types); top is the file's object (tie_word_embeddings). */
+int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const char *file,
+                      dfl_error *err);
+/* The Qwen MoE fields (qwen35_config.c): Qwen3-MoE and Qwen3-Next (sparse layers by
+ * mlp_only_layers and decoder_sparse_step, norm_topk_prob), Qwen3.5-MoE (every layer,
+ * renormalised); a softmax router, the hybrids' shared expert. Absent num_experts: dense. */
+int dfl_qwen_moe_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
+/* Laguna's own fields (laguna.c), after the common ones. */
 int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
 int dfl_laguna_config_gguf(gkeys *k, dfl_config *c, dfl_error *err);
 

@@ -18,6 +18,12 @@ typedef struct dfl_family {
 
 extern const dfl_family dfl_family_dense;    /* llama.c: Llama, Mistral, Qwen2, Qwen3 */
 extern const dfl_family dfl_family_laguna;   /* laguna.c */
+extern const dfl_family dfl_family_qwen35;   /* qwen35.c: Qwen3.5 hybrid */
+
+/* Layer l's mixture of experts (moe.c) into L->moe; lfmt names the layer
+ * ("model.layers.%d."). */
+int dfl_load_moe(dfl_weights *w, const dfl_config *c, const char *lfmt, int l, dfl_layer *L,
+                 dfl_error *err);
 
 /* "model.layers.%d.xxx" with l filled in, into buf (256 bytes). */
 const char *dfl_lname(char *buf, const char *fmt, int l);

@@ -2,17 +2,20 @@
  * layer kinds (config: layer_kind, mlp_kind):
  *   mixer  full or sliding-window attention: q/k/v (+bias), per-head q/k
  *          norm, RoPE of the layer's set (partial rotary allowed), an
- *          optional softplus output gate per head or per element, o;
- *   MLP    dense SwiGLU, or a mixture of experts whose rows are grouped by
- *          expert, so each expert runs one multi-row product over just the
- *          rows routed to it.
- * Every op is per row or a batch-invariant matmul, attention reads each
- * row's own sequence, and a row's expert outputs are summed in ascending
- * expert order: a row's bits never depend on what else is in the call. */
+ *          optional softplus output gate per head or per element or a
+ *          sigmoid gate q_proj emits, o; or a gated DeltaNet (gdn.c);
+ *   MLP    dense SwiGLU, or a mixture of experts (sigmoid or softmax
+ *          router, a shared expert, optionally gated) whose rows are
+ *          grouped by expert, so each expert runs one multi-row product
+ *          over just the rows routed to it.
+ * Every op is per row or a batch-invariant matmul, attention and the
+ * DeltaNet's recurrence read each row's own sequence in order, and a row's
+ * expert outputs are summed in ascending expert order: a row's bits never
+ * depend on what else is in the call. */
 #include <math.h>
 #include <string.h>
 
-#include "models/model.h"
+#include "models/gdn.h"
 
 static void matmul(dfl_target *t, const dfl_mat *W, int n, const float *X, float *Y) {
     dfl_matmul(t->pool, W, n, X, W->cols, Y, W->rows, t->qscratch);
@@ -27,6 +30,8 @@ static void add_bias(float *y, const float *b, int n, int d) {
 static void norm_rows(float *y, const float *x, const float *w, int n, int d, float eps) {
     for (int r = 0; r < n; r++) dfl_rmsnorm(y + (size_t)r * d, x + (size_t)r * d, w, d, eps);
 }
+
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static void residual_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
@@ -52,11 +57,24 @@ static const float *row_cs(const dfl_target *t, const dfl_layer *L, int r) {
     return t->rope_cs + (size_t)r * 2 * hd + (L->rope == &t->rope_swa && own_swa(t) ? hd : 0);
 }
 
+/* q_proj rows [q | gate] per head (DFL_GATE_Q_SIGMOID) into q and gate. */
+static void split_q_gate(dfl_target *t, const dfl_layer *L, int n) {
+    int hd = t->c.head_dim, qd = L->n_heads * hd;
+    matmul(t, &L->wq, n, t->xn, t->qg);
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < L->n_heads; h++) {
+            const float *src = t->qg + (size_t)r * 2 * qd + (size_t)h * 2 * hd;
+            memcpy(t->q + (size_t)r * qd + (size_t)h * hd, src, sizeof(float) * hd);
+            memcpy(t->gate + (size_t)r * qd + (size_t)h * hd, src + hd, sizeof(float) * hd);
+        }
+}
+
 /* q/k projections, per-head norm, RoPE; K and V land in each row's cache. */
 static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     const dfl_config *c = &t->c;
     int n = b->n, hd = c->head_dim, qd = L->n_heads * hd, kvd = c->n_kv_heads * hd;
-    matmul(t, &L->wq, n, t->xn, t->q);
+    if (c->gating == DFL_GATE_Q_SIGMOID) split_q_gate(t, L, n);
+    else matmul(t, &L->wq, n, t->xn, t->q);
     matmul(t, &L->wk, n, t->xn, t->k);
     matmul(t, &L->wv, n, t->xn, t->v);
     add_bias(t->q, L->bq, n, qd);
@@ -101,8 +119,14 @@ static void attend(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
 }
 
 
-/* att *= softplus(g_proj(xn)), one gate per head or per element. */
+/* att *= softplus(g_proj(xn)), one gate per head or per element; or
+ * att *= sigmoid(gate), the gate q_proj emitted. */
 static void output_gate(dfl_target *t, const dfl_layer *L, int n) {
+    if (t->c.gating == DFL_GATE_Q_SIGMOID) {
+        size_t m = (size_t)n * L->n_heads * t->c.head_dim;
+        for (size_t i = 0; i < m; i++) t->att[i] *= sigmoid(t->gate[i]);
+        return;
+    }
     if (!L->wg.rows) return;
     int hd = t->c.head_dim, qd = L->n_heads * hd, per_head = L->wg.rows == L->n_heads;
     matmul(t, &L->wg, n, t->xn, t->gate);
@@ -132,6 +156,23 @@ static void swiglu_mlp(dfl_target *t, const dfl_mat *g, const dfl_mat *u, const 
     matmul(t, d, n, t->h2, out);
 }
 
+/* Router logits (E) to scores in place: softmax, or sigmoid of the
+ * (optionally soft-capped) logits. */
+static void router_scores(const dfl_config *c, float *lg, int E) {
+    if (c->router_softmax) {
+        float m = lg[0], sum = 0;
+        for (int e = 1; e < E; e++) m = lg[e] > m ? lg[e] : m;
+        for (int e = 0; e < E; e++) sum += lg[e] = expf(lg[e] - m);
+        for (int e = 0; e < E; e++) lg[e] /= sum;
+        return;
+    }
+    for (int e = 0; e < E; e++) {
+        float x = lg[e];
+        if (c->router_softcap > 0) x = c->router_softcap * tanhf(x / c->router_softcap);
+        lg[e] = c->router_func == DFL_ROUTER_SQRTSOFTPLUS ? sqrtf(softplus(x)) : sigmoid(x);
+    }
+}
+
 /* Each row's top_k experts (ascending expert order) and their weights. */
 static void route(dfl_target *t, const dfl_moe *M, int n) {
     const dfl_config *c = &t->c;
@@ -139,13 +180,8 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
     matmul(t, &M->router, n, t->xn, t->router);
     for (int r = 0; r < n; r++) {
         float *lg = t->router + (size_t)r * E, sel[DFL_MAX_EXPERTS];
-        for (int e = 0; e < E; e++) {
-            float x = lg[e];
-            if (c->router_softcap > 0) x = c->router_softcap * tanhf(x / c->router_softcap);
-            lg[e] = c->router_func == DFL_ROUTER_SQRTSOFTPLUS ? sqrtf(softplus(x))
-                                                              : 1.0f / (1.0f + expf(-x));
-            sel[e] = lg[e] + (M->sel_bias ? M->sel_bias[e] : 0.0f);
-        }
+        router_scores(c, lg, E);
+        for (int e = 0; e < E; e++) sel[e] = lg[e] + (M->sel_bias ? M->sel_bias[e] : 0.0f);
         int *ex = t->moe_e + (size_t)r * K;
         for (int k = 0; k < K; k++) {   /* highest selection score, lowest index on ties */
             int best = -1;
@@ -161,7 +197,8 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
             }
         float sum = 0, *w = t->moe_w + (size_t)r * K;
         for (int k = 0; k < K; k++) sum += lg[ex[k]];
-        for (int k = 0; k < K; k++) w[k] = lg[ex[k]] / sum * c->routed_scale;
+        for (int k = 0; k < K; k++)
+            w[k] = (c->norm_topk ? lg[ex[k]] / sum : lg[ex[k]]) * c->routed_scale;
     }
 }
 
@@ -175,6 +212,13 @@ static void moe_mlp(dfl_target *t, const dfl_moe *M, int n) {
     route(t, M, n);
     if (M->sh_gate.rows) swiglu_mlp(t, &M->sh_gate, &M->sh_up, &M->sh_down, n, t->xn, t->h1);
     else memset(t->h1, 0, sizeof(float) * (size_t)n * D);
+    if (M->sh_scale.rows) {   /* the shared expert's output times sigmoid(gate x) */
+        matmul(t, &M->sh_scale, n, t->xn, t->sh_gate);
+        for (int r = 0; r < n; r++) {
+            float g = sigmoid(t->sh_gate[r]), *o = t->h1 + (size_t)r * D;
+            for (int d = 0; d < D; d++) o[d] *= g;
+        }
+    }
     for (int e = 0; e < c->n_experts; e++) {
         int m = 0;
         for (int r = 0; r < n; r++)
@@ -200,7 +244,8 @@ static void layer_forward(dfl_target *t, int l, const rows *b) {
     const dfl_layer *L = &t->layers[l];
     int n = b->n;
     norm_rows(t->xn, t->x, L->attn_norm, n, c->dim, c->norm_eps);
-    attention_layer(t, L, b, l);
+    if (L->gdn) dfl_gdn_layer(t, L, l, b->f, b->off, b->n_seq);
+    else attention_layer(t, L, b, l);
     residual_add(t->x, t->h1, (size_t)n * c->dim);
     norm_rows(t->xn, t->x, L->ffn_norm, n, c->dim, c->norm_eps);
     if (L->moe) moe_mlp(t, L->moe, n);

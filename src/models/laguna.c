@@ -5,9 +5,8 @@
  * the layer input, a dense first layer, then sigmoid-routed mixtures of
  * experts with a selection-only correction bias and a shared expert.
  * Optional learned sinks on the sliding layers. Its config reader is
- * laguna_config.c; here, Hugging Face tensor names, in transformers' layout
- * (fused experts.gate_up_proj, shared_experts) and the published one (one
- * tensor per expert, shared_expert), and llama.cpp's GGUF names. */
+ * laguna_config.c; here, Hugging Face tensor names (the experts' layouts:
+ * moe.c) and llama.cpp's GGUF names. */
 #include <string.h>
 
 #include "models/family.h"
@@ -63,69 +62,6 @@ static int pstack(dfl_weights *w, const char *pre, int l, const char *sfx, int n
     return dfl_w_stack(w, lname(b, pre, sfx, l), n, rows, cols, m, err);
 }
 
-static int mat(dfl_weights *w, int l, const char *sfx, int rows, int cols, dfl_mat *m,
-               dfl_error *err) {
-    return pmat(w, P, l, sfx, rows, cols, m, err);
-}
-
-static int vec(dfl_weights *w, int l, const char *sfx, int n, const float **v, dfl_error *err) {
-    return pvec(w, P, l, sfx, n, v, err);
-}
-
-static int has(dfl_weights *w, int l, const char *sfx) {
-    char b[256];
-    return dfl_w_has(w, lname(b, P, sfx, l));
-}
-
-/* Experts fused (transformers: gate_up_proj [E, 2I, D], down_proj [E, D, I])
- * or one tensor each (experts.{e}.{gate,up,down}_proj). */
-static int experts(dfl_weights *w, const dfl_config *c, int l, dfl_moe *M, dfl_error *err) {
-    int E = c->n_experts, I = c->moe_ffn, D = c->dim, rc = 0;
-    M->gate = xcalloc(E, sizeof(dfl_mat));
-    M->up = xcalloc(E, sizeof(dfl_mat));
-    M->down = xcalloc(E, sizeof(dfl_mat));
-    if (has(w, l, "mlp.experts.gate_up_proj")) {
-        rc = pstack(w, P, l, "mlp.experts.gate_up_proj", E, 2 * I, D, M->gate, err);
-        for (int e = 0; e < E && !rc; e++) {
-            M->up[e] = M->gate[e];
-            M->gate[e].rows = M->up[e].rows = I;
-            M->up[e].data += (size_t)I * M->up[e].row_bytes;
-        }
-        return rc ? rc : pstack(w, P, l, "mlp.experts.down_proj", E, D, I, M->down, err);
-    }
-    for (int e = 0; e < E && !rc; e++) {
-        char s[128];
-        snprintf(s, sizeof s, "mlp.experts.%d.gate_proj.weight", e);
-        rc = mat(w, l, s, I, D, &M->gate[e], err);
-        snprintf(s, sizeof s, "mlp.experts.%d.up_proj.weight", e);
-        rc = rc ? rc : mat(w, l, s, I, D, &M->up[e], err);
-        snprintf(s, sizeof s, "mlp.experts.%d.down_proj.weight", e);
-        rc = rc ? rc : mat(w, l, s, D, I, &M->down[e], err);
-    }
-    return rc;
-}
-
-static int load_moe(dfl_weights *w, const dfl_config *c, int l, dfl_layer *L, dfl_error *err) {
-    dfl_moe *M = L->moe = xcalloc(1, sizeof *M);
-    int rc = mat(w, l, "mlp.gate.weight", c->n_experts, c->dim, &M->router, err);
-    const char *bias = has(w, l, "mlp.gate.e_score_correction_bias")
-                           ? "mlp.gate.e_score_correction_bias"
-                           : has(w, l, "mlp.experts.e_score_correction_bias")
-                                 ? "mlp.experts.e_score_correction_bias" : NULL;
-    if (!rc && bias) rc = vec(w, l, bias, c->n_experts, &M->sel_bias, err);
-    rc = rc ? rc : experts(w, c, l, M, err);
-    if (rc || !c->shared_ffn) return rc;
-    const char *sh = has(w, l, "mlp.shared_experts.gate_proj.weight") ? "mlp.shared_experts"
-                                                                       : "mlp.shared_expert";
-    char s[128];
-    snprintf(s, sizeof s, "%s.gate_proj.weight", sh);
-    rc = mat(w, l, s, c->shared_ffn, c->dim, &M->sh_gate, err);
-    snprintf(s, sizeof s, "%s.up_proj.weight", sh);
-    rc = rc ? rc : mat(w, l, s, c->shared_ffn, c->dim, &M->sh_up, err);
-    snprintf(s, sizeof s, "%s.down_proj.weight", sh);
-    return rc ? rc : mat(w, l, s, c->dim, c->shared_ffn, &M->sh_down, err);
-}
-
 /* GGUF: router ffn_gate_inp, selection bias exp_probs_b, experts stacked
  * [n_experts, rows, cols] in ffn_{gate,up,down}_exps, shared ffn_*_shexp. */
 static int load_moe_gguf(dfl_weights *w, const dfl_config *c, int l, dfl_layer *L,
@@ -170,7 +106,7 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     rc = rc ? rc : pvec(w, pre, l, n->ffn_norm, c->dim, &L->ffn_norm, err);
     if (rc) return rc;
     if (c->mlp_kind[l] == DFL_MLP_MOE)
-        return t->gguf ? load_moe_gguf(w, c, l, L, err) : load_moe(w, c, l, L, err);
+        return t->gguf ? load_moe_gguf(w, c, l, L, err) : dfl_load_moe(w, c, P, l, L, err);
     rc = pmat(w, pre, l, n->gate, c->ffn_dim, c->dim, &L->w_gate, err);
     rc = rc ? rc : pmat(w, pre, l, n->up, c->ffn_dim, c->dim, &L->w_up, err);
     return rc ? rc : pmat(w, pre, l, n->down, c->dim, c->ffn_dim, &L->w_down, err);

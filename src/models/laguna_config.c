@@ -129,7 +129,7 @@ static int ropes(const cJSON *j, dfl_config *c, const char *file, dfl_error *err
 
 static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
     c->n_experts = 256, c->top_k = 8, c->moe_ffn = 512, c->shared_ffn = 512;
-    c->routed_scale = 1;
+    c->routed_scale = 1, c->norm_topk = 1;
     TRY(opt_int(j, "num_experts", 1, MAX_EXPERTS, &c->n_experts, file, err));
     TRY(opt_int(j, "num_experts_per_tok", 1, MAX_EXPERTS, &c->top_k, file, err));
     if (c->top_k > c->n_experts)
@@ -250,6 +250,7 @@ static int gguf_moe(gkeys *k, dfl_config *c, dfl_error *err) {
     if (!norm)
         return dfl_fail(err, DFL_EUNSUP, "%s: %s = false not supported (the chosen experts' "
                         "weights are always normalised)", src, k->key);
+    c->norm_topk = 1;
     TRY(g_int(k, "expert_gating_func", 0, 0, 1000, &gating, err));
     if (gating != 2 && gating != 4)   /* llama.cpp's SIGMOID, SQRTSOFTPLUS */
         return dfl_fail(err, DFL_EUNSUP, "%s: %s = %d not supported (2 sigmoid and 4 "

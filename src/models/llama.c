@@ -1,6 +1,8 @@
-/* llama.c - the dense decoder family: Llama / Mistral, Qwen2 (q/k/v bias),
- * Qwen3 (per-head q/k RMSNorm); every layer attention (full or sliding, as
- * the config says) and a dense SwiGLU MLP. Hugging Face or GGUF names. */
+/* llama.c - the attention decoder family: Llama / Mistral, Qwen2 (q/k/v
+ * bias), Qwen3 (per-head q/k RMSNorm); every layer attention (full or
+ * sliding, as the config says) and a dense SwiGLU MLP, or Qwen3-MoE's
+ * mixture of experts on its sparse layers (moe.c). Hugging Face or GGUF
+ * names. */
 #include <string.h>
 
 #include "models/family.h"
@@ -41,9 +43,15 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wk, l), kvd, c->dim, &L->wk, err);
     rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wv, l), kvd, c->dim, &L->wv, err);
     rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wo, l), c->dim, qd, &L->wo, err);
-    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->gate, l), c->ffn_dim, c->dim, &L->w_gate, err);
-    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->up, l), c->ffn_dim, c->dim, &L->w_up, err);
-    rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down, err);
+    if (c->mlp_kind[l] == DFL_MLP_MOE) {
+        rc = rc ? rc : dfl_load_moe(w, c, "model.layers.%d.", l, L, err);
+    } else {
+        rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->gate, l), c->ffn_dim, c->dim, &L->w_gate,
+                                 err);
+        rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->up, l), c->ffn_dim, c->dim, &L->w_up, err);
+        rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->down, l), c->dim, c->ffn_dim, &L->w_down,
+                                 err);
+    }
     rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->attn_norm, l), c->dim, &L->attn_norm, err);
     rc = rc ? rc : dfl_w_vec(w, dfl_lname(b, nm->ffn_norm, l), c->dim, &L->ffn_norm, err);
     if (t->unpermute) {

@@ -19,12 +19,17 @@
 #include "kernels/kernels.h"
 #include "models/seqstate.h"
 
-enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA };
-/* "llama", "qwen2", ... (llama.cpp's general.architecture names); "?" outside. */
-const char *dfl_arch_name(int arch);
+enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA, ARCH_QWEN35, ARCH_QWEN3_NEXT,
+       ARCH_QWEN3_MOE };
+/* Qwen3.5 and Qwen3-Next: the gated DeltaNet hybrids (one family, qwen35.c). */
+#define DFL_ARCH_HYBRID(a) ((a) == ARCH_QWEN35 || (a) == ARCH_QWEN3_NEXT)
 enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024 };
+enum { DFL_MAX_CONV = 64 };   /* the longest gated DeltaNet conv kernel */
 enum { DFL_MLP_DENSE = 0, DFL_MLP_MOE = 1 };
-enum { DFL_GATE_NONE = 0, DFL_GATE_HEAD = 1, DFL_GATE_ELEMENT = 2 };
+/* Output gates on attention heads: softplus(g_proj(x)) per head or per element
+ * (Laguna), or sigmoid of a gate that q_proj emits beside each head's query
+ * (Qwen3.5 / Qwen3-Next: rows [q | gate] per head). */
+enum { DFL_GATE_NONE = 0, DFL_GATE_HEAD = 1, DFL_GATE_ELEMENT = 2, DFL_GATE_Q_SIGMOID = 3 };
 enum { DFL_ROUTER_SIGMOID = 0, DFL_ROUTER_SQRTSOFTPLUS = 1 };
 enum { ROPE_SCALE_NONE = 0, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN };
 
@@ -53,6 +58,11 @@ typedef struct dfl_config {
     float router_softcap;     /* > 0: router logits = c * tanh(logits / c) */
     int router_func;          /* DFL_ROUTER_*: expert scores from router logits */
     int swa_sinks;            /* sliding layers have a learned sink logit per head */
+    int router_softmax;       /* 1: router scores softmax(logits) (Qwen); 0: sigmoid (Laguna) */
+    int norm_topk;            /* 1: the chosen scores are divided by their sum */
+    int norm_offset;          /* 1: RMSNorm weights are stored as w and applied as 1 + w */
+    /* gated DeltaNet (DFL_LAYER_RECURRENT) layers: conv kernel, key / value heads and dims */
+    int lin_conv, lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
 } dfl_config;
 
 /* Parses and range-checks a Hugging Face config.json (target models). */
@@ -67,6 +77,9 @@ int dfl_config_from_cjson(const struct cJSON *j, const char *file, int arch, dfl
 int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err);
 /* Cross-field checks shared by both (heads * head_dim, GQA ratio, ranges). */
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err);
+/* llama.cpp's general.architecture names: "llama", "qwen2", "qwen3", "laguna",
+ * "qwen35", "qwen3next", "qwen3moe"; "?" outside. */
+const char *dfl_arch_name(int arch);
 /* Builds the RoPE table for c (caller frees r->inv_freq); _swa the sliding
  * layers' (swa_rope_*, or the same as full attention's). */
 void dfl_rope_init(dfl_rope *r, const dfl_config *c);
@@ -74,9 +87,10 @@ void dfl_rope_init_swa(dfl_rope *r, const dfl_config *c);
 
 typedef struct dfl_combiner dfl_combiner;
 
-/* A mixture-of-experts MLP: a sigmoid (or sqrt-softplus) router picks top_k experts per row
- * (by score + sel_bias), their SwiGLU outputs weighted by the normalised
- * scores times routed_scale, plus a shared expert. */
+/* A mixture-of-experts MLP: a sigmoid or sqrt-softplus (Laguna) or softmax (Qwen) router
+ * picks top_k experts per row (by score + sel_bias), their SwiGLU outputs
+ * weighted by the scores (normalised when norm_topk) times routed_scale,
+ * plus a shared expert, scaled by sigmoid(sh_scale x) when it has one. */
 typedef struct dfl_moe {
     dfl_mat router;       /* (n_experts, dim) */
     const float *sel_bias;/* (n_experts) e_score_correction_bias, selection only; NULL: none */
@@ -84,12 +98,30 @@ typedef struct dfl_moe {
     dfl_mat *down;        /* [n_experts] (dim, moe_ffn) */
     dfl_mat sh_gate, sh_up;/* (shared_ffn, dim); rows 0: no shared expert */
     dfl_mat sh_down;      /* (dim, shared_ffn) */
+    dfl_mat sh_scale;     /* (1, dim) shared_expert_gate; rows 0: none */
 } dfl_moe;
+
+/* A gated DeltaNet mixer. With Kd = k_heads * k_dim, Vd = v_heads * v_dim,
+ * C = 2 * Kd + Vd channels, r = v_heads / k_heads. Qwen3.5 has separate
+ * projections; Qwen3-Next (grouped) two, whose rows go per key head. */
+typedef struct dfl_gdn {
+    int grouped;          /* 1: qkv is in_proj_qkvz, b is in_proj_ba (Qwen3-Next) */
+    dfl_mat qkv;          /* (C, dim) q | k | v before the conv; grouped: (C + Vd, dim),
+                             per key head [q (k_dim) | k (k_dim) | v (r v_dim) | z (r v_dim)] */
+    dfl_mat z;            /* (Vd, dim) output gate; grouped: rows 0 (in qkv) */
+    dfl_mat b, a;         /* (v_heads, dim) beta and decay inputs; grouped: b (2 v_heads, dim),
+                             per key head [b (r) | a (r)], a rows 0 */
+    dfl_mat out;          /* (dim, Vd) */
+    const float *conv;    /* (C, lin_conv) depthwise causal conv taps, oldest input first */
+    const float *dt_bias; /* (v_heads) */
+    const float *a_log;   /* (v_heads) */
+    const float *norm;    /* (v_dim) gated RMSNorm weight (plain w, no offset) */
+} dfl_gdn;
 
 typedef struct dfl_layer {
     int n_heads;      /* query heads of this layer */
     const dfl_rope *rope; /* this layer's RoPE (full-attention or sliding set) */
-    dfl_mat wq;       /* (n_heads*hd, dim) */
+    dfl_mat wq;       /* (n_heads*hd, dim); DFL_GATE_Q_SIGMOID: (2*n_heads*hd, dim) */
     dfl_mat wk;       /* (n_kv*hd, dim) */
     dfl_mat wv;       /* (n_kv*hd, dim) */
     dfl_mat wo;       /* (dim, n_heads*hd) */
@@ -98,6 +130,7 @@ typedef struct dfl_layer {
     dfl_mat w_up;     /* (ffn, dim) */
     dfl_mat w_down;   /* (dim, ffn) */
     dfl_moe *moe;     /* MoE MLP instead, or NULL */
+    dfl_gdn *gdn;     /* gated DeltaNet mixer instead of attention, or NULL */
     const float *bq, *bk, *bv;        /* (n_heads*hd), (n_kv*hd) x2; qwen2 only */
     const float *attn_norm, *ffn_norm;/* (dim) */
     const float *q_norm, *k_norm;     /* (hd); qwen3 only */
@@ -114,6 +147,8 @@ typedef struct dfl_target {
     dfl_rope rope_swa;    /* sliding layers' (a copy of rope when the same) */
     dfl_tensors ts;       /* file tensors (mappings) */
     gguf_file *gguf;      /* when loaded from GGUF (tokenizer reads it) */
+    const char *prefix;   /* HF names of the decoder: "model." or, in a multimodal
+                             checkpoint, "model.language_model." */
     int unpermute;        /* GGUF llama: q/k rows stored interleaved, undone at load */
     void *owned;          /* converted weights / f32 norms, one allocation */
     dfl_pool *pool;
@@ -138,9 +173,18 @@ typedef struct dfl_target {
     float *router;        /* (R, n_experts) router logits */
     float *moe_x, *moe_y; /* (R, dim) rows routed to one expert, and their output */
     int *moe_rows;        /* (R) which rows */
+    float *sh_gate;       /* (R) shared-expert gate logits */
     float *moe_w;         /* (R * top_k) each row's expert weights ... */
     int *moe_e;           /* (R * top_k) ... and experts, in ascending expert order */
     uint64_t moe_touched, moe_bytes; /* last forward: experts run, their weight bytes */
+    float *qg;            /* (R, 2*max_heads*hd) q_proj rows [q | gate] per head; NULL: none */
+    float *lin_x;         /* (R, C) gated DeltaNet: q | k | v, conv input then its output */
+    float *lin_z;         /* (R, Vd) output gates */
+    float *lin_ba;        /* (R, 2*v_heads) beta inputs, then decay inputs */
+    float *lin_o;         /* (R, Vd) recurrence output, then gated-normed */
+    float *lin_g;         /* (R, C + Vd) grouped projections before they are split */
+    int n_snap;           /* recurrent states kept per sequence besides the live one */
+    uint64_t rec_bytes;   /* recurrent state of one sequence, its snapshots included */
     float *logits;        /* (R - max_rows, vocab) logits of a several-sequence forward,
                              before they go to each caller; NULL when R == max_rows */
 } dfl_target;
@@ -151,6 +195,8 @@ typedef struct dfl_load_opts {
     int max_rows;         /* rows of one sequence per forward (default 64) */
     int batch_rows;       /* rows of all sequences per forward; 0: max_rows */
     int draft_window;     /* drafters: see dfl_engine_opts.draft_window */
+    int snap_rows;        /* recurrent layers: rows of one forward a sequence can roll back
+                             into (the largest verify block); 0: max_rows */
     dfl_pool *pool;
     dfl_progress_fn progress;
     void *progress_ud;
@@ -159,6 +205,9 @@ typedef struct dfl_load_opts {
 /* path: HF folder (config.json + safetensors) or a .gguf file. */
 int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, dfl_error *err);
 void dfl_target_free(dfl_target *t);
+/* Parameters of what was loaded (matrices, embeddings, norms, biases), for
+ * the load summary: whatever the family. */
+uint64_t dfl_target_params(const dfl_target *t);
 
 /* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);

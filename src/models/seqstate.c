@@ -134,20 +134,29 @@ static void copy_rows(dfl_kv *dst, const dfl_kv *src, int l, int first, int n) {
     }
 }
 
+/* The recurrent state after n rows of src: the live one, a snapshot of its
+ * last forward, or NULL when src holds neither. */
+static const float *rec_at(const dfl_kv *src, int l, int n) {
+    if (n == src->len) return dfl_kv_rec(src, l);
+    int i = n - src->snap_base;
+    return i >= 0 && i < src->snap_n ? dfl_kv_snap(src, l, i) : NULL;
+}
+
 int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n) {
     if (n > src->len) n = src->len;
     if (n > dst->cap) n = dst->cap;
+    if (dst->rec_floats != src->rec_floats) n = 0;
     for (int l = 0; l < src->n_layers && n > 0; l++) {
         const dfl_kv_layer *S = &src->layer[l];
         /* a ring holds positions (len - rows, len]; the next row reads back to n - window */
         if (S->ring && n - src->window < src->len - S->rows) n = 0;
-        if (S->kind == DFL_LAYER_RECURRENT && n != src->len) n = 0;
+        if (S->kind == DFL_LAYER_RECURRENT && !rec_at(src, l, n)) n = 0;
     }
     dfl_kv_truncate(dst, 0);
     for (int l = 0; l < src->n_layers && n > 0; l++) {
         const dfl_kv_layer *S = &src->layer[l];
         if (S->kind == DFL_LAYER_RECURRENT) {
-            memcpy(dst->layer[l].rec, S->rec, sizeof(float) * src->rec_floats);
+            memcpy(dst->layer[l].rec, rec_at(src, l, n), sizeof(float) * src->rec_floats);
             continue;
         }
         int first = S->ring && n > S->rows ? n - S->rows : 0;

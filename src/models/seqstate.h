@@ -59,8 +59,10 @@ void dfl_kv_free(dfl_kv *kv);
  * when a recurrent state cannot be taken back that far. */
 int dfl_kv_truncate(dfl_kv *kv, int n_keep);
 /* dst (same shape) takes src's first n rows and holds exactly them. Returns
- * n, or 0 (dst emptied) when src no longer has them: a sliding ring that
- * moved past them, a recurrent state not at n. */
+ * n, or 0 (dst emptied, the caller prefills) when src no longer has them: a
+ * sliding ring that moved past them, a recurrent state that is neither at n
+ * nor has a snapshot there (a recurrent state exists only at its end and at
+ * the rows of its last forward). */
 int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n);
 /* A forward of n rows starts at kv->len: snapshot 0 of every recurrent
  * layer takes the live state, and the layer writes the state after its row

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "models/family.h"
+#include "models/gdn.h"
 
 const char *dfl_lname(char *buf, const char *fmt, int l) {
     snprintf(buf, 256, fmt, l);
@@ -13,7 +14,8 @@ const char *dfl_lname(char *buf, const char *fmt, int l) {
 }
 
 static const dfl_family *family_of(int arch) {
-    return arch == ARCH_LAGUNA ? &dfl_family_laguna : &dfl_family_dense;
+    return arch == ARCH_LAGUNA ? &dfl_family_laguna
+         : DFL_ARCH_HYBRID(arch) ? &dfl_family_qwen35 : &dfl_family_dense;
 }
 
 static int is_file(const char *path) {
@@ -35,18 +37,27 @@ static int open_source(dfl_target *t, const char *path, dfl_error *err) {
                         "%s: neither a .gguf file nor a folder with config.json "
                         "(pass a Hugging Face model folder or a GGUF file)", path);
     int rc = dfl_config_from_hf(cfg, &t->c, err);
+    rc = rc ? rc : dfl_safetensors_open_dir(path, &t->ts, err);
     if (rc) return rc;
-    return dfl_safetensors_open_dir(path, &t->ts, err);
+    t->prefix = dfl_tensors_find(&t->ts, "model.language_model.embed_tokens.weight")
+                    ? "model.language_model." : "model.";
+    return 0;
 }
 
 static int load_globals(dfl_target *t, dfl_weights *w, dfl_error *err) {
     const dfl_config *c = &t->c;
     int g = t->gguf != NULL;
-    const char *embed = g ? "token_embd.weight" : "model.embed_tokens.weight";
+    char embed[128], norm[128];
+    snprintf(embed, sizeof embed, "%s", g ? "token_embd.weight" : "");
+    snprintf(norm, sizeof norm, "%s", g ? "output_norm.weight" : "");
+    if (!g) {
+        snprintf(embed, sizeof embed, "%sembed_tokens.weight", t->prefix);
+        snprintf(norm, sizeof norm, "%snorm.weight", t->prefix);
+    }
     const char *head = g ? "output.weight" : "lm_head.weight";
     int rc = dfl_w_mat(w, embed, c->vocab, c->dim, &t->embed, err);
-    rc = rc ? rc : dfl_w_vec(w, g ? "output_norm.weight" : "model.norm.weight", c->dim,
-                             &t->out_norm, err);
+    rc = rc ? rc : dfl_w_vec_offset(w, norm, c->dim, c->norm_offset ? 1.0f : 0.0f,
+                                    &t->out_norm, err);
     if (rc) return rc;
     if (dfl_w_has(w, head) || !c->tied_embed) return dfl_w_mat(w, head, c->vocab, c->dim,
                                                                 &t->lm_head, err);
@@ -78,10 +89,13 @@ static int load_weights(dfl_target *t, const dfl_load_opts *o, dfl_error *err) {
     return rc;
 }
 
-/* Every matrix of layer L into out (room for 8 + 3 * n_experts); returns how many. */
+/* Every matrix of layer L into out (room for 13 + 3 * n_experts); returns how many. */
 static int layer_mats(dfl_layer *L, const dfl_config *c, dfl_mat **out) {
     int n = 0;
-    dfl_mat *fixed[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->w_gate, &L->w_up, &L->w_down};
+    dfl_gdn *G = L->gdn, none = {0};
+    if (!G) G = &none;
+    dfl_mat *fixed[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->w_gate, &L->w_up, &L->w_down,
+                        &G->qkv, &G->z, &G->b, &G->a, &G->out};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (fixed[i]->rows) out[n++] = fixed[i];
     dfl_moe *M = L->moe;
@@ -89,8 +103,8 @@ static int layer_mats(dfl_layer *L, const dfl_config *c, dfl_mat **out) {
     out[n++] = &M->router;
     for (int e = 0; e < c->n_experts; e++)
         out[n++] = &M->gate[e], out[n++] = &M->up[e], out[n++] = &M->down[e];
-    dfl_mat *sh[] = {&M->sh_gate, &M->sh_up, &M->sh_down};
-    for (int i = 0; i < 3; i++)
+    dfl_mat *sh[] = {&M->sh_gate, &M->sh_up, &M->sh_down, &M->sh_scale};
+    for (int i = 0; i < 4; i++)
         if (sh[i]->rows) out[n++] = sh[i];
     return n;
 }
@@ -114,11 +128,43 @@ static uint64_t decode_bytes(dfl_target *t, dfl_mat **ms) {
     return b;
 }
 
+uint64_t dfl_target_params(const dfl_target *t) {
+    const dfl_config *c = &t->c;
+    dfl_mat **ms = xcalloc(13 + 3 * (size_t)c->n_experts + 4, sizeof *ms);
+    uint64_t n = (uint64_t)c->vocab * c->dim * (t->lm_head.data == t->embed.data ? 1 : 2) + c->dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        const dfl_layer *L = &t->layers[l];
+        int k = layer_mats(&t->layers[l], c, ms);
+        for (int i = 0; i < k; i++) n += (uint64_t)ms[i]->rows * ms[i]->cols;
+        n += 2 * (uint64_t)c->dim + (L->q_norm ? 2 * (uint64_t)c->head_dim : 0);
+        if (L->bq) n += (uint64_t)L->wq.rows + 2 * (uint64_t)L->wk.rows;
+        if (L->moe && L->moe->sel_bias) n += (uint64_t)c->n_experts;
+        if (L->gdn)   /* conv taps, A_log, dt_bias, the gated norm */
+            n += (uint64_t)dfl_gdn_channels(c) * c->lin_conv + 2 * (uint64_t)c->lin_v_heads +
+                 (uint64_t)c->lin_v_dim;
+    }
+    free(ms);
+    return n;
+}
+
 static int max_heads(const dfl_target *t) {
     int h = 0;
     for (int l = 0; l < t->c.n_layers; l++)
         if (t->layers[l].n_heads > h) h = t->layers[l].n_heads;
     return h;
+}
+
+static void alloc_recurrent_scratch(dfl_target *t) {
+    const dfl_config *c = &t->c;
+    int R = t->batch_rows, qd = max_heads(t) * c->head_dim, vd = c->lin_v_heads * c->lin_v_dim;
+    if (c->gating == DFL_GATE_Q_SIGMOID)
+        t->qg = dfl_aligned_alloc((size_t)R * 2 * qd * sizeof(float));
+    if (!dfl_gdn_state_floats(c)) return;
+    t->lin_x = dfl_aligned_alloc((size_t)R * dfl_gdn_channels(c) * sizeof(float));
+    t->lin_z = dfl_aligned_alloc((size_t)R * vd * sizeof(float));
+    t->lin_ba = dfl_aligned_alloc((size_t)R * 2 * c->lin_v_heads * sizeof(float));
+    t->lin_o = dfl_aligned_alloc((size_t)R * vd * sizeof(float));
+    t->lin_g = dfl_aligned_alloc((size_t)R * (dfl_gdn_channels(c) + vd) * sizeof(float));
 }
 
 static void alloc_scratch(dfl_target *t) {
@@ -144,10 +190,12 @@ static void alloc_scratch(dfl_target *t) {
         t->moe_x = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
         t->moe_y = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
         t->moe_rows = xcalloc(R, sizeof(int));
+        t->sh_gate = xcalloc(R, sizeof(float));
         t->moe_w = xcalloc((size_t)R * c->top_k, sizeof(float));
         t->moe_e = xcalloc((size_t)R * c->top_k, sizeof(int));
     }
-    dfl_mat **ms = xcalloc(8 + 3 * (size_t)c->n_experts + 4, sizeof *ms);
+    alloc_recurrent_scratch(t);
+    dfl_mat **ms = xcalloc(13 + 3 * (size_t)c->n_experts + 4, sizeof *ms);
     size_t qs = dfl_matmul_scratch(t->lm_head.type, R, t->lm_head.cols);
     /* Cache-resident models: transposed copies for dfl_matmul (8 outputs
      * per vector; the weights are not streamed from memory). */
@@ -205,6 +253,12 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
     t->max_rows = o->max_rows > 0 ? o->max_rows : 64;
     t->batch_rows = o->batch_rows > t->max_rows ? o->batch_rows : t->max_rows;
     t->comb = dfl_combiner_new(t->batch_rows);
+    /* snapshots: the state after each row of a verify block, and before it */
+    int snap = o->snap_rows > 0 && o->snap_rows < t->max_rows ? o->snap_rows : t->max_rows;
+    int rf = dfl_gdn_state_floats(&t->c), n_rec = 0;
+    t->n_snap = rf ? snap + 1 : 0;
+    for (int l = 0; l < t->c.n_layers; l++) n_rec += t->c.layer_kind[l] == DFL_LAYER_RECURRENT;
+    t->rec_bytes = (uint64_t)n_rec * (1 + t->n_snap) * rf * sizeof(float);
     alloc_scratch(t);
     *out = t;
     return 0;
@@ -215,12 +269,13 @@ void dfl_target_free(dfl_target *t) {
     if (t->x) dfl_ticket_destroy(&t->lock);
     dfl_combiner_free(t->comb);
     free(t->lm_head.wt);
-    dfl_mat **ms = xcalloc(8 + 3 * (size_t)t->c.n_experts + 4, sizeof *ms);
+    dfl_mat **ms = xcalloc(13 + 3 * (size_t)t->c.n_experts + 4, sizeof *ms);
     for (int l = 0; t->layers && l < t->c.n_layers; l++) {
         dfl_layer *L = &t->layers[l];
         int n = layer_mats(L, &t->c, ms);
         for (int i = 0; i < n; i++) free(ms[i]->wt);
         if (L->moe) free(L->moe->gate), free(L->moe->up), free(L->moe->down), free(L->moe);
+        free(L->gdn);
     }
     free(ms);
     free(t->layers);
@@ -235,7 +290,8 @@ void dfl_target_free(dfl_target *t) {
     free(t->x), free(t->xn), free(t->q), free(t->k), free(t->v), free(t->att), free(t->gate);
     free(t->h1), free(t->h2), free(t->n_keys), free(t->qscratch), free(t->rope_cs);
     free(t->router), free(t->moe_x), free(t->moe_y), free(t->moe_rows), free(t->moe_w);
-    free(t->moe_e);
+    free(t->moe_e), free(t->sh_gate);
+    free(t->qg), free(t->lin_x), free(t->lin_z), free(t->lin_ba), free(t->lin_o), free(t->lin_g);
     free(t->logits);
     free(t);
 }
@@ -244,6 +300,7 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     const dfl_config *c = &t->c;
     dfl_kv_shape s = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                       .head_dim = c->head_dim, .type = t->kv_type, .kind = c->layer_kind,
-                      .window = c->sliding_window, .max_rows = t->max_rows};
+                      .window = c->sliding_window, .max_rows = t->max_rows,
+                      .rec_floats = dfl_gdn_state_floats(c), .n_snap = t->n_snap};
     return dfl_kv_make(&s, cap);
 }

@@ -126,25 +126,54 @@ int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl
 
 int dfl_w_has(dfl_weights *w, const char *name) { return dfl_tensors_find(w->ts, name) != NULL; }
 
-int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err) {
-    dfl_tensor *t = find(w, name, err);
-    if (!t) return DFL_EFORMAT;
-    if (t->n_dims != 1 || t->shape[0] != n)
-        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s has shape [%lld%s], expected [%d]",
-                        w->ts->source, name, (long long)t->shape[0],
-                        t->n_dims != 1 ? ", ..." : "", n);
-    if (t->type == DFL_F32) {
+/* t's n elements as f32: in place when stored so and off is 0, else an
+ * owned copy with off added to each. */
+static int as_f32(dfl_weights *w, const dfl_tensor *t, int n, float off, const float **v,
+                  dfl_error *err) {
+    if (t->type == DFL_F32 && off == 0) {
         *v = t->data;
         return 0;
     }
     if (dfl_type_block(t->type) != 1 || dfl_type_row_bytes(t->type, n) != t->nbytes)
         return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: a vector must be f32, f16 or bf16",
-                        w->ts->source, name);
+                        w->ts->source, t->name);
     float *f = own(w, sizeof(float) * n, err);
     if (!f) return DFL_ENOMEM;
     dfl_dequant_row(t->type, t->data, f, n);
+    for (int i = 0; i < n && off != 0; i++) f[i] += off;
     *v = f;
     return 0;
+}
+
+int dfl_w_vec_offset(dfl_weights *w, const char *name, int n, float off, const float **v,
+                     dfl_error *err) {
+    int dims[1] = {n};
+    return dfl_w_array(w, name, 1, dims, off, v, err);
+}
+
+int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err) {
+    return dfl_w_vec_offset(w, name, n, 0, v, err);
+}
+
+int dfl_w_array(dfl_weights *w, const char *name, int n_dims, const int *dims, float off,
+                const float **v, dfl_error *err) {
+    dfl_tensor *t = find(w, name, err);
+    if (!t) return DFL_EFORMAT;
+    int ok = t->n_dims == n_dims, n = 1;
+    for (int i = 0; i < n_dims; i++) {
+        ok = ok && t->shape[i] == dims[i];
+        n *= dims[i];
+    }
+    if (!ok) {
+        char want[64] = "";
+        for (int i = 0; i < n_dims; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? ", " : "",
+                     dims[i]);
+        return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s has %d dims [%lld%s], expected [%s]",
+                        w->ts->source, name, t->n_dims, (long long)t->shape[0],
+                        t->n_dims != 1 ? ", ..." : "", want);
+    }
+    return as_f32(w, t, n, off, v, err);
 }
 
 int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *err) {
@@ -181,6 +210,12 @@ void dfl_w_ignore(dfl_weights *w, const char *suffix) {
         size_t nl = strlen(w->ts->t[i].name);
         if (nl >= sl && !strcmp(w->ts->t[i].name + nl - sl, suffix)) w->ts->t[i].used = 1;
     }
+}
+
+void dfl_w_ignore_prefix(dfl_weights *w, const char *prefix) {
+    size_t pl = strlen(prefix);
+    for (int i = 0; i < w->ts->n; i++)
+        if (!strncmp(w->ts->t[i].name, prefix, pl)) w->ts->t[i].used = 1;
 }
 
 int dfl_w_end(dfl_weights *w, dfl_error *err) {

@@ -26,6 +26,14 @@ int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl
 int dfl_w_has(dfl_weights *w, const char *name);
 /* A 1-D tensor of n elements, as f32 (converted when stored otherwise). */
 int dfl_w_vec(dfl_weights *w, const char *name, int n, const float **v, dfl_error *err);
+/* The same plus off on every element, in an owned copy (norms stored as w
+ * and applied as 1 + w). */
+int dfl_w_vec_offset(dfl_weights *w, const char *name, int n, float off, const float **v,
+                     dfl_error *err);
+/* A tensor of exactly n_dims dims as f32 (elements + off), e.g. a conv
+ * kernel [C, 1, K]. */
+int dfl_w_array(dfl_weights *w, const char *name, int n_dims, const int *dims, float off,
+                const float **v, dfl_error *err);
 /* Optional GGUF rope_freqs.weight (Llama-3 frequency factors): divides inv_freq. */
 int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *err);
 /* Undoes llama.cpp's q/k row permutation (Meta's interleaved RoPE pairs back
@@ -34,6 +42,9 @@ int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *e
 int dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim, dfl_error *err);
 /* Marks tensors whose name ends with suffix as used (known, ignored). */
 void dfl_w_ignore(dfl_weights *w, const char *suffix);
+/* Marks tensors whose name starts with prefix as used (another model's
+ * parts in the file: a vision tower, an MTP head not run). */
+void dfl_w_ignore_prefix(dfl_weights *w, const char *prefix);
 /* Refuses any tensor not bound: names the first few. */
 int dfl_w_end(dfl_weights *w, dfl_error *err);
 void dfl_weights_free_owned(void *owned);
