@@ -1,0 +1,31 @@
+/* draft_private.h - what dflash.c (the z-lab drafter, the forward, the side
+ * store) and laguna_dflash.c (the Laguna drafter's config and tensors) share. */
+#ifndef DFL_DRAFT_PRIVATE_H
+#define DFL_DRAFT_PRIVATE_H
+
+#include <cjson/cJSON.h>
+
+#include "draft/draft.h"
+#include "models/weights.h"
+
+/* Which layer counts and names the drafter limits (z-lab: 64 layers). */
+enum {
+    DRAFT_MAX_LAYERS = 64,
+    DRAFT_MAX_WINDOW = 1 << 20,   /* sliding_window of a Laguna drafter: 2..this */
+};
+
+/* dflash_config.target_layer_ids into d->cap / d->n_cap; when absent,
+ * required refuses, else z-lab's default rule spreads them. */
+int dfl_draft_layer_ids(dfl_drafter *d, const cJSON *dc, const dfl_target *t, int required,
+                        const char *file, dfl_error *err);
+
+/* Refuses a drafter of one kind on a target of the other, naming both. */
+int dfl_draft_pairing(int kind, const dfl_target *t, const char *file, dfl_error *err);
+
+/* DFlashLagunaForCausalLM's config.json (already parsed, j) into d. */
+int dfl_laguna_draft_config(dfl_drafter *d, cJSON *j, const dfl_target *t, const char *file,
+                            dfl_error *err);
+/* Its tensors (names without the "model." prefix). */
+int dfl_laguna_draft_weights(dfl_drafter *d, dfl_weights *w, dfl_error *err);
+
+#endif
