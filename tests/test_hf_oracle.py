@@ -511,12 +511,13 @@ def test_drafters(binary, dirs):
                 row(f"{name} n={n} B={B}", dt, "draft", kv, diff, tol, ok)
 
 
-def main():
-    t0 = time.time()
+def ready():
+    """-> the dflash binary when it and torch / transformers are there, else None
+    (reported as missing: a skip, or a failure under CI=true)."""
     binary = find_bin()
     if not binary:
         missing("the dflash binary ($DFLASH_BIN)")
-        return finish()
+        return None
     try:
         import torch
         import transformers  # noqa: F401
@@ -524,6 +525,14 @@ def main():
         transformers.utils.logging.disable_progress_bar()
     except ImportError as e:
         missing(f"torch / transformers ({e})")
+        return None
+    return binary
+
+
+def main():
+    t0 = time.time()
+    binary = ready()
+    if not binary:
         return finish()
     with tempfile.TemporaryDirectory(prefix="test_hf_oracle-") as tmp:
         dirs = {name: make_target(tmp, name, cls, kw, seed) for name, cls, kw, seed in ARCHS}
