@@ -59,7 +59,7 @@ DRAFTERS = [
      "--block-size 5 --layer-ids 2 --gating none --causal true --seed 5"),
 ]
 PROMPT = "the quick brown fox jumps over the lazy dog by the river and"
-N_GEN = 90           # with the prompt, more than 6 windows of 16
+N_GEN = 90           # with the 19-id prompt, 109 positions: 6.8 windows of 16
 
 
 def ref_logits(target, dd, ids, B, feats=None):
