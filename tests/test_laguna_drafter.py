@@ -57,6 +57,11 @@ DRAFTERS = [
      "--block-size 6 --layer-ids 1,2,0 --gating per-element --yarn --zero-based --seed 4"),
     ("full-causal-nogate-f32", "f32", "--layers 1 --heads 4 --kv-heads 4 --head-dim 8 --ffn 64 "
      "--block-size 5 --layer-ids 2 --gating none --causal true --seed 5"),
+    # the published config's shape: top-level rope_theta only, num_experts 0, no
+    # mlp_layer_types nor draft_vocab_size, num_target_layers in dflash_config
+    ("published-form-swa16-f32", "f32", "--layers 2 --heads 4 --kv-heads 2 --head-dim 16 "
+     "--ffn 64 --block-size 16 --layer-ids 1,2 --sliding-window 16 --published-form 500000 "
+     "--seed 6"),
 ]
 PROMPT = "the quick brown fox jumps over the lazy dog by the river and"
 N_GEN = 90           # with the 19-id prompt, 109 positions: 6.8 windows of 16
@@ -78,6 +83,13 @@ def ref_logits(target, dd, ids, B, feats=None):
     H, KV, hd, D = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
                     cfg["hidden_size"])
     lt = cfg["layer_types"][0]
+    # A config with only a top-level rope_theta: that theta, every dim rotating, on both layer
+    # kinds (vLLM's own LagunaConfig keeps it flat; transformers' LagunaConfig would give
+    # sliding layers its per-type default instead -- the published code reads it flat).
+    rope = cfg.get("rope_parameters") or {
+        kind: dict(rope_type="default", rope_theta=cfg["rope_theta"],
+                   partial_rotary_factor=cfg.get("partial_rotary_factor", 1.0))
+        for kind in ("full_attention", "sliding_attention")}
     window = cfg["sliding_window"] if lt == "sliding_attention" else None
     causal = dc.get("causal", lt == "sliding_attention")
     first = 0 if "layers.0.input_layernorm.weight" in sd else target.config.num_hidden_layers
@@ -101,7 +113,7 @@ def ref_logits(target, dd, ids, B, feats=None):
         rcfg = transformers.LagunaConfig(
             hidden_size=D, num_attention_heads=H, num_key_value_heads=KV, head_dim=hd,
             num_hidden_layers=len(cfg["layer_types"]), layer_types=cfg["layer_types"],
-            rope_parameters=cfg["rope_parameters"],
+            rope_parameters=rope,
             max_position_embeddings=cfg["max_position_embeddings"])
         pos = torch.arange(S + B)
         cos, sin = lg.LagunaRotaryEmbedding(rcfg)(x, pos[None], lt)
@@ -275,8 +287,15 @@ def test_refusals(binary, dirs, tmp):
          ["use_swa"]),
         ("draft_vocab_size differing", dset(["draft_vocab_size"], o.VOCAB + 1),
          ["draft_vocab_size", str(o.VOCAB + 1)]),
-        ("draft_vocab_size missing", dset(["draft_vocab_size"], None),
+        ("vocab_size differing, no draft_vocab_size",
+         lambda c: (c.pop("draft_vocab_size"), c.update(vocab_size=o.VOCAB - 1)),
+         ["vocab_size = 319"]),
+        ("draft_vocab_size and vocab_size missing",
+         lambda c: (c.pop("draft_vocab_size"), c.pop("vocab_size")),
          ["draft_vocab_size is missing"]),
+        ("dflash_config.num_target_layers differing",
+         dset(["dflash_config", "num_target_layers"], L - 1),
+         ["dflash_config.num_target_layers = 3"]),
         ("non-causal sliding layers", dset(["is_causal"], False), ["non-causal"]),
         ("per-layer heads differing", dset(["num_attention_heads_per_layer"], [8, 4]),
          ["num_attention_heads_per_layer[1]"]),

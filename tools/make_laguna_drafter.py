@@ -16,6 +16,11 @@ input_layernorm, post_attention_layernorm. Layers are numbered after the
 target's (layers.{n_target + i}) as vLLM loads them, or from 0 with
 --zero-based. No embedding or lm_head: the target's are used.
 
+--published-form writes the config in the shape of Poolside's published
+drafters instead: a top-level rope_theta and no rope_parameters, no
+mlp_layer_types, num_experts 0, no draft_vocab_size (vocab_size only),
+num_target_layers and causal inside dflash_config.
+
 Weights: linear rows N(0, 1/fan_in), norm weights U(0.5, 1.5) (so a norm
 read as 1 or as 1 + w shows), from torch's generator seeded by --seed.
 """
@@ -87,6 +92,15 @@ def drafter_tensors(tc, a, g):
     return t
 
 
+def published_form(cfg, rope_theta):
+    """cfg reshaped as the published drafters' config.json is."""
+    for k in ("rope_parameters", "mlp_layer_types", "draft_vocab_size", "num_target_layers"):
+        cfg.pop(k)
+    cfg.update(rope_theta=rope_theta, num_experts=0)
+    cfg["dflash_config"].update(num_target_layers=cfg.pop("_n_target"), causal=True)
+    return cfg
+
+
 def make(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True, help="the Laguna target folder (config.json)")
@@ -107,6 +121,8 @@ def make(argv=None):
     ap.add_argument("--causal", choices=["true", "false"], help="dflash_config.causal")
     ap.add_argument("--zero-based", action="store_true", help="layers.0.. instead of after the "
                     "target's")
+    ap.add_argument("--published-form", type=float, metavar="THETA",
+                    help="the published config shape, with this top-level rope_theta")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -118,6 +134,9 @@ def make(argv=None):
     save_file({k: v.to(dt).contiguous() for k, v in t.items()},
               os.path.join(a.out, "model.safetensors"), metadata={"format": "pt"})
     cfg = drafter_config(tc, a)
+    if a.published_form:
+        cfg["_n_target"] = tc["num_hidden_layers"]
+        cfg = published_form(cfg, a.published_form)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     return cfg

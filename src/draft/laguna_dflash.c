@@ -120,17 +120,31 @@ static int block_size(dfl_drafter *d, const cJSON *j, const cJSON *dc, const cha
     return 0;
 }
 
-/* draft_vocab_size is required and must be the target's: the drafter
- * borrows its lm_head. vocab_size, when absent, is taken from it. */
+/* draft_vocab_size (else vocab_size) must be the target's vocabulary: the
+ * drafter borrows its lm_head. vocab_size, when absent, is taken from it. */
 static int vocab(cJSON *j, const dfl_target *t, const char *file, dfl_error *err) {
     int dv = 0;
-    TRY(need_int(j, "draft_vocab_size", 1, MAX_VOCAB, &dv, file, err));
+    const char *key = get(j, "draft_vocab_size") || !get(j, "vocab_size") ? "draft_vocab_size"
+                                                                          : "vocab_size";
+    TRY(need_int(j, key, 1, MAX_VOCAB, &dv, file, err));
     if (dv != t->c.vocab)
-        return dfl_fail(err, DFL_EFORMAT, "%s: draft_vocab_size = %d but the target's vocabulary "
-                        "has %d ids (the drafter shares the target's lm_head)", file, dv,
-                        t->c.vocab);
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %d but the target's vocabulary has %d ids "
+                        "(the drafter shares the target's lm_head)", file, key, dv, t->c.vocab);
     if (!get(j, "vocab_size")) cJSON_AddNumberToObject(j, "vocab_size", dv);
     return 0;
+}
+
+/* A drafter layer's MLP is dense whatever the Laguna MoE fields say (vLLM
+ * builds LagunaMLP): published configs carry num_experts = 0 and no
+ * mlp_layer_types, which Laguna's reader would take as sparse layers. */
+static void dense_mlps(cJSON *j) {
+    const cJSON *n = get(j, "num_hidden_layers");
+    double v = cJSON_IsNumber(n) ? n->valuedouble : 0;
+    if (!(v >= 1 && v <= DRAFT_MAX_LAYERS && v == (int)v)) return;   /* refused later */
+    cJSON *a = cJSON_CreateArray();
+    for (int l = 0; l < (int)v; l++) cJSON_AddItemToArray(a, cJSON_CreateString("dense"));
+    if (get(j, "mlp_layer_types")) cJSON_ReplaceItemInObjectCaseSensitive(j, "mlp_layer_types", a);
+    else cJSON_AddItemToObject(j, "mlp_layer_types", a);
 }
 
 static int dflash_fields(dfl_drafter *d, const cJSON *j, const cJSON *dc, const dfl_target *t,
@@ -140,11 +154,13 @@ static int dflash_fields(dfl_drafter *d, const cJSON *j, const cJSON *dc, const 
     if (!aux)
         return dfl_fail(err, DFL_EUNSUP, "%s: dflash_config.use_aux_hidden_state = false (the "
                         "drafter is conditioned on target features)", file);
-    TRY(opt_int(j, "num_target_layers", 1, MAX_LAYERS, &n_target, file, err));
-    if (n_target != t->c.n_layers)
-        return dfl_fail(err, DFL_EFORMAT, "%s: num_target_layers = %d but the target has %d "
-                        "layers: this drafter belongs to another target", file, n_target,
-                        t->c.n_layers);
+    for (int i = 0; i < 2; i++) {   /* at the top level or in dflash_config */
+        TRY(opt_int(i ? dc : j, "num_target_layers", 1, MAX_LAYERS, &n_target, file, err));
+        if (n_target != t->c.n_layers)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %snum_target_layers = %d but the target has %d "
+                            "layers: this drafter belongs to another target", file,
+                            i ? "dflash_config." : "", n_target, t->c.n_layers);
+    }
     TRY(need_int(dc, "mask_token_id", 0, MAX_VOCAB, &d->mask_id, file, err));
     TRY(block_size(d, j, dc, file, err));
     return dfl_draft_layer_ids(d, dc, t, 1, file, err);
@@ -157,6 +173,7 @@ int dfl_laguna_draft_config(dfl_drafter *d, cJSON *j, const dfl_target *t, const
         return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config is missing (expected an object with "
                         "target_layer_ids and mask_token_id)", file);
     TRY(vocab(j, t, file, err));
+    dense_mlps(j);
     dfl_config c;
     TRY(dfl_config_from_cjson(j, file, ARCH_LAGUNA, &c, err));
     TRY(layer_shape(&c, j, file, err));
