@@ -605,7 +605,9 @@ void dfl_drafter_free(dfl_drafter *d) {
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
     dfl_dstore *s = xcalloc(1, sizeof *s);
     s->cap = ctx + d->max_rows;
-    s->window = d->window;
+    /* A sliding drafter's rows older than its window are never read again:
+     * they need not be projected (the tighter of the two windows bounds). */
+    s->window = d->window && (!d->swa || d->window < d->swa) ? d->window : d->swa;
     s->n_layers = d->c.n_layers;
     s->kv_dim = d->c.n_kv_heads * d->c.head_dim;
     s->type = d->t->kv_type;

@@ -65,7 +65,8 @@ typedef struct dfl_drafter {
 typedef struct dfl_dstore {
     int len, cap;              /* context rows stored; rows allocated (ctx + max block) */
     int lo;                    /* rows below lo were never projected (older than the window) */
-    int window;                /* the drafter's window when made */
+    int window;                /* rows a block reads back (draft_window or a sliding drafter's
+                                  window, the tighter) when made; 0: all */
     int n_layers, kv_dim;
     dfl_type type;             /* the target's --kv-type: DFL_F16 (half the memory) or DFL_F32 */
     void *k, *v;               /* (n_layers, cap, kv_dim) of type */
