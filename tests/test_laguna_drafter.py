@@ -42,7 +42,7 @@ TARGET = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_att
               layer_types=["full_attention", "sliding_attention", "sliding_attention",
                            "sliding_attention"], sliding_window=WINDOW, gating=True,
               num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
-              shared_expert_intermediate_size=48, moe_routed_scaling_factor=2.5,
+              shared_expert_intermediate_size=64, moe_routed_scaling_factor=2.5,
               rope_parameters={"full_attention": dict(rope_type="default", rope_theta=500000.0,
                                                       partial_rotary_factor=0.5),
                                "sliding_attention": dict(rope_type="default",
@@ -208,9 +208,14 @@ def test_generate(binary, dirs, tmp):
 
 
 def test_probe(binary, dirs, tmp):
-    for name, dt, _ in DRAFTERS:
-        r = subprocess.run([binary, "probe", "-m", dirs[dt], "--draft", os.path.join(tmp, name),
-                            "--ids", o.PROBE_IDS, "--block-size", "16", "-n", "24", "-t", "2"],
+    """Every drafter as saved, and the first with every matrix converted to q8_0
+    (the fused qkv_proj's row views of a quantized matrix)."""
+    runs = [(name, dt, []) for name, dt, _ in DRAFTERS]
+    runs.append((DRAFTERS[0][0], "q8_0", ["--dtype", "q8_0"]))
+    for name, dt, extra in runs:
+        r = subprocess.run([binary, "probe", "-m", dirs[dt if dt != "q8_0" else "f32"], "--draft",
+                            os.path.join(tmp, name), "--ids", o.PROBE_IDS, "--block-size", "16",
+                            "-n", "24", "-t", "2"] + extra,
                            capture_output=True, text=True, timeout=300)
         try:
             rep = json.loads(r.stdout)
