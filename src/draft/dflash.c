@@ -190,7 +190,8 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     }
     rc = rc ? rc : hf_refuse_variants(j, file, err);
     rc = rc ? rc : need_int(j, "hidden_size", 1, 1 << 16, &c->dim, 1, file, err);
-    rc = rc ? rc : need_int(j, "num_hidden_layers", 1, 64, &c->n_layers, 1, file, err);
+    rc = rc ? rc : need_int(j, "num_hidden_layers", 1, DRAFT_MAX_LAYERS, &c->n_layers, 1, file,
+                            err);
     rc = rc ? rc : need_int(j, "num_attention_heads", 1, 1024, &c->n_heads, 1, file, err);
     c->n_kv_heads = c->n_heads;
     rc = rc ? rc : need_int(j, "num_key_value_heads", 1, 1024, &c->n_kv_heads, 0, file, err);
@@ -336,7 +337,7 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
     rc = rc ? rc : gguf_refuse_variants(g, err);
     dfl_config *c = &d->c;
     rc = rc ? rc : gguf_int(g, "dflash.embedding_length", 1, 1 << 16, &c->dim, 1, err);
-    rc = rc ? rc : gguf_int(g, "dflash.block_count", 1, 64, &c->n_layers, 1, err);
+    rc = rc ? rc : gguf_int(g, "dflash.block_count", 1, DRAFT_MAX_LAYERS, &c->n_layers, 1, err);
     rc = rc ? rc : gguf_int(g, "dflash.attention.head_count", 1, 1024, &c->n_heads, 1, err);
     if (rc) return rc;
     c->n_kv_heads = c->n_heads;

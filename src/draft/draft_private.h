@@ -8,9 +8,9 @@
 #include "draft/draft.h"
 #include "models/weights.h"
 
-/* Which layer counts and names the drafter limits (z-lab: 64 layers). */
+/* Limits of a drafter's config, every form. */
 enum {
-    DRAFT_MAX_LAYERS = 64,
+    DRAFT_MAX_LAYERS = 64,        /* num_hidden_layers / dflash.block_count: 1..this */
     DRAFT_MAX_WINDOW = 1 << 20,   /* sliding_window of a Laguna drafter: 2..this */
 };
 

@@ -35,7 +35,8 @@ static int pick_rope(dfl_config *c, const cJSON *j, const char *file, dfl_error 
     c->rope_partial = c->swa_rope_partial;
     c->rope_scale_type = ROPE_SCALE_NONE;
     c->rope_attn_factor = 1.0f;
-    if (!get(sd, "rope_theta")) TRY(opt_float(j, "rope_theta", 0, F_MAX, &c->rope_theta, file, err));
+    if (!get(sd, "rope_theta"))
+        TRY(opt_float(j, "rope_theta", 0, F_MAX, &c->rope_theta, file, err));
     if (!get(sd, "partial_rotary_factor"))
         TRY(opt_float(j, "partial_rotary_factor", 0, 1, &c->rope_partial, file, err));
     return 0;
