@@ -76,8 +76,9 @@ typedef struct dfl_dstore {
  * llama.cpp "dflash" GGUF. A Laguna drafter pairs only with a Laguna target,
  * the others only with the dense families. GGUF dflash.target_layers name
  * the INPUT of target layer v (llama.cpp captures layer inputs), i.e. the
- * output of layer v-1: they are stored as HF ids + 1 and cap[] gets v - 1. o->draft_window = W bounds the context
- * a block attends to the last W rows (an approximation, off by default). */
+ * output of layer v-1: they are stored as HF ids + 1 and cap[] gets v - 1.
+ * o->draft_window = W bounds the context a block attends to the last W rows
+ * (an approximation, off by default). */
 int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
                      dfl_drafter **out, dfl_error *err);
 /* z-lab's rule when target_layer_ids is absent: n_draft ids spread over
