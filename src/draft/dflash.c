@@ -6,9 +6,10 @@
  *   layer attention over [store ; block] with no mask; final norm; the
  *   target's lm_head; rows 1..B-1 propose the tokens at pos+1 .. pos+B-1.
  * The context does not go through input_layernorm (Qwen3 DFlash). The same
- * forward runs the Laguna drafter (laguna_dflash.c reads it) with its
- * differences: aux norms on the features, context through each layer's
- * input_layernorm, a softplus output gate, causal or sliding-window rows. */
+ * forward runs the Laguna drafter (laguna_dflash_config.c and
+ * laguna_dflash.c read it) with its differences: aux norms on the
+ * features, context through each layer's input_layernorm, a softplus
+ * output gate, causal or sliding-window rows. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
