@@ -328,6 +328,18 @@ def test_refusals(binary, dirs, tmp):
         architectures=["DFlashDraftModel"], block_size=8, layer_types=None, sliding_window=None))
     refused(binary, t, zl, ["DFlashDraftModel", t, "a Laguna model"],
             "z-lab drafter on a Laguna target")
+    # ... and llama.cpp's dflash GGUF of a z-lab drafter (for a make_checkpoint.py Qwen3)
+    mk = os.path.join(HERE, "..", "tools", "make_checkpoint.py")
+    qt, zd, gg = (os.path.join(tmp, x) for x in ("mk-qwen3", "mk-zlab", "mk-zlab.gguf"))
+    o.run([sys.executable, mk, "--arch", "qwen3", "--dim", "64", "--layers", "4", "--heads", "4",
+           "--kv-heads", "2", "--head-dim", "16", "--ffn", "96", "--vocab", str(o.VOCAB),
+           "--untied", "--dtype", "f32", "--quiet", "--out", qt])
+    o.run([sys.executable, mk, "--drafter", "--target", qt, "--layers", "1", "--block-size", "8",
+           "--quiet", "--out", zd])
+    o.run([sys.executable, os.path.join(HERE, "..", "tools", "drafter_to_gguf.py"), "--quiet",
+           zd, qt, gg])
+    refused(binary, t, gg, ["DFlashDraftModel", t, "a Laguna model"],
+            "z-lab GGUF drafter on a Laguna target")
 
 
 def main():
