@@ -209,8 +209,7 @@ def few_token_target(src, out, keep=2):
     return out
 
 
-def test_generate(binary, dirs, tmp):
-    few = {dt: few_token_target(d, d + "-few") for dt, d in dirs.items()}
+def test_generate(binary, dirs, few, tmp):
     for label, targets in (("random", dirs), ("few-token", few)):
         for name, dt, _ in DRAFTERS:
             d = os.path.join(tmp, name)
@@ -252,6 +251,29 @@ def test_probe(binary, dirs, tmp):
         check(ok, f"{name}: probe blocks {bad} differ (exit {r.returncode})")
         print(f"  {name:26s} {dt:5s} probe     B=2..16: {'0 bytes differ' if ok else bad}",
               flush=True)
+
+
+def test_chain(binary, few, tmp):
+    """The probe's drafter diagnostic chains the rounds a pinned run makes: its
+    rounds and committed ids equal generate's (same drafts from the same
+    store, windowed stores cut back included), on the few-token target where
+    rounds accept drafts. Pinned at each drafter's trained block: past it the
+    two disagree for z-lab drafters too (an engine matter, not the drafter's)."""
+    for name, dt, _ in DRAFTERS:
+        d, st = os.path.join(tmp, name), os.path.join(tmp, "chain.json")
+        B = str(json.load(open(os.path.join(d, "config.json")))["dflash_config"]["block_size"])
+        r = subprocess.run([binary, "probe", "-m", few[dt], "--draft", d, "--block-size", B,
+                            "-n", "60", "-p", PROMPT, "-t", "2"],
+                           capture_output=True, text=True, timeout=300)
+        p = re.findall(r'"(rounds|committed)": (\d+)', r.stdout)[:2]
+        subprocess.run([binary, "generate", "-m", few[dt], "--draft", d, "-p", PROMPT, "-n", "60",
+                        "--ignore-eos", "-t", "2", "--block-size", B, "-q", "--stats-json", st],
+                       capture_output=True, text=True, timeout=300)
+        g = re.findall(r'"(rounds|committed)": (\d+)', open(st).read())[:2]
+        ok = len(p) == 2 and p == g
+        check(ok, f"{name}: probe chain {p} != generate {g}")
+        print(f"  {name:26s} {dt:5s} chain     B={B}: probe {dict(p)} generate {dict(g)}  "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
 # ---- refusals -------------------------------------------------------------------------------
@@ -380,8 +402,10 @@ def main():
         dirs = o.make_target(tmp, "laguna", "LagunaConfig", TARGET, 23)
         print(f"  tolerance: max|diff| <= TOL * max(1, max|reference|), TOL {o.TOL}", flush=True)
         test_logits(binary, dirs, tmp)
-        test_generate(binary, dirs, tmp)
+        few = {dt: few_token_target(d, d + "-few") for dt, d in dirs.items()}
+        test_generate(binary, dirs, few, tmp)
         test_probe(binary, dirs, tmp)
+        test_chain(binary, few, tmp)
         test_refusals(binary, dirs, tmp)
     print(f"test_laguna_drafter: {time.time() - t0:.1f} s")
     return finish()
