@@ -8,7 +8,8 @@
 # source (this script neither fetches nor builds it; nothing of llama.cpp is
 # committed here); it needs bin/llama-bench and, for its DFlash mode,
 # bin/llama-speculative-simple. Per pair (Qwen3-0.6B and Qwen3-1.7B shapes,
-# random weights, tools/make_checkpoint.py) and weight type (Q8_0, BF16):
+# random weights, tools/make_checkpoint.py; lagN: Laguna-XS-shaped with N
+# layers, tools/make_laguna.py) and weight type (Q8_0, BF16, Q4_K, ...):
 #   - prefill and decode tok/s: llama-bench pp512 / tg128 / pp16 vs dflash
 #     (prefill of the same length, a 128-token classic decode, a 16-row chunk);
 #   - one-row decode GB/s against the read bandwidth measured by dflash bench;
@@ -58,14 +59,23 @@ record() {
 # ---- models (our own tools; nothing downloaded) ---------------------------------
 preset() { case $1 in q06) echo qwen3-0.6b ;; q17) echo qwen3-1.7b ;; *) echo "$1" ;; esac; }
 make_models() {
-  local p=$1 tok=${DFLASH_SHARED:-$HERE/../shared}/assets/tokenizers/qwen3/tokenizer.json
+  local p=$1 t tok=${DFLASH_SHARED:-$HERE/../shared}/assets/tokenizers/qwen3/tokenizer.json
   cd "$MODELS"
-  [ -d "$p" ] || $PY "$HERE/tools/make_checkpoint.py" --preset "$(preset "$p")" --tokenizer "$tok" --out "$p"
-  [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
-  [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/hf_to_gguf.py" "$p" "$p-bf16.gguf"
-  [ -f "$p-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-bf16.gguf" -o "$p-q8_0.gguf" --type q8_0 --quantize-embeddings
-  [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
-  [ -f "$p-dflash-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-dflash-bf16.gguf" -o "$p-dflash-q8_0.gguf" --type q8_0
+  case $p in
+  lag*) # Laguna-XS-shaped, lagN: N layers (tools/make_laguna.py); no drafter pair yet
+    [ -d "$p" ] || $PY "$HERE/tools/make_laguna.py" --tokenizer "$tok" --out "$p" --layers "${p#lag}"
+    [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/laguna_to_gguf.py" "$p" "$p-bf16.gguf" ;;
+  *)
+    [ -d "$p" ] || $PY "$HERE/tools/make_checkpoint.py" --preset "$(preset "$p")" --tokenizer "$tok" --out "$p"
+    [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
+    [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/hf_to_gguf.py" "$p" "$p-bf16.gguf"
+    [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
+    [ -f "$p-dflash-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-dflash-bf16.gguf" -o "$p-dflash-q8_0.gguf" --type q8_0 ;;
+  esac
+  for t in $TYPES; do
+    [ "$t" = bf16 ] || [ -f "$p-$t.gguf" ] ||
+      "$DFLASH" quantize -m "$p-bf16.gguf" -o "$p-$t.gguf" --type "$t" --quantize-embeddings
+  done
   cd - >/dev/null
 }
 
@@ -181,6 +191,7 @@ for p in $PAIRS; do
     lc_bench "$p" "$t"
     df_bench "$p" "$t"
     df_generate "$p" "$t" 1
+    [ -f "$MODELS/$p-dflash-$t.gguf" ] || continue   # no drafter for this pair
     for b in $BLOCKS; do
       lc_dflash "$p" "$t" "$b"
       df_generate "$p" "$t" "$b"

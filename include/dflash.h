@@ -138,7 +138,7 @@ int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_ch
 
 /* The whole of transformers' apply_chat_template: template_text (NULL: the
  * model's; for a model with a {name, template} list, "tool_use" when tools
- * are given) rendered by a sandboxed Jinja interpreter. messages_json is a
+ * are given; "chatml"; or a Jinja text) rendered by a sandboxed Jinja interpreter. messages_json is a
  * JSON array of messages (role, content as a string or a list of parts,
  * tool_calls, tool_call_id, name, reasoning_content); tools_json a JSON array
  * or NULL; kwargs_json a JSON object of extra variables (enable_thinking...)

@@ -75,6 +75,34 @@ kvs = [("general.architecture", 8, s("llama")), ("llama.block_count", 4, struct.
 tens = [("token_embd.weight", [32, 4], 0, b"\1" * 512), ("q", [32, 2], 8, b"\2" * 68),
         ("h", [8], 1, b"\3" * 16), ("b", [4], 30, b"\4" * 8)]
 open(f"{seeds}/gguf/small.gguf", "wb").write(gguf(kvs, tens))
+
+# Laguna as llama.cpp's converter writes it: per-layer head counts, window and
+# pattern (a bool per layer, or a period), RoPE per layer type, YaRN, experts
+def u32(k, v): return (k, 4, struct.pack("<I", v))
+def f32(k, v): return (k, 6, struct.pack("<f", v))
+def arr(typ, fmt, vals): return struct.pack("<IQ", typ, len(vals)) + b"".join(struct.pack(fmt, v) for v in vals)
+lag = [("general.architecture", 8, s("laguna")), u32("laguna.block_count", 2),
+       u32("laguna.embedding_length", 32), ("laguna.attention.head_count", 9, arr(4, "<I", [4, 8])),
+       u32("laguna.attention.head_count_kv", 2), u32("laguna.attention.key_length", 8),
+       u32("laguna.attention.value_length", 8), u32("laguna.feed_forward_length", 64),
+       u32("laguna.context_length", 128), f32("laguna.attention.layer_norm_rms_epsilon", 1e-6),
+       f32("laguna.rope.freq_base", 5e5), u32("laguna.rope.dimension_count", 4),
+       ("laguna.rope.scaling.type", 8, s("yarn")), f32("laguna.rope.scaling.factor", 4.0),
+       u32("laguna.rope.scaling.original_context_length", 64),
+       f32("laguna.rope.scaling.yarn_attn_factor", 1.0), u32("laguna.attention.sliding_window", 4),
+       ("laguna.attention.sliding_window_pattern", 9, arr(7, "<B", [0, 1])),
+       f32("laguna.rope.freq_base_swa", 1e4), u32("laguna.rope.dimension_count_swa", 8),
+       u32("laguna.leading_dense_block_count", 1), u32("laguna.expert_count", 4),
+       u32("laguna.expert_used_count", 2), u32("laguna.expert_feed_forward_length", 16),
+       u32("laguna.expert_shared_feed_forward_length", 16),
+       ("laguna.expert_weights_norm", 7, b"\1"), f32("laguna.expert_weights_scale", 2.5),
+       u32("laguna.expert_gating_func", 4), f32("laguna.router_logit_softcapping", 1.5),
+       ("tokenizer.ggml.tokens", 9, arr_str)]
+lag_t = [("token_embd.weight", [32, 4], 0, b"\1" * 512), ("blk.0.attn_gate.weight", [32, 4], 0, b"\2" * 512),
+         ("blk.1.attn_sinks.weight", [8], 0, b"\3" * 32)]
+open(f"{seeds}/gguf/laguna.gguf", "wb").write(gguf(lag, lag_t))
+lag2 = [kv for kv in lag if "pattern" not in kv[0]] + [u32("laguna.attention.sliding_window_pattern", 2)]
+open(f"{seeds}/gguf/laguna_period.gguf", "wb").write(gguf(lag2, lag_t[:1]))
 open(f"{seeds}/gguf/empty.gguf", "wb").write(gguf([], []))
 p = f"{shared}/assets/stories260K/stories260K.gguf"
 if os.path.exists(p):
@@ -118,6 +146,11 @@ variants = {
                                                       "original_max_position_embeddings": 1024},
                                    "sliding_attention": {"rope_type": "default",
                                                          "rope_theta": 1e4}}},
+    "laguna_sinks": {"architectures": ["LagunaForCausalLM"], "rope_scaling": None,
+                     "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 2,
+                     "swa_attention_sink_enabled": True, "moe_router_score_func": "sqrtsoftplus",
+                     "gating": "per-head", "mlp_layer_types": ["sparse", "sparse"],
+                     "num_experts": 4, "num_experts_per_tok": 4},
     "laguna_legacy": {"architectures": ["LagunaForCausalLM"], "mlp_only_layers": [0],
                       "decoder_sparse_step": 1, "gating": True, "partial_rotary_factor": 0.5,
                       "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},

@@ -4,9 +4,11 @@
 # flag), never a silent 0; `dflash serve` with no -m loads the built-in model
 # with its drafter, as `dflash generate` does; -f - reads the prompt from
 # standard input, -f FILE from a file, both as -p would; generate prints a
-# load summary; dflash chat turns, their cache reuse, Ctrl-C.
+# load summary; dflash chat turns, their cache reuse, Ctrl-C; the built-in
+# model chats through the official openai client.
 set -u
 BIN=${DFLASH_BIN:?}
+SRC=${DFLASH_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
@@ -67,6 +69,25 @@ fi
 pid=$!
 for _ in $(seq 1 300); do grep -q "ready:" "$tmp/serve.log" && break; sleep 0.1; done
 grep -q "ready: .*DFlash drafter" "$tmp/serve.log" && ok || bad "serve without -m has no drafter: $(cat "$tmp/serve.log")"
+# the built-in model chats through the official client (ChatML stands in for its missing template)
+url=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$tmp/serve.log" | head -1)
+PY=${DFLASH_PYTHON:-$SRC/build/venv/bin/python}
+if "$PY" -c "import openai" 2>/dev/null; then
+  out=$("$PY" - "$url" <<'PYEOF' 2>&1
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", max_retries=0, timeout=60)
+r = c.chat.completions.create(model=c.models.list().data[0].id, max_tokens=16, temperature=0,
+                              messages=[{"role": "user", "content": "Hello!"}])
+ch = r.choices[0]
+print("OK" if ch.message.content and ch.finish_reason in ("stop", "length") else "BAD", repr(ch))
+PYEOF
+)
+  [[ "$out" == OK* ]] && ok || bad "the built-in model does not chat through the openai client: $out"
+elif [ "${CI:-}" = true ]; then
+  bad "the venv's openai package is missing"
+else
+  echo "skip: no openai package: the built-in chat check is left out"; skipped=1
+fi
 kill "$pid"; wait "$pid"; pid=
 
 echo "$pass passed, $fail failed"

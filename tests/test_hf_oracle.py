@@ -511,6 +511,19 @@ def test_drafters(binary, dirs):
                 row(f"{name} n={n} B={B}", dt, "draft", kv, diff, tol, ok)
 
 
+def torch_ready():
+    """torch and transformers importable (set to 2 threads, quiet), else reported missing."""
+    try:
+        import torch
+        import transformers
+        torch.set_num_threads(2)
+        transformers.utils.logging.disable_progress_bar()
+        return True
+    except ImportError as e:
+        missing(f"torch / transformers ({e})")
+        return False
+
+
 def ready():
     """-> the dflash binary when it and torch / transformers are there, else None
     (reported as missing: a skip, or a failure under CI=true)."""
@@ -518,15 +531,7 @@ def ready():
     if not binary:
         missing("the dflash binary ($DFLASH_BIN)")
         return None
-    try:
-        import torch
-        import transformers  # noqa: F401
-        torch.set_num_threads(2)
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError as e:
-        missing(f"torch / transformers ({e})")
-        return None
-    return binary
+    return binary if torch_ready() else None
 
 
 def main():

@@ -626,6 +626,53 @@ static void test_attention(void) {
     att_free(&a);
 }
 
+/* Sink logits (one per query head) join each softmax denominator: the AVX2
+ * kernels against a double softmax with the sink column, and each row alone
+ * bit for bit as in the whole block. */
+static void test_attention_sinks_case(int n, int nh, int nkv, int hd, int ctx) {
+    att_case a = att_make(n, nh, nkv, hd, ctx);
+    int qd = nh * hd;
+    float sinks[64], *o = xmalloc(sizeof(float) * n * qd), *one = xmalloc(sizeof(float) * qd);
+    for (int h = 0; h < nh; h++) sinks[h] = rndf() * 3;
+    dfl_kv_view kv = {a.K, a.V, DFL_F32, a.ldk, (size_t)hd};
+    dfl_attention_sinks(pools[2], n, a.q, &kv, a.nk, nh, nkv, hd, a.scale, sinks, o);
+    double worst = 0, *s = xmalloc(sizeof(double) * ctx);
+    int fails = 0;
+    for (int r = 0; r < n; r++) {
+        dfl_attention_sinks(pools[1], 1, a.q + (size_t)r * qd, &kv, a.nk + r, nh, nkv, hd, a.scale,
+                            sinks, one);
+        fails += memcmp(one, o + (size_t)r * qd, sizeof(float) * qd) != 0;
+        for (int h = 0; h < nh; h++) {
+            int kh = h / (nh / nkv);
+            const float *q = a.q + (size_t)r * qd + h * hd;
+            double mx = sinks[h], sum = 0;
+            for (int j = 0; j < a.nk[r]; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)q[i] * a.K[(size_t)j * a.ldk + kh * hd + i];
+                mx = fmax(mx, s[j] = d * a.scale);
+            }
+            for (int j = 0; j < a.nk[r]; j++) sum += (s[j] = exp(s[j] - mx));
+            sum += exp(sinks[h] - mx);
+            for (int i = 0; i < hd; i++) {
+                double v = 0;
+                for (int j = 0; j < a.nk[r]; j++) v += s[j] * a.V[(size_t)j * a.ldk + kh * hd + i];
+                worst = fmax(worst, fabs(o[(size_t)r * qd + h * hd + i] - v / sum));
+            }
+        }
+    }
+    CHECK(worst < 2e-6, "attention sinks n=%d hd=%d ctx=%d: error %g vs double", n, hd, ctx, worst);
+    CHECK(fails == 0, "attention sinks n=%d hd=%d: %d rows alone differ from the block", n, hd,
+          fails);
+    free(s), free(o), free(one);
+    att_free(&a);
+}
+
+static void test_attention_sinks(void) {
+    test_attention_sinks_case(3, 4, 2, 16, 9);      /* few units: one at a time */
+    test_attention_sinks_case(16, 8, 2, 16, 40);    /* many: block_units, small heads */
+    test_attention_sinks_case(9, 4, 1, 64, 150);    /* packed blocks over several key blocks */
+}
+
 /* ---- thread pool ---------------------------------------------------------------- */
 
 static void count_task(void *ctx, int i, int n) { __atomic_fetch_add(&((int *)ctx)[i], 1, __ATOMIC_RELAXED); }
@@ -655,6 +702,7 @@ int main(void) {
     test_argmax();
     test_pool();
     test_attention();
+    test_attention_sinks();
     test_matmul();
     for (int t = 1; t <= 3; t++) dfl_pool_free(pools[t]);
     return test_summary();

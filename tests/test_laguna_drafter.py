@@ -352,6 +352,8 @@ def test_refusals(binary, dirs, tmp):
          ["num_attention_heads_per_layer[1]"]),
         ("num_target_layers differing", dset(["num_target_layers"], L + 1),
          ["num_target_layers"]),
+        ("attention sinks", dset(["swa_attention_sink_enabled"], True),
+         ["swa_attention_sink_enabled"]),
     ]
     for i, (what, edit, words) in enumerate(cases):
         refused(binary, t, variant(src, os.path.join(tmp, f"bad{i}"), edit), words, what)

@@ -300,15 +300,20 @@ def convert(d, out, outtype="auto", quiet=False):
     return {k: v.value for k, v in w.kv_data[0].items()}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="Hugging Face folder -> GGUF (llama / qwen2 / qwen3)")
+def cli(convert_fn, description, argv=None):
+    """MODEL_DIR OUT [--outtype] [--quiet] -> convert_fn(dir, out, outtype, quiet)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("model_dir")
     ap.add_argument("out")
     ap.add_argument("--outtype", choices=["auto", "f32", "f16", "bf16"], default="auto")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
-    convert(a.model_dir, a.out, a.outtype, a.quiet)
+    convert_fn(a.model_dir, a.out, a.outtype, a.quiet)
     return 0
+
+
+def main(argv=None):
+    return cli(convert, "Hugging Face folder -> GGUF (llama / qwen2 / qwen3)", argv)
 
 
 if __name__ == "__main__":

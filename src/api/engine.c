@@ -121,22 +121,24 @@ static const char *base_name(const char *p) {
     return s;
 }
 
-/* Parameters from the shapes: what the checkpoint holds, for the load summary. */
-static uint64_t target_params(const dfl_config *c) {
-    uint64_t d = (uint64_t)c->dim, q = (uint64_t)c->n_heads * c->head_dim,
-             kv = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t layer = d * q * 2 + d * kv * 2 + d * (uint64_t)c->ffn_dim * 3 + d * 2;
-    if (c->qkv_bias) layer += q + kv * 2;
-    if (c->qk_norm) layer += (uint64_t)c->head_dim * 2;
-    return layer * (uint64_t)c->n_layers + (uint64_t)c->vocab * d * (c->tied_embed ? 1 : 2) + d;
+/* Parameters: the elements of every tensor the checkpoint holds (experts
+ * included, which a formula from the dense shapes would miss). */
+static uint64_t target_params(const dfl_target *t) {
+    const dfl_tensors *ts = t->gguf ? &t->gguf->tensors : &t->ts;
+    uint64_t n = 0;
+    for (int i = 0; i < ts->n; i++) {
+        uint64_t k = 1;
+        for (int d = 0; d < ts->t[i].n_dims; d++) k *= (uint64_t)ts->t[i].shape[d];
+        n += k;
+    }
+    return n;
 }
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     memset(info, 0, sizeof *info);
     if (!e->t) return;
-    static const char *arch[] = {"llama", "qwen2", "qwen3"};
     const dfl_config *c = &e->t->c;
-    snprintf(info->arch, sizeof info->arch, "%s", arch[c->arch]);
+    snprintf(info->arch, sizeof info->arch, "%s", dfl_arch_name(c->arch));
     snprintf(info->name, sizeof info->name, "%s", base_name(e->opts.model_path));
     snprintf(info->dtype, sizeof info->dtype, "%s", dfl_type_name(e->t->layers[0].wq.type));
     snprintf(info->kv_type, sizeof info->kv_type, "%s", dfl_type_name(e->t->kv_type));
@@ -151,7 +153,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->max_ctx = c->max_ctx;
     info->weight_bytes = e->t->weight_bytes;
     info->n_threads = dfl_pool_size(e->pool);
-    info->n_params = target_params(c);
+    info->n_params = target_params(e->t);
     snprintf(info->simd, sizeof info->simd, "%s", dfl_kernels_simd() ? "avx2" : "generic");
     if (e->d) {
         info->has_draft = 1;

@@ -45,13 +45,20 @@ static void redraft_sampled(void *ud, const float *dlogits, int n, const int32_t
     dfl_sample_drafts(((dfl_spec_sampling *)ud)->s, dlogits, n, hist, pos + 1, draft);
 }
 
+static void redraft_format(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
+                           int32_t *draft) {
+    dfl_sample_drafts_format(((dfl_spec_sampling *)ud)->s, dlogits, n, hist, pos + 1, draft);
+}
+
 void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *s, int rule) {
     *sm = (dfl_spec_sampling){s, 0, 0};
     if (!s) return;
     o->accept = accept_sampled;
     o->accept_ud = sm;
-    if (s->temperature > 0 && rule == DFL_ACCEPT_REJECTION)
+    if (s->temperature > 0 && rule == DFL_ACCEPT_REJECTION)   /* drafts drawn, masked too */
         o->need_dlogits = 1, o->redraft = redraft_sampled;
+    else if (s->fmt)
+        o->need_dlogits = 1, o->redraft = redraft_format;
 }
 
 int dfl_gen_is_greedy(const dfl_gen_params *p) {

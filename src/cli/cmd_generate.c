@@ -386,7 +386,11 @@ static int conversation(const opts *o, dfl_engine *e) {
     }
     static chat c;
     if (o->system) chat_push(&c, "system", o->system);
-    signal(SIGINT, on_sigint);
+    /* sigaction, not signal(): with _POSIX_C_SOURCE, glibc's signal() resets the
+     * handler after its first call, so the second answer's Ctrl-C killed the chat. */
+    struct sigaction sa = {.sa_handler = on_sigint, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     int tty = isatty(0), rc = 0;
     char *first = o->prompt || o->prompt_file ? read_prompt(o) : NULL, *line = NULL;
     size_t cap = 0;

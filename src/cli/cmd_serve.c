@@ -31,6 +31,13 @@ static void usage(FILE *f) {
             "  --queue N               requests that may wait for a slot before 503 (default 64)\n"
             "  --max-body BYTES        request body limit (default 8388608)\n"
             "  --timeout S             idle connection timeout in seconds (default 120)\n"
+            "  --read-timeout S        a request must arrive whole (headers and body) within\n"
+            "                          S seconds of its start, else it is cut (default 30)\n"
+            "  --max-connections N     open connections at most (default 1024)\n"
+            "  --max-connections-per-ip N  of those, from one address (default 64)\n"
+            "  --threads-http N        HTTP event-loop threads (default 4)\n"
+            "  --heavy-requests N      requests with bodies over 256 KiB read or parsed at once;\n"
+            "                          more get 503 (default 2)\n"
             "  --shutdown-grace S      on SIGINT/SIGTERM let running requests finish this long\n"
             "                          (default 10), then cancel them\n"
             "  --temp T                temperature for requests that give none (default 1,\n"
@@ -93,6 +100,12 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--queue")) o.queue_max = cli_int(a, v, 0, 1 << 16);
         else if (!strcmp(a, "--max-body")) o.max_body = (size_t)cli_int(a, v, 1024, 1L << 30);
         else if (!strcmp(a, "--timeout")) o.conn_timeout_s = cli_int(a, v, 1, 86400);
+        else if (!strcmp(a, "--read-timeout")) o.read_timeout_s = cli_int(a, v, 1, 86400);
+        else if (!strcmp(a, "--max-connections")) o.max_conns = cli_int(a, v, 4, 1 << 20);
+        else if (!strcmp(a, "--max-connections-per-ip"))
+            o.max_conns_per_ip = cli_int(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--threads-http")) o.http_threads = cli_int(a, v, 1, 256);
+        else if (!strcmp(a, "--heavy-requests")) o.heavy_max = cli_int(a, v, 1, 1024);
         else if (!strcmp(a, "--shutdown-grace")) o.shutdown_grace_s = cli_num(a, v, 0, 86400);
         else if (!strcmp(a, "--temp")) o.default_temp = cli_num(a, v, 0, 2);
         else if (!strcmp(a, "--reasoning-format")) {
@@ -107,6 +120,11 @@ int cmd_serve(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
+    }
+    if (o.http_threads > o.max_conns) {   /* each MHD thread takes a share of the connections */
+        fprintf(stderr, "dflash serve: --threads-http %d is more than --max-connections %d\n",
+                o.http_threads, o.max_conns);
+        return 2;
     }
     /* the built-in model brings its drafter, as in generate */
     if (!o.model_path && (o.model_path = cli_default_model()) && !o.draft_path)

@@ -42,7 +42,8 @@ static int pick_rope(dfl_config *c, const cJSON *j, const char *file, dfl_error 
     return 0;
 }
 
-/* layer_types required and uniform; one head count for every layer. */
+/* layer_types required and uniform; one head count for every layer; no
+ * attention sinks. */
 static int layer_shape(const dfl_config *c, const cJSON *j, const char *file, dfl_error *err) {
     if (!get(j, "layer_types"))
         return dfl_fail(err, DFL_EFORMAT, "%s: layer_types is missing (a Laguna DFlash drafter "
@@ -57,6 +58,9 @@ static int layer_shape(const dfl_config *c, const cJSON *j, const char *file, df
             return dfl_fail(err, DFL_EUNSUP, "%s: num_attention_heads_per_layer[%d] = %d differs "
                             "from num_attention_heads = %d (drafter layers share one head count)",
                             file, l, c->layer_heads[l], c->n_heads);
+    if (c->swa_sinks)
+        return dfl_fail(err, DFL_EUNSUP, "%s: swa_attention_sink_enabled = true: the drafter's "
+                        "attention has no sinks (vLLM's DFlashLagunaAttention takes none)", file);
     if (c->n_layers > DRAFT_MAX_LAYERS)
         return dfl_fail(err, DFL_EFORMAT, "%s: num_hidden_layers = %d (a drafter has at most %d)",
                         file, c->n_layers, DRAFT_MAX_LAYERS);

@@ -4,7 +4,8 @@
  * Every metadata pair is copied as it is, except general.file_type (set to
  * llama.cpp's number for the new type) and general.quantization_version (2
  * for the block types). Tensors keep their order, names and shapes. Each 2-D
- * "*.weight" whose row length is a whole number of blocks is converted row by
+ * "*.weight", or 3-D stack of matrices (MoE experts, [n, rows, cols]), whose
+ * row length is a whole number of blocks is converted row by
  * row (dequantized to f32 first when it is not f32 already); 1-D tensors
  * (norms) become f32; token_embd.weight stays as it is unless asked;
  * anything else is copied unchanged. */
@@ -35,12 +36,19 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
+/* Rows of a matrix or of a stack of them (3-D experts [n, rows, cols]). */
+static int64_t mat_rows(const dfl_tensor *t) {
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < t->n_dims; d++) rows *= t->shape[d];
+    return rows;
+}
+
 /* The type tensor t is written in. */
 static dfl_type out_type(const dfl_tensor *t, dfl_type to, int embeddings) {
     if (t->n_dims == 1) return DFL_F32;
-    if (t->n_dims != 2 || !ends_with(t->name, ".weight")) return t->type;
+    if ((t->n_dims != 2 && t->n_dims != 3) || !ends_with(t->name, ".weight")) return t->type;
     if (!embeddings && !strcmp(t->name, "token_embd.weight")) return t->type;
-    if (t->shape[1] % dfl_type_block(to)) return t->type;
+    if (t->shape[t->n_dims - 1] % dfl_type_block(to)) return t->type;
     return to;
 }
 
@@ -78,7 +86,7 @@ static uint8_t *convert(dfl_pool *pool, const dfl_tensor *t, dfl_type to, uint64
     int cols = (int)t->shape[t->n_dims - 1];
     conv_job j = {t, to, 0, cols, 0, dfl_type_row_bytes(t->type, cols),
                   dfl_type_row_bytes(to, cols), NULL, NULL};
-    j.rows = t->n_dims == 2 ? t->shape[0] : 1;
+    j.rows = mat_rows(t);
     *nbytes = (uint64_t)j.rows * j.out_rb;
     j.out = xmalloc(*nbytes);
     int tasks = dfl_pool_size(pool) * 8;

@@ -10,7 +10,7 @@
  *   p_j   = exp(s_j - m')
  *   l     = l * alpha + sum_j p_j          (vec.h dot order, with adds)
  *   acc_d = fma(p_j, V_j,d, ... fma(p_0, V_0,d, acc_d * alpha))
- * and at the end out = acc / l. The block boundaries depend only on the key
+ * and at the end out = acc / l (l + exp(sink - m) with a sink logit). The block boundaries depend only on the key
  * index and each unit only on its own row's keys, so a row's result is the
  * same in any batch, on any thread, in the AVX2 form or the twin.
  *
@@ -51,6 +51,7 @@ typedef struct {
     int n, ldk, n_heads, n_kv, hd, g, tpk, simd;
     float scale;
     size_t hs;   /* elements from one kv head's keys to the next's */
+    const float *sinks;  /* (n_heads) sink logits, or NULL */
 } att_job;
 
 /* Element bytes; a literal the inlined kernels fold (dfl_type_block_bytes is a table). */
@@ -89,6 +90,15 @@ static void block_ref(const float *q, const char *K, const char *V, dfl_type t, 
     }
 }
 
+/* out = acc / l, l counting query head h's sink logit (its exp at the
+ * unit's running max m) when there are sinks: the sink takes a share of the
+ * softmax and gives no value. */
+static void finish_unit(const att_job *a, int h, float m, float l, float *o) {
+    if (a->sinks) l += dfl_expf_ref(a->sinks[h] - m);
+    if (l > 0)
+        for (int d = 0; d < a->hd; d++) o[d] = o[d] / l;
+}
+
 /* Units [u0, u1) of kv head kh, one at a time with the twin. Unit u is row
  * u / g, query head kh*g + u % g. */
 static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
@@ -104,8 +114,7 @@ static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
             block_ref(a->q + off, a->K + ko, a->V + ko, a->kt, a->ldk, nk, a->hd, a->scale, &m, &l,
                       o);
         }
-        if (l > 0)
-            for (int d = 0; d < a->hd; d++) o[d] = o[d] / l;
+        finish_unit(a, h, m, l, o);
     }
 }
 
@@ -629,8 +638,7 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
             block_units(nu, q, acc, nk, &b, a->hd, a->scale, m, l);
     }
     for (int u = 0; u < nu; u++)
-        if (l[u] > 0)
-            for (int d = 0; d < a->hd; d++) acc[u][d] = acc[u][d] / l[u];
+        finish_unit(a, kh * a->g + (u0 + u) % a->g, m[u], l[u], acc[u]);
 }
 
 static void att_task(void *ctx, int i, int ntask) {
@@ -646,17 +654,24 @@ static void att_task(void *ctx, int i, int ntask) {
 static att_job make_job(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,
                         int n_heads, int n_kv, int hd, float scale, float *out) {
     att_job a = {q, kv->K, kv->V, kv->type, n_keys, out, n, kv->ldk, n_heads, n_kv, hd,
-                 n_heads / n_kv, 0, 0, scale, kv->hs};
+                 n_heads / n_kv, 0, 0, scale, kv->hs, NULL};
     a.tpk = (n * a.g + UNITS - 1) / UNITS;
     return a;
 }
 
-void dfl_attention(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
-                   const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out) {
+void dfl_attention_sinks(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
+                         const int *n_keys, int n_heads, int n_kv, int hd, float scale,
+                         const float *sinks, float *out) {
     if (n <= 0) return;
     att_job a = make_job(n, q, kv, n_keys, n_heads, n_kv, hd, scale, out);
     a.simd = dfl_kernels_simd();
+    a.sinks = sinks;
     dfl_pool_run(pool, att_task, &a, n_kv * a.tpk);
+}
+
+void dfl_attention(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
+                   const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out) {
+    dfl_attention_sinks(pool, n, q, kv, n_keys, n_heads, n_kv, hd, scale, NULL, out);
 }
 
 void dfl_attention_ref(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,

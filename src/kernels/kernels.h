@@ -93,6 +93,11 @@ typedef struct dfl_kv_view {
  * bits of an f32 one holding the same (rounded) values. */
 void dfl_attention(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
                    const int *n_keys, int n_heads, int n_kv, int hd, float scale, float *out);
+/* The same with a learned sink logit per query head (sinks[h], compared with
+ * the scaled scores): it joins each softmax denominator and adds no value. */
+void dfl_attention_sinks(dfl_pool *pool, int n, const float *q, const dfl_kv_view *kv,
+                         const int *n_keys, int n_heads, int n_kv, int hd, float scale,
+                         const float *sinks, float *out);
 void dfl_attention_ref(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,
                        int n_heads, int n_kv, int hd, float scale, float *out);
 

@@ -10,7 +10,7 @@
 #include "models/model.h"
 #include "models/config_json.h"
 
-static const char *arch_name(int a) {
+const char *dfl_arch_name(int a) {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
          : a == ARCH_LAGUNA ? "laguna" : "?";
 }
@@ -94,9 +94,10 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
     for (int l = 0; l < c->n_layers; l++) {
         int h = c->layer_heads[l] ? c->layer_heads[l] : c->n_heads;
         if (h < 1 || h > MAX_HEADS || h % c->n_kv_heads)
-            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d has %d query heads (expected a "
-                            "multiple of num_key_value_heads = %d up to %d)", src, l, h,
-                            c->n_kv_heads, MAX_HEADS);
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d has %d query heads "
+                            "(num_attention_heads_per_layer[%d], GGUF attention.head_count; "
+                            "expected a multiple of num_key_value_heads = %d up to %d)", src, l,
+                            h, l, c->n_kv_heads, MAX_HEADS);
         if (c->mlp_kind[l] == DFL_MLP_MOE && !c->n_experts)
             return dfl_fail(err, DFL_EFORMAT, "%s: layer %d is sparse but num_experts is 0",
                             src, l);
@@ -107,6 +108,11 @@ int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err) {
         RANGE(c->moe_ffn, 1, MAX_FFN, "moe_intermediate_size");
         RANGE(c->shared_ffn, 0, MAX_FFN, "shared_expert_intermediate_size");
     }
+    int sliding = 0;
+    for (int l = 0; l < c->n_layers; l++) sliding |= c->layer_kind[l] == DFL_LAYER_SLIDING;
+    if (sliding) RANGE(c->sliding_window, 2, MAX_WINDOW, "sliding_window");
+    RANGE(c->router_func, DFL_ROUTER_SIGMOID, DFL_ROUTER_SQRTSOFTPLUS, "router_func");
+    RANGE(c->swa_sinks, 0, 1, "swa_attention_sink_enabled");
     if (rot_dims(c->head_dim, c->rope_partial) < 2 ||
         rot_dims(c->head_dim, c->swa_rope_partial) < 2)
         return dfl_fail(err, DFL_EFORMAT, "%s: partial_rotary_factor rotates fewer than 2 dims",
@@ -312,7 +318,7 @@ static int hf_layer_types(const cJSON *j, dfl_config *c, const char *file, dfl_e
     if (!n_sliding) return 0;
     if (!sw || cJSON_IsNull(sw))
         return dfl_fail(err, DFL_EFORMAT, "%s: sliding layers but no sliding_window", file);
-    return need_int(j, "sliding_window", 1, MAX_CTX, &c->sliding_window, file, err);
+    return need_int(j, "sliding_window", 2, MAX_WINDOW, &c->sliding_window, file, err);
 }
 
 int dfl_config_from_cjson(const cJSON *j, const char *file, int arch, dfl_config *c,
@@ -375,19 +381,13 @@ int dfl_config_from_hf(const char *path, dfl_config *c, dfl_error *err) {
 
 /* ---- GGUF metadata ------------------------------------------------------ */
 
-typedef struct {
-    const gguf_file *g;
-    const char *arch;
-    char key[160];
-} gkeys;
-
-static const char *akey(gkeys *k, const char *suffix) {
+const char *akey(gkeys *k, const char *suffix) {
     snprintf(k->key, sizeof k->key, "%s.%s", k->arch, suffix);
     return k->key;
 }
 
-static int g_int(gkeys *k, const char *suffix, int required, int64_t lo, int64_t hi, int *out,
-                 dfl_error *err) {
+int g_int(gkeys *k, const char *suffix, int required, int64_t lo, int64_t hi, int *out,
+          dfl_error *err) {
     uint32_t v;
     const char *key = akey(k, suffix);
     int rc = dfl_gguf_u32(k->g, key, &v, err);
@@ -401,7 +401,7 @@ static int g_int(gkeys *k, const char *suffix, int required, int64_t lo, int64_t
     return 0;
 }
 
-static int g_float(gkeys *k, const char *suffix, float *out, dfl_error *err) {
+int g_float(gkeys *k, const char *suffix, float *out, dfl_error *err) {
     return dfl_gguf_f32(k->g, akey(k, suffix), out, err);
 }
 
@@ -413,11 +413,34 @@ static int g_token(const gguf_file *g, const char *key, int *out, dfl_error *err
     return 0;
 }
 
+/* attention.head_count: one count, or one per layer (llama.cpp writes an
+ * array when layers differ; its Laguna converter always does). n_heads is
+ * layer 0's; layer_heads holds each. */
+static int g_heads(gkeys *k, dfl_config *c, dfl_error *err) {
+    const char *key = akey(k, "attention.head_count");
+    const gguf_kv *kv = dfl_gguf_find(k->g, key);
+    if (!kv || kv->type != GGUF_T_ARRAY)
+        return g_int(k, "attention.head_count", 1, 1, MAX_HEADS, &c->n_heads, err);
+    if (!dfl_gguf_arr(k->g, key, GGUF_T_U32, err)) return DFL_EFORMAT;
+    if (kv->arr_n != (uint64_t)c->n_layers)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s has %llu entries (expected block_count = %d)",
+                        k->g->tensors.source, key, (unsigned long long)kv->arr_n, c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        int64_t h = dfl_gguf_arr_i64(kv, l);
+        if (h < 1 || h > MAX_HEADS)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %s[%d] = %lld (expected 1..%d)",
+                            k->g->tensors.source, key, l, (long long)h, MAX_HEADS);
+        c->layer_heads[l] = (short)h;
+    }
+    c->n_heads = c->layer_heads[0];
+    return 0;
+}
+
 static int gguf_rope(gkeys *k, dfl_config *c, dfl_error *err) {
     const char *src = k->g->tensors.source;
     int rd = c->head_dim;
     TRY(g_int(k, "rope.dimension_count", 0, 0, MAX_HEAD_DIM, &rd, err));
-    if (rd != c->head_dim)
+    if (rd != c->head_dim && c->arch != ARCH_LAGUNA) /* Laguna: laguna_config.c reads it */
         return dfl_fail(err, DFL_EUNSUP, "%s: %s = %d but head_dim = %d (partial RoPE not "
                         "supported)", src, k->key, rd, c->head_dim);
     c->rope_theta = 10000;
@@ -446,6 +469,9 @@ static int gguf_rope(gkeys *k, dfl_config *c, dfl_error *err) {
         TRY(g_float(k, "rope.scaling.attn_factor", &af, err));
         double f = c->rope_factor;
         c->rope_attn_factor = (float)(af * (f > 1 ? 0.1 * log(f) + 1 : 1));
+        /* transformers' attention_factor, written only when the config gives
+         * one: the whole magnitude scale, as the HF original computes it */
+        TRY(g_float(k, "rope.scaling.yarn_attn_factor", &c->rope_attn_factor, err));
         return 0;
     }
     return dfl_fail(err, DFL_EUNSUP, "%s: %s = \"%.*s\" not supported (none, linear, yarn are)",
@@ -480,16 +506,17 @@ int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err) {
     if (rc == 1) return dfl_fail(err, DFL_EFORMAT, "%s: general.architecture is missing", src);
     if (rc) return rc;
     c->arch = -1;
-    for (int i = ARCH_LLAMA; i <= ARCH_QWEN3; i++)
-        if (a.len == strlen(arch_name(i)) && memcmp(a.s, arch_name(i), a.len) == 0) c->arch = i;
+    for (int i = ARCH_LLAMA; i <= ARCH_LAGUNA; i++)
+        if (a.len == strlen(dfl_arch_name(i)) && !memcmp(a.s, dfl_arch_name(i), a.len))
+            c->arch = i;
     if (c->arch < 0)
         return dfl_fail(err, DFL_EUNSUP,
-                        "%s: general.architecture = \"%.*s\" not supported (llama, qwen2, qwen3 "
-                        "are)", src, (int)(a.len < 60 ? a.len : 60), a.s);
-    gkeys k = {.g = g, .arch = arch_name(c->arch)};
+                        "%s: general.architecture = \"%.*s\" not supported (llama, qwen2, qwen3, "
+                        "laguna are)", src, (int)(a.len < 60 ? a.len : 60), a.s);
+    gkeys k = {.g = g, .arch = dfl_arch_name(c->arch)};
     TRY(g_int(&k, "block_count", 1, 1, MAX_LAYERS, &c->n_layers, err));
     TRY(g_int(&k, "embedding_length", 1, 1, MAX_DIM, &c->dim, err));
-    TRY(g_int(&k, "attention.head_count", 1, 1, MAX_HEADS, &c->n_heads, err));
+    TRY(g_heads(&k, c, err));
     c->n_kv_heads = c->n_heads;
     TRY(g_int(&k, "attention.head_count_kv", 0, 1, MAX_HEADS, &c->n_kv_heads, err));
     TRY(g_int(&k, "feed_forward_length", 1, 1, MAX_FFN, &c->ffn_dim, err));
@@ -521,6 +548,7 @@ int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err) {
     c->bos_id = c->eos_id = -1;
     TRY(g_token(g, "tokenizer.ggml.bos_token_id", &c->bos_id, err));
     TRY(g_token(g, "tokenizer.ggml.eos_token_id", &c->eos_id, err));
+    if (c->arch == ARCH_LAGUNA) TRY(dfl_laguna_config_gguf(&k, c, err));
     return dfl_config_validate(c, src, err);
 }
 

@@ -13,7 +13,8 @@
 enum {
     MAX_LAYERS = DFL_MAX_LAYERS, MAX_DIM = 65536, MAX_HEADS = 1024, MAX_HEAD_DIM = DFL_MAX_HEAD_DIM,
     MAX_FFN = 1048576, MAX_VOCAB = 4000000, MAX_CTX = 16 << 20,
-    MAX_EXPERTS = DFL_MAX_EXPERTS
+    MAX_EXPERTS = DFL_MAX_EXPERTS,
+    MAX_WINDOW = 1 << 20   /* sliding_window: keys a sliding layer attends */
 };
 static const float F_MAX = 3.0e38f;
 
@@ -43,7 +44,24 @@ int cfg_name_list(const cJSON *j, const char *key, int n, const char *zero, cons
  * of one): theta, scaling type and factors into c's rope fields. */
 int cfg_rope(const cJSON *r, const char *key, dfl_config *c, const char *file, dfl_error *err);
 
-/* Laguna's own fields (laguna.c), after the common ones. */
+/* GGUF metadata keys under the architecture's name ("<arch>.<suffix>"). */
+typedef struct {
+    const gguf_file *g;
+    const char *arch;
+    char key[160];       /* the last key asked for */
+} gkeys;
+#define akey dfl_cfg_akey
+#define g_int dfl_cfg_g_int
+#define g_float dfl_cfg_g_float
+const char *akey(gkeys *k, const char *suffix);
+/* rc as the JSON getters; required: absence is an error naming the key. */
+int g_int(gkeys *k, const char *suffix, int required, int64_t lo, int64_t hi, int *out,
+          dfl_error *err);
+int g_float(gkeys *k, const char *suffix, float *out, dfl_error *err);
+
+/* Laguna's own fields (laguna_config.c), after the common ones: from
+ * config.json, and from GGUF metadata as llama.cpp's converter writes it. */
 int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
+int dfl_laguna_config_gguf(gkeys *k, dfl_config *c, dfl_error *err);
 
 #endif

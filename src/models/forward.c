@@ -39,6 +39,9 @@ typedef struct rows {
     int off[DFL_MAX_PARALLEL + 1];
 } rows;
 
+/* torch's softplus (linear above its threshold 20) */
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
 /* ---- attention ------------------------------------------------------------ */
 
 /* The sliding set has its own cos/sin only when its RoPE differs (Laguna). */
@@ -90,14 +93,13 @@ static void attend(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
         for (int r = r0; r < r0 + m; r += one ? 1 : m) {
             int nk;
             dfl_kv_view v = dfl_kv_keys(kv, l, kv->len + r - r0, &nk);
-            dfl_attention(t->pool, one ? 1 : m, t->q + (size_t)r * qd, &v,
-                          one ? &nk : t->n_keys + r, L->n_heads, c->n_kv_heads, hd, scale,
-                          t->att + (size_t)r * qd);
+            dfl_attention_sinks(t->pool, one ? 1 : m, t->q + (size_t)r * qd, &v,
+                                one ? &nk : t->n_keys + r, L->n_heads, c->n_kv_heads, hd,
+                                scale, L->sinks, t->att + (size_t)r * qd);
         }
     }
 }
 
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* att *= softplus(g_proj(xn)), one gate per head or per element. */
 static void output_gate(dfl_target *t, const dfl_layer *L, int n) {
@@ -140,7 +142,8 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
         for (int e = 0; e < E; e++) {
             float x = lg[e];
             if (c->router_softcap > 0) x = c->router_softcap * tanhf(x / c->router_softcap);
-            lg[e] = 1.0f / (1.0f + expf(-x));
+            lg[e] = c->router_func == DFL_ROUTER_SQRTSOFTPLUS ? sqrtf(softplus(x))
+                                                              : 1.0f / (1.0f + expf(-x));
             sel[e] = lg[e] + (M->sel_bias ? M->sel_bias[e] : 0.0f);
         }
         int *ex = t->moe_e + (size_t)r * K;

@@ -1,7 +1,8 @@
 /* laguna_config.c - Laguna's config.json fields, after the common ones
  * (config.c): per-layer heads, MLP types, gating, RoPE per layer type, the
- * experts. Apart from laguna.c's tensors so the config fuzzer links only
- * the readers. */
+ * experts, sinks; and the same from GGUF metadata in llama.cpp's layout.
+ * Apart from laguna.c's tensors so the config fuzzer links only the
+ * readers. */
 #include <string.h>
 
 #include "models/config_json.h"
@@ -71,6 +72,26 @@ static int gating(const cJSON *j, dfl_config *c, const char *file, dfl_error *er
                     "\"per-element\" expected)", file, s);
 }
 
+/* gating_types (per layer; llama.cpp's converter reads it, "-" or "_"):
+ * one gate kind for all layers here, so each entry must be gating's. */
+static int gating_types(const cJSON *j, const dfl_config *c, const char *file, dfl_error *err) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "gating_types");
+    if (!a || cJSON_IsNull(a)) return 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != c->n_layers)
+        return dfl_fail(err, DFL_EFORMAT, "%s: gating_types is not a list of %d names", file,
+                        c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const cJSON *v = cJSON_GetArrayItem(a, l);
+        const char *s = cJSON_IsString(v) ? v->valuestring : "";
+        int head = !strcmp(s, "per-head") || !strcmp(s, "per_head");
+        int elem = !strcmp(s, "per-element") || !strcmp(s, "per_element");
+        if ((!head && !elem) || c->gating != (elem ? DFL_GATE_ELEMENT : DFL_GATE_HEAD))
+            return dfl_fail(err, DFL_EUNSUP, "%s: gating_types[%d] = '%.40s' (every layer must "
+                            "have gating's kind)", file, l, s);
+    }
+    return 0;
+}
+
 /* The sliding layers' RoPE: plain, with its own theta and partial factor. */
 static int swa_rope(const cJSON *r, const char *key, dfl_config *c, const char *file,
                     dfl_error *err) {
@@ -120,20 +141,27 @@ static int moe(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) 
     TRY(opt_float(j, "moe_router_logit_softcapping", 0, F_MAX, &c->router_softcap, file, err));
     TRY(refuse_true(j, "moe_apply_router_weight_on_input", "weights apply to the output", file,
                     err));
+    int norm = 1;
+    TRY(dfl_json_bool(j, "norm_topk_prob", &norm, file, err));
+    if (!norm)
+        return dfl_fail(err, DFL_EUNSUP, "%s: norm_topk_prob = false not supported (the chosen "
+                        "experts' weights are normalised)", file);
     const char *f = dfl_json_str(j, "moe_router_score_func");
-    if (f && strcmp(f, "sigmoid"))
+    c->router_func = f && !strcmp(f, "sqrtsoftplus") ? DFL_ROUTER_SQRTSOFTPLUS : DFL_ROUTER_SIGMOID;
+    if (f && strcmp(f, "sigmoid") && strcmp(f, "sqrtsoftplus"))
         return dfl_fail(err, DFL_EUNSUP, "%s: moe_router_score_func = '%.40s' not supported "
-                        "(sigmoid is)", file, f);
+                        "(sigmoid and sqrtsoftplus are)", file, f);
     return 0;
 }
 
 int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err) {
     c->qk_norm = 1;
-    TRY(refuse_true(j, "swa_attention_sink_enabled", "attention sinks", file, err));
+    TRY(dfl_json_bool(j, "swa_attention_sink_enabled", &c->swa_sinks, file, err));
     TRY(int_list(j, "num_attention_heads_per_layer", c->n_layers, 1, MAX_HEADS, c->layer_heads,
                  file, err));
     TRY(mlp_types(j, c, file, err));
     TRY(gating(j, c, file, err));
+    TRY(gating_types(j, c, file, err));
     TRY(ropes(j, c, file, err));
     int any_moe = 0;
     for (int l = 0; l < c->n_layers; l++) any_moe |= c->mlp_kind[l] == DFL_MLP_MOE;
@@ -141,3 +169,126 @@ int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error
     return 0;
 }
 
+
+/* ---- GGUF metadata (llama.cpp's `laguna`) ---------------------------------- */
+
+/* Which layers slide: attention.sliding_window_pattern is a period p (layer
+ * l full when l % p == 0, llama.cpp's reading; 4 when absent, as it
+ * assumes) or one bool per layer (true: sliding). */
+static int gguf_swa_layers(gkeys *k, dfl_config *c, dfl_error *err) {
+    const char *src = k->g->tensors.source, *key = akey(k, "attention.sliding_window_pattern");
+    const gguf_kv *kv = dfl_gguf_find(k->g, key);
+    if (kv && kv->type == GGUF_T_ARRAY) {
+        if (!dfl_gguf_arr(k->g, key, GGUF_T_BOOL, err)) return DFL_EFORMAT;
+        if (kv->arr_n != (uint64_t)c->n_layers)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %s has %llu entries (expected block_count = "
+                            "%d)", src, key, (unsigned long long)kv->arr_n, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            if (kv->val[l] > 1)
+                return dfl_fail(err, DFL_EFORMAT, "%s: %s[%d] = %u (expected a bool)", src, key,
+                                l, kv->val[l]);
+            c->layer_kind[l] = kv->val[l] ? DFL_LAYER_SLIDING : DFL_LAYER_FULL;
+        }
+        return 0;
+    }
+    int period = 4;
+    TRY(g_int(k, "attention.sliding_window_pattern", 0, 0, MAX_LAYERS, &period, err));
+    for (int l = 0; l < c->n_layers; l++)
+        c->layer_kind[l] = period == 0 || l % period ? DFL_LAYER_SLIDING : DFL_LAYER_FULL;
+    return 0;
+}
+
+/* Rotated dims as a partial factor in the middle of the dims' interval, so
+ * config.c's int(head_dim * factor) gives them back whatever the rounding. */
+static int gguf_rot(gkeys *k, const char *suffix, int hd, float *partial, dfl_error *err) {
+    int rd = hd;
+    TRY(g_int(k, suffix, 0, 2, hd, &rd, err));
+    if (rd % 2)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %d (expected an even number)",
+                        k->g->tensors.source, k->key, rd);
+    *partial = (rd + 0.5f) / hd;
+    return 0;
+}
+
+/* The sliding window, its layers and their plain RoPE (base and dims of
+ * their own), when the file has a window. */
+static int gguf_swa(gkeys *k, dfl_config *c, dfl_error *err) {
+    TRY(gguf_rot(k, "rope.dimension_count", c->head_dim, &c->rope_partial, err));
+    TRY(g_int(k, "attention.sliding_window", 0, 0, MAX_WINDOW, &c->sliding_window, err));
+    if (!c->sliding_window) return 0;
+    TRY(gguf_swa_layers(k, c, err));
+    c->swa_rope_theta = c->rope_theta;
+    TRY(g_float(k, "rope.freq_base_swa", &c->swa_rope_theta, err));
+    if (!(c->swa_rope_theta > 0))
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %g (expected > 0)", k->g->tensors.source,
+                        k->key, c->swa_rope_theta);
+    c->swa_rope_partial = c->rope_partial;
+    return gguf_rot(k, "rope.dimension_count_swa", c->head_dim, &c->swa_rope_partial, err);
+}
+
+/* Experts: counts, sizes, scoring; the weights always sum-normalised. */
+static int gguf_moe(gkeys *k, dfl_config *c, dfl_error *err) {
+    const char *src = k->g->tensors.source;
+    TRY(g_int(k, "expert_count", 1, 1, MAX_EXPERTS, &c->n_experts, err));
+    TRY(g_int(k, "expert_used_count", 1, 1, c->n_experts, &c->top_k, err));
+    TRY(g_int(k, "expert_feed_forward_length", 1, 1, MAX_FFN, &c->moe_ffn, err));
+    c->shared_ffn = c->moe_ffn;   /* llama.cpp's default: one shared expert of that size */
+    TRY(g_int(k, "expert_shared_feed_forward_length", 0, 0, MAX_FFN, &c->shared_ffn, err));
+    int n_shared = 1, gating = 2;   /* llama.cpp's SIGMOID */
+    TRY(g_int(k, "expert_shared_count", 0, 1, 1, &n_shared, err));
+    c->routed_scale = 1;
+    TRY(g_float(k, "expert_weights_scale", &c->routed_scale, err));
+    if (!(c->routed_scale > 0 && c->routed_scale < F_MAX))
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %g (expected a finite number > 0)", src,
+                        k->key, c->routed_scale);
+    TRY(g_float(k, "router_logit_softcapping", &c->router_softcap, err));
+    if (!(c->router_softcap >= 0 && c->router_softcap < F_MAX))
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %g (expected a finite number >= 0)", src,
+                        k->key, c->router_softcap);
+    int norm = 1;
+    TRY(dfl_gguf_bool(k->g, akey(k, "expert_weights_norm"), &norm, err));
+    if (!norm)
+        return dfl_fail(err, DFL_EUNSUP, "%s: %s = false not supported (the chosen experts' "
+                        "weights are always normalised)", src, k->key);
+    TRY(g_int(k, "expert_gating_func", 0, 0, 1000, &gating, err));
+    if (gating != 2 && gating != 4)   /* llama.cpp's SIGMOID, SQRTSOFTPLUS */
+        return dfl_fail(err, DFL_EUNSUP, "%s: %s = %d not supported (2 sigmoid and 4 "
+                        "sqrtsoftplus are)", src, k->key, gating);
+    c->router_func = gating == 4 ? DFL_ROUTER_SQRTSOFTPLUS : DFL_ROUTER_SIGMOID;
+    return 0;
+}
+
+/* The output gate's kind is the width of blk.0.attn_gate (llama.cpp reads
+ * it so too): n_heads per head, n_heads * head_dim per element; none
+ * without the tensor. Every layer's width is checked when it is bound. */
+static int gguf_gating(gkeys *k, dfl_config *c, dfl_error *err) {
+    const dfl_tensor *t = dfl_tensors_find((dfl_tensors *)&k->g->tensors, "blk.0.attn_gate.weight");
+    c->gating = DFL_GATE_NONE;
+    if (!t) return 0;
+    int64_t h = c->layer_heads[0] ? c->layer_heads[0] : c->n_heads, rows = t->shape[0];
+    if (t->n_dims == 2 && rows == h) return (c->gating = DFL_GATE_HEAD), 0;
+    if (t->n_dims == 2 && rows == h * c->head_dim) return (c->gating = DFL_GATE_ELEMENT), 0;
+    return dfl_fail(err, DFL_EFORMAT, "%s: blk.0.attn_gate.weight has %lld rows (expected %lld "
+                    "per head or %lld per element)", k->g->tensors.source, (long long)rows,
+                    (long long)h, (long long)(h * c->head_dim));
+}
+
+int dfl_laguna_config_gguf(gkeys *k, dfl_config *c, dfl_error *err) {
+    c->qk_norm = 1;
+    c->qkv_bias = 0;
+    TRY(gguf_swa(k, c, err));
+    int dense = 0;
+    TRY(g_int(k, "leading_dense_block_count", 1, 0, c->n_layers, &dense, err));
+    for (int l = 0; l < c->n_layers; l++) c->mlp_kind[l] = l < dense ? DFL_MLP_DENSE : DFL_MLP_MOE;
+    if (dense < c->n_layers) TRY(gguf_moe(k, c, err));
+    TRY(gguf_gating(k, c, err));
+    /* sinks: llama.cpp's attn_sinks tensor on the first sliding layer */
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] != DFL_LAYER_SLIDING) continue;
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", l);
+        c->swa_sinks = dfl_tensors_find((dfl_tensors *)&k->g->tensors, name) != NULL;
+        break;
+    }
+    return 0;
+}

@@ -20,9 +20,12 @@
 #include "models/seqstate.h"
 
 enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA };
+/* "llama", "qwen2", ... (llama.cpp's general.architecture names); "?" outside. */
+const char *dfl_arch_name(int arch);
 enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024 };
 enum { DFL_MLP_DENSE = 0, DFL_MLP_MOE = 1 };
 enum { DFL_GATE_NONE = 0, DFL_GATE_HEAD = 1, DFL_GATE_ELEMENT = 2 };
+enum { DFL_ROUTER_SIGMOID = 0, DFL_ROUTER_SQRTSOFTPLUS = 1 };
 enum { ROPE_SCALE_NONE = 0, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN };
 
 typedef struct dfl_config {
@@ -48,6 +51,8 @@ typedef struct dfl_config {
     int n_experts, top_k, moe_ffn, shared_ffn;   /* DFL_MLP_MOE layers */
     float routed_scale;       /* routed experts' sum is scaled by this */
     float router_softcap;     /* > 0: router logits = c * tanh(logits / c) */
+    int router_func;          /* DFL_ROUTER_*: expert scores from router logits */
+    int swa_sinks;            /* sliding layers have a learned sink logit per head */
 } dfl_config;
 
 /* Parses and range-checks a Hugging Face config.json (target models). */
@@ -58,7 +63,7 @@ int dfl_config_from_json(const char *buf, size_t len, dfl_config *c, dfl_error *
  * ARCH_* (for drafters whose config.json names their own class). */
 int dfl_config_from_cjson(const struct cJSON *j, const char *file, int arch, dfl_config *c,
                           dfl_error *err);
-/* Reads the same from GGUF metadata (llama / qwen2 / qwen3). */
+/* Reads the same from GGUF metadata (llama / qwen2 / qwen3 / laguna). */
 int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err);
 /* Cross-field checks shared by both (heads * head_dim, GQA ratio, ranges). */
 int dfl_config_validate(const dfl_config *c, const char *src, dfl_error *err);
@@ -69,7 +74,7 @@ void dfl_rope_init_swa(dfl_rope *r, const dfl_config *c);
 
 typedef struct dfl_combiner dfl_combiner;
 
-/* A mixture-of-experts MLP: a sigmoid router picks top_k experts per row
+/* A mixture-of-experts MLP: a sigmoid (or sqrt-softplus) router picks top_k experts per row
  * (by score + sel_bias), their SwiGLU outputs weighted by the normalised
  * scores times routed_scale, plus a shared expert. */
 typedef struct dfl_moe {
@@ -96,6 +101,7 @@ typedef struct dfl_layer {
     const float *bq, *bk, *bv;        /* (n_heads*hd), (n_kv*hd) x2; qwen2 only */
     const float *attn_norm, *ffn_norm;/* (dim) */
     const float *q_norm, *k_norm;     /* (hd); qwen3 only */
+    const float *sinks;   /* (n_heads) sink logits added to the softmax denominator; NULL: none */
 } dfl_layer;
 
 typedef struct dfl_target {

@@ -427,6 +427,17 @@ void dfl_sample_drafts(dfl_sampler *s, const float *dlogits, int n, const int32_
     }
 }
 
+void dfl_sample_drafts_format(dfl_sampler *s, const float *dlogits, int n, const int32_t *prefix,
+                              int n_prefix, int32_t *draft) {
+    size_t v = (size_t)s->vocab;
+    for (int k = 0; k < n; k++) {
+        float m;
+        memcpy(s->row, dlogits + (size_t)k * v, sizeof(float) * v);
+        dfl_fmt_mask(s->fmt, prefix, n_prefix, draft, k, s->row);
+        draft[k] = dfl_sample_argmax(s->row, s->vocab, &m);
+    }
+}
+
 /* ---- step 3: acceptance ------------------------------------------------- */
 
 /* Probability of a proposed token; a proposer's id outside the vocabulary has none. */

@@ -149,6 +149,12 @@ int32_t dfl_sample(dfl_sampler *s, const float *logits, const int32_t *hist, int
 void dfl_sample_drafts(dfl_sampler *s, const float *dlogits, int n, const int32_t *prefix,
                        int n_prefix, int32_t *draft);
 
+/* Under a format (dfl_sampler_set_format): draft[k] becomes the drafter's
+ * argmax among the tokens the format allows after prefix + draft[0..k-1], so
+ * the block proposes no token the target's masked row could never pick. */
+void dfl_sample_drafts_format(dfl_sampler *s, const float *dlogits, int n, const int32_t *prefix,
+                              int n_prefix, int32_t *draft);
+
 /* ---- acceptance of a verified block ------------------------------------- */
 
 typedef struct dfl_accept_result {

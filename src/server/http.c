@@ -1,10 +1,14 @@
 /* http.c - the HTTP side of dflash serve, on libmicrohttpd.
  *
- * One thread per connection (MHD's), so a handler may wait: a non-streaming
- * request waits for its job in the handler; a streaming one returns a
- * callback response whose reader waits for the job's next bytes. While
- * waiting, both poll the socket for the peer's hang-up, so a client that
- * leaves frees its slot at once instead of at the next write. */
+ * A few event-loop threads (MHD's thread pool on epoll) serve every
+ * connection, so a handler must never wait: a request that waits for its job
+ * (the whole answer, or a stream's next bytes) suspends its connection, and
+ * the job's wake hook resumes it when there is news. A watcher thread
+ * enforces what MHD does not: a deadline for each request to arrive whole
+ * (slow senders are cut, however steadily they trickle), and the hang-up of a
+ * client whose connection is suspended (its job is cancelled, freeing the
+ * slot). Bodies over SRV_LIGHT_BODY need one of --heavy-requests permits,
+ * taken before they are buffered, so concurrent large requests are bounded. */
 #ifdef DFLASH_HAVE_MHD
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -33,15 +37,58 @@ void srv_opts_default(srv_opts *o) {
     o->max_body = 8u << 20;
     o->max_json_depth = 64;
     o->conn_timeout_s = 120;
+    o->read_timeout_s = 30;
+    o->max_conns = 1024;
+    o->max_conns_per_ip = 64;
+    o->http_threads = 4;
+    o->heavy_max = 2;
     o->shutdown_grace_s = 10;
     o->default_temp = 1.0;
     o->reasoning = 1;
 }
 
+enum {
+    SRV_LIGHT_BODY = 256 << 10,   /* bodies up to this are read without a heavy permit */
+    SRV_WATCH_MS = 100,           /* the watcher's period */
+    SRV_LOG_PERIOD = 10,          /* seconds: HTTP-level log lines at most */
+    SRV_LOG_BURST = 10,           /*   this many per period */
+};
+
+/* Per connection (MHD's socket context), for the read deadline. */
+typedef struct conn_ent {
+    struct conn_ent *prev, *next;
+    int fd;
+    double t0;        /* its current request began: connect, or the previous one's end */
+    int reading;      /* that request has not arrived whole */
+} conn_ent;
+
+/* A job a suspended (or streaming) connection waits for: the watcher cancels
+ * it when the peer hangs up, since MHD watches no suspended socket. */
+typedef struct wait_ent {
+    struct wait_ent *prev, *next;
+    struct MHD_Connection *c;
+    int fd;
+    srv_job *j;
+    int suspended;    /* under j->mu: the connection waits for wake_conn */
+} wait_ent;
+
+/* The HTTP side's state, one per process as srv_main's server. */
+static struct {
+    pthread_mutex_t mu;      /* guards both lists and their entries' fields but `suspended` */
+    conn_ent *conns;
+    wait_ent *waits;
+    int heavy;               /* heavy permits taken (atomic) */
+    int stop;                /* the watcher exits (atomic) */
+    pthread_t watcher;
+} H = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
 /* Per request: the body so far, and the job once one is made. */
 typedef struct conn_ctx {
     srv_buf body;
     int too_large;
+    int busy;         /* no heavy permit (or memory) for the body: read and dropped, then 503 */
+    int heavy;        /* holds a heavy permit */
+    wait_ent w;       /* non-stream: the job it waits for (w.j) */
 } conn_ctx;
 
 /* ---- replies ------------------------------------------------------------------- */
@@ -99,6 +146,12 @@ static int conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+static conn_ent *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 /* The peer closed its end (or the socket failed). */
 static int client_gone(int fd) {
     if (fd < 0) return 0;
@@ -107,56 +160,112 @@ static int client_gone(int fd) {
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-static void wait_a_little(srv_job *j) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+/* The job's wake hook (under j->mu): a suspended connection goes back to MHD. */
+static void wake_conn(void *ud) {
+    wait_ent *w = ud;
+    if (!w->suspended) return;
+    w->suspended = 0;
+    MHD_resume_connection(w->c);
+}
+
+/* Under j->mu: the connection sleeps until the job has news (or the watcher
+ * sees the peer leave and cancels the job, which is news too). */
+static void park(wait_ent *w) {
+    w->suspended = 1;
+    MHD_suspend_connection(w->c);
+}
+
+/* w starts waiting for j: hook and watch. */
+static void wait_attach(wait_ent *w, struct MHD_Connection *c, srv_job *j) {
+    w->c = c;
+    w->fd = conn_fd(c);
+    w->j = j;
+    pthread_mutex_lock(&j->mu);
+    j->wake = wake_conn;
+    j->wake_ud = w;
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&H.mu);
+    w->prev = NULL;
+    w->next = H.waits;
+    if (H.waits) H.waits->prev = w;
+    H.waits = w;
+    pthread_mutex_unlock(&H.mu);
+}
+
+/* Ends the wait (a job not done is cancelled: nobody waits for it) and drops w's reference. */
+static void wait_detach(wait_ent *w) {
+    srv_job *j = w->j;
+    pthread_mutex_lock(&H.mu);
+    if (w->prev) w->prev->next = w->next;
+    else H.waits = w->next;
+    if (w->next) w->next->prev = w->prev;
+    w->j = NULL;
+    pthread_mutex_unlock(&H.mu);
+    pthread_mutex_lock(&j->mu);
+    j->wake = NULL;
+    int done = j->state == SRV_DONE;
+    pthread_mutex_unlock(&j->mu);
+    if (!done) srv_cancel(j->srv, j, SRV_CANCEL_CLIENT);
+    srv_job_unref(j);
+}
+
+/* The job was cancelled because its client left (cancel is stored atomically). */
+static int client_left(srv_job *j) {
+    return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) == SRV_CANCEL_CLIENT;
 }
 
 typedef struct stream_ctx {
-    srv_job *j;
-    int fd;
+    wait_ent w;
 } stream_ctx;
 
+/* Never blocks: with no bytes yet, the connection is suspended until the job
+ * has more (wake_conn), and MHD calls again. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream_ctx *s = cls;
-    srv_job *j = s->j;
+    srv_job *j = s->w.j;
     (void)pos;
     pthread_mutex_lock(&j->mu);
-    for (;;) {
-        if (j->out_sent < j->out.len) {
-            size_t n = j->out.len - j->out_sent;
-            if (n > max) n = max;
-            memcpy(buf, j->out.p + j->out_sent, n);
-            j->out_sent += n;
-            if (j->out_sent == j->out.len) j->out.len = j->out_sent = 0;   /* reuse the buffer */
-            pthread_mutex_unlock(&j->mu);
-            return (ssize_t)n;
-        }
-        if (j->state == SRV_DONE) {
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        }
-        wait_a_little(j);
-        if (j->out_sent == j->out.len && j->state != SRV_DONE && client_gone(s->fd)) {
-            pthread_mutex_unlock(&j->mu);
-            srv_cancel(j->srv, j, SRV_CANCEL_CLIENT);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
+    ssize_t ret = 0;
+    if (j->out_sent < j->out.len) {
+        size_t n = j->out.len - j->out_sent;
+        if (n > max) n = max;
+        memcpy(buf, j->out.p + j->out_sent, n);
+        j->out_sent += n;
+        if (j->out_sent == j->out.len) j->out.len = j->out_sent = 0;   /* reuse the buffer */
+        ret = (ssize_t)n;
+    } else if (j->state == SRV_DONE) {
+        ret = client_left(j) ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        park(&s->w);
     }
+    pthread_mutex_unlock(&j->mu);
+    return ret;
 }
 
 /* The response is gone: finished, or the connection died mid-stream. */
 static void stream_free(void *cls) {
     stream_ctx *s = cls;
-    pthread_mutex_lock(&s->j->mu);
-    int done = s->j->state == SRV_DONE;
-    pthread_mutex_unlock(&s->j->mu);
-    if (!done) srv_cancel(s->j->srv, s->j, SRV_CANCEL_CLIENT);
-    srv_job_unref(s->j);
+    wait_detach(&s->w);
     free(s);
+}
+
+/* A non-stream request's answer, once its job is done; until then the
+ * connection is suspended and MHD calls the handler again when it resumes. */
+static enum MHD_Result finish_generation(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_job *j = cc->w.j;
+    pthread_mutex_lock(&j->mu);
+    if (j->state != SRV_DONE) {
+        park(&cc->w);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    int gone = client_left(j);
+    int status = j->http_status ? j->http_status : 500;
+    char *body = gone ? NULL : strdup(j->out.p ? j->out.p : "{}");
+    pthread_mutex_unlock(&j->mu);
+    wait_detach(&cc->w);
+    if (gone) return MHD_NO;   /* nobody to answer */
+    return reply(srv, c, status, "application/json; charset=utf-8", body);
 }
 
 static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c, srv_kind kind,
@@ -170,11 +279,14 @@ static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c,
                     srv_draining(srv) ? "the server is shutting down%s"
                                   : "all slots are busy and the queue is full; retry later%s", "");
     }
-    int fd = conn_fd(c);
     if (j->stream) {
         stream_ctx *s = calloc(1, sizeof *s);
-        s->j = j;
-        s->fd = fd;
+        if (!s) {
+            srv_cancel(srv, j, SRV_CANCEL_CLIENT);
+            srv_job_unref(j);
+            return MHD_NO;
+        }
+        wait_attach(&s->w, c, j);
         struct MHD_Response *r =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
         if (!r) {
@@ -190,21 +302,8 @@ static enum MHD_Result run_generation(srv_server *srv, struct MHD_Connection *c,
         srv_metrics_http(&srv->m, 200);
         return ret;
     }
-    pthread_mutex_lock(&j->mu);
-    while (j->state != SRV_DONE) {
-        wait_a_little(j);
-        if (j->state != SRV_DONE && client_gone(fd)) {
-            pthread_mutex_unlock(&j->mu);
-            srv_cancel(srv, j, SRV_CANCEL_CLIENT);
-            srv_job_unref(j);
-            return MHD_NO;   /* nobody to answer */
-        }
-    }
-    int status = j->http_status ? j->http_status : 500;
-    char *body = strdup(j->out.p ? j->out.p : "{}");
-    pthread_mutex_unlock(&j->mu);
-    srv_job_unref(j);
-    return reply(srv, c, status, "application/json; charset=utf-8", body);
+    wait_attach(&cc->w, c, j);
+    return finish_generation(srv, c, cc);
 }
 
 /* ---- small endpoints ------------------------------------------------------------ */
@@ -297,27 +396,6 @@ static enum MHD_Result get_slots(srv_server *srv, struct MHD_Connection *c) {
     return reply_json(srv, c, 200, a);
 }
 
-static cJSON *parse_small(srv_server *srv, conn_ctx *cc, srv_err *e) {
-    const char *body = cc->body.p ? cc->body.p : "";
-    memset(e, 0, sizeof *e);
-    if (!srv_utf8_valid(body, cc->body.len)) {
-        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
-        return NULL;
-    }
-    int bad = srv_json_check(body, cc->body.len, srv->o.max_json_depth);
-    if (bad) {
-        srv_json_err(e, bad, srv->o.max_json_depth);
-        return NULL;
-    }
-    cJSON *o = cJSON_ParseWithLengthOpts(body, cc->body.len + 1, NULL, 1);
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        srv_errf(e, 400, NULL, "the body must be a JSON object");
-        return NULL;
-    }
-    return o;
-}
-
 static int opt_bool(const cJSON *o, const char *k, int def, srv_err *e) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!v || cJSON_IsNull(v)) return def;
@@ -325,9 +403,40 @@ static int opt_bool(const cJSON *o, const char *k, int def, srv_err *e) {
     return cJSON_IsTrue(v);
 }
 
+/* /tokenize's answer, written out directly: a cJSON tree would cost ~64
+ * bytes a token (~250 with pieces), several times the text. */
+static char *tokens_json(srv_server *srv, const int32_t *ids, int n, int pieces) {
+    srv_buf out = {0}, txt = {0};
+    char buf[512];
+    srv_buf_puts(&out, "{\"tokens\":[");
+    for (int i = 0; i < n; i++) {
+        snprintf(buf, sizeof buf, pieces ? "%s{\"id\":%d,\"piece\":" : "%s%d", i ? "," : "", ids[i]);
+        srv_buf_puts(&out, buf);
+        if (!pieces) continue;
+        dfl_detok d;
+        dfl_detok_init(&d, srv->e, 1);
+        d.first = 0;
+        txt.len = 0;
+        int k = dfl_detok_push(&d, ids[i], buf, sizeof buf);
+        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
+        k = dfl_detok_flush(&d, buf, sizeof buf);
+        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
+        srv_buf_put(&txt, "", 0);
+        cJSON *str = cJSON_CreateString(txt.p);   /* cJSON's escaping, one piece at a time */
+        char *q = cJSON_PrintUnformatted(str);
+        srv_buf_puts(&out, q);
+        srv_buf_puts(&out, "}");
+        cJSON_free(q);
+        cJSON_Delete(str);
+    }
+    srv_buf_puts(&out, "]}");
+    srv_buf_free(&txt);
+    return out.p;
+}
+
 static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err e;
-    cJSON *o = parse_small(srv, cc, &e);
+    cJSON *o = srv_json_parse(srv, cc->body.p ? cc->body.p : "", cc->body.len, &e);
     if (!o) return reply_err(srv, c, &e);
     cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
     int add = opt_bool(o, "add_special", 0, &e), parse = opt_bool(o, "parse_special", 1, &e);
@@ -338,8 +447,16 @@ static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, 
         return reply_err(srv, c, &e);
     }
     size_t len = strlen(content->valuestring);
-    int cap = (int)(len < (size_t)1 << 28 ? len : (size_t)1 << 28) + 16, n;
+    if (srv_text_fits(srv, len, "content", &e)) {
+        cJSON_Delete(o);
+        return reply_err(srv, c, &e);
+    }
+    int cap = (int)len + 16, n;   /* a token is at least a byte (BOS/EOS aside) */
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!ids) {
+        cJSON_Delete(o);
+        return fail(srv, c, 503, "server_busy", "out of memory%s; retry later", "");
+    }
     dfl_error err = {0};
     n = dfl_tokenize(srv->e, content->valuestring, len, add, parse, ids, cap, &err);
     if (n < 0 || n > cap) {
@@ -347,36 +464,15 @@ static enum MHD_Result post_tokenize(srv_server *srv, struct MHD_Connection *c, 
         cJSON_Delete(o);
         return fail(srv, c, 400, NULL, "could not tokenize: %s", n < 0 ? err.msg : "too many tokens");
     }
-    cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
-    for (int i = 0; i < n; i++) {
-        if (!pieces) {
-            cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-            continue;
-        }
-        char buf[512];
-        srv_buf txt = {0};
-        dfl_detok d;
-        dfl_detok_init(&d, srv->e, 1);
-        d.first = 0;
-        int k = dfl_detok_push(&d, ids[i], buf, sizeof buf);
-        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
-        k = dfl_detok_flush(&d, buf, sizeof buf);
-        if (k > 0) srv_utf8_sanitize(&txt, buf, (size_t)k);
-        srv_buf_put(&txt, "", 0);
-        cJSON *p = cJSON_CreateObject();
-        cJSON_AddNumberToObject(p, "id", ids[i]);
-        cJSON_AddStringToObject(p, "piece", txt.p);
-        cJSON_AddItemToArray(arr, p);
-        srv_buf_free(&txt);
-    }
+    cJSON_Delete(o);   /* the text is done with: not kept while the answer is built */
+    char *r = tokens_json(srv, ids, n, pieces);
     free(ids);
-    cJSON_Delete(o);
-    return reply_json(srv, c, 200, r);
+    return reply(srv, c, 200, "application/json; charset=utf-8", r);
 }
 
 static enum MHD_Result post_detokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err e;
-    cJSON *o = parse_small(srv, cc, &e);
+    cJSON *o = srv_json_parse(srv, cc->body.p ? cc->body.p : "", cc->body.len, &e);
     if (!o) return reply_err(srv, c, &e);
     cJSON *toks = cJSON_GetObjectItemCaseSensitive(o, "tokens");
     if (!cJSON_IsArray(toks)) {
@@ -423,8 +519,18 @@ static int authorized(srv_server *srv, struct MHD_Connection *c) {
     return srv_secret_equal(srv->o.api_key, h);
 }
 
+/* POST /apply-template: a chat request's prompt as the template renders it
+ * (llama-server's endpoint), for checking templates and tool messages. */
+static enum MHD_Result post_apply_template(srv_server *srv, struct MHD_Connection *c,
+                                           conn_ctx *cc) {
+    srv_err e;
+    char *s = srv_apply_template(srv, cc->body.p ? cc->body.p : "", cc->body.len, &e);
+    if (!s) return reply_err(srv, c, &e);
+    return reply(srv, c, 200, "application/json; charset=utf-8", s);
+}
+
 typedef enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPL, R_TOK,
-               R_DETOK, R_PROPS, R_SLOTS } route;
+               R_DETOK, R_PROPS, R_SLOTS, R_APPLY } route;
 
 static route find_route(const char *url, int *want_post) {
     static const struct {
@@ -438,7 +544,7 @@ static route find_route(const char *url, int *want_post) {
         {"/chat/completions", R_CHAT, 1},  {"/v1/completions", R_COMPL, 1},
         {"/completions", R_COMPL, 1},      {"/tokenize", R_TOK, 1},
         {"/detokenize", R_DETOK, 1},       {"/props", R_PROPS, 0},
-        {"/slots", R_SLOTS, 0},
+        {"/slots", R_SLOTS, 0},            {"/apply-template", R_APPLY, 1},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(url, table[i].path)) {
@@ -500,6 +606,13 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
         srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
         return reply_err(srv, c, &e);
     }
+    if (cc->busy) {
+        srv_err e;
+        srv_errf(&e, 503, NULL, "%d requests with bodies over %d KiB are being read or parsed "
+                 "(--heavy-requests); retry later", srv->o.heavy_max, SRV_LIGHT_BODY >> 10);
+        e.code = "server_busy";
+        return reply_err(srv, c, &e);
+    }
     switch (r) {
     case R_MODELS: return get_models(srv, c);
     case R_MODEL: return get_model(srv, c, url + 11);
@@ -509,8 +622,63 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
     case R_COMPL: return run_generation(srv, c, SRV_COMPLETION, cc);
     case R_TOK: return post_tokenize(srv, c, cc);
     case R_DETOK: return post_detokenize(srv, c, cc);
+    case R_APPLY: return post_apply_template(srv, c, cc);
     default: return MHD_NO;
     }
+}
+
+/* A heavy permit, or 0 when all --heavy-requests are taken. */
+static int heavy_take(const srv_server *srv) {
+    if (__atomic_add_fetch(&H.heavy, 1, __ATOMIC_ACQ_REL) <= srv->o.heavy_max) return 1;
+    __atomic_sub_fetch(&H.heavy, 1, __ATOMIC_ACQ_REL);
+    return 0;
+}
+
+/* The body and its permit, once parsed (or refused). */
+static void body_release(conn_ctx *cc) {
+    srv_buf_free(&cc->body);
+    if (cc->heavy) __atomic_sub_fetch(&H.heavy, 1, __ATOMIC_ACQ_REL);
+    cc->heavy = 0;
+}
+
+/* Keeps n more body bytes, or drops the body: over --max-body (413), or no
+ * permit / memory for a heavy one (503). */
+static void body_put(srv_server *srv, conn_ctx *cc, const char *p, size_t n) {
+    if (cc->too_large || cc->busy) return;
+    size_t len = cc->body.len + n;
+    if (len > srv->o.max_body) cc->too_large = 1;
+    else if (len > SRV_LIGHT_BODY && !cc->heavy && !(cc->heavy = heavy_take(srv))) cc->busy = 1;
+    else if (srv_buf_reserve(&cc->body, n)) cc->busy = 1;
+    if (cc->too_large || cc->busy) {
+        body_release(cc);
+        return;
+    }
+    srv_buf_put(&cc->body, p, n);
+}
+
+/* The first call, headers in: refuses an over-limit declared body early, and
+ * reserves a declared body whole (one allocation, no doubling). */
+static enum MHD_Result begin_request(srv_server *srv, struct MHD_Connection *c, conn_ctx *cc) {
+    /* A declared body over the limit is refused before it is read when the
+     * client waits for "100 Continue" (or the body is absurd). Otherwise
+     * it is read and dropped first: answering while the client still
+     * sends makes it see a broken pipe instead of the 413. */
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+    if (declared > srv->o.max_body &&
+        ((ex && !strcasecmp(ex, "100-continue")) || declared / 16 > srv->o.max_body)) {
+        srv_err e;
+        srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
+        return reply_err(srv, c, &e);
+    }
+    cc->too_large = declared > srv->o.max_body;
+    if (!cc->too_large && declared > SRV_LIGHT_BODY && !(cc->heavy = heavy_take(srv))) cc->busy = 1;
+    if (cc->heavy && srv_buf_reserve(&cc->body, (size_t)declared)) {
+        body_release(cc);
+        cc->busy = 1;
+    }
+    return MHD_YES;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -523,43 +691,97 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
-        /* A declared body over the limit is refused before it is read when the
-         * client waits for "100 Continue" (or the body is absurd). Otherwise
-         * it is read and dropped first: answering while the client still
-         * sends makes it see a broken pipe instead of the 413. */
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-        unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
-        if (declared > srv->o.max_body &&
-            ((ex && !strcasecmp(ex, "100-continue")) || declared / 16 > srv->o.max_body)) {
-            srv_err e;
-            srv_errf(&e, 413, NULL, "the request body exceeds %zu bytes", srv->o.max_body);
-            return reply_err(srv, c, &e);
-        }
-        cc->too_large = declared > srv->o.max_body;
-        return MHD_YES;
+        return begin_request(srv, c, cc);
     }
     if (*upload_size) {
-        if (cc->body.len + *upload_size > srv->o.max_body) {
-            cc->too_large = 1;
-            srv_buf_free(&cc->body);
-        } else if (!cc->too_large) {
-            srv_buf_put(&cc->body, upload_data, *upload_size);
-        }
+        body_put(srv, cc, upload_data, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
-    return handle(srv, c, url, method, cc);
+    if (cc->w.j) return finish_generation(srv, c, cc);   /* resumed: the job has news */
+    conn_ent *ce = conn_of(c);
+    if (ce) {
+        pthread_mutex_lock(&H.mu);
+        ce->reading = 0;   /* arrived whole: off the read deadline */
+        pthread_mutex_unlock(&H.mu);
+    }
+    enum MHD_Result ret = handle(srv, c, url, method, cc);
+    body_release(cc);
+    return ret;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)cls, (void)toe;
     conn_ctx *cc = *con_cls;
+    conn_ent *ce = conn_of(c);
+    if (ce) {   /* a kept-alive connection's next request starts now */
+        pthread_mutex_lock(&H.mu);
+        ce->reading = 1;
+        ce->t0 = srv_now();
+        pthread_mutex_unlock(&H.mu);
+    }
     if (!cc) return;
-    srv_buf_free(&cc->body);
+    if (cc->w.j) wait_detach(&cc->w);   /* the connection died while the job ran */
+    body_release(cc);
     free(cc);
     *con_cls = NULL;
+}
+
+/* Every connection is listed from accept to close, for the read deadline. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)cls;
+    conn_ent *ce = *socket_context;
+    pthread_mutex_lock(&H.mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED && !ce && (ce = calloc(1, sizeof *ce))) {
+        ce->fd = conn_fd(c);
+        ce->t0 = srv_now();
+        ce->reading = 1;
+        ce->next = H.conns;
+        if (H.conns) H.conns->prev = ce;
+        H.conns = ce;
+        *socket_context = ce;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && ce) {
+        /* MHD closes the socket after this: until then ce->fd is this connection's. */
+        if (ce->prev) ce->prev->next = ce->next;
+        else H.conns = ce->next;
+        if (ce->next) ce->next->prev = ce->prev;
+        free(ce);
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&H.mu);
+}
+
+/* Every SRV_WATCH_MS: a request that has not arrived whole within
+ * --read-timeout has its socket shut down (MHD then closes the connection:
+ * idle timeouts restart with every byte, so a trickler would never reach
+ * one); a waiting request whose client left is cancelled. */
+static void *watch(void *arg) {
+    srv_server *srv = arg;
+    long cut = 0;
+    double said = 0;
+    while (!__atomic_load_n(&H.stop, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = {0, SRV_WATCH_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        double now = srv_now();
+        pthread_mutex_lock(&H.mu);
+        for (conn_ent *ce = H.conns; ce; ce = ce->next)
+            if (ce->reading && now - ce->t0 > srv->o.read_timeout_s && ce->fd >= 0) {
+                shutdown(ce->fd, SHUT_RDWR);
+                ce->reading = 0;
+                cut++;
+            }
+        for (wait_ent *w = H.waits; w; w = w->next)
+            if (client_gone(w->fd)) srv_cancel(srv, w->j, SRV_CANCEL_CLIENT);
+        pthread_mutex_unlock(&H.mu);
+        if (cut && now - said >= SRV_LOG_PERIOD) {   /* one line, not one per attacker */
+            fprintf(stderr, "dflash serve: cut %ld connection%s that sent no whole request within "
+                    "--read-timeout %d s\n", cut, cut == 1 ? "" : "s", srv->o.read_timeout_s);
+            cut = 0, said = now;
+        }
+    }
+    return NULL;
 }
 
 /* ---- startup and shutdown ------------------------------------------------------- */
@@ -620,12 +842,25 @@ static void *load_engine(void *arg) {
     return NULL;
 }
 
-/* libmicrohttpd's messages, less the one every client hang-up mid-stream causes. */
+/* libmicrohttpd's messages, less the one every client hang-up mid-stream
+ * causes, and at most SRV_LOG_BURST per SRV_LOG_PERIOD: hostile clients cause
+ * one per connection, and must not fill the disk. */
 static void http_log(void *cls, const char *fmt, va_list ap) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static double t0;
+    static int n;
     (void)cls;
     if (strstr(fmt, "application error generating response")) return;
-    fprintf(stderr, "dflash serve: http: ");
-    vfprintf(stderr, fmt, ap);
+    pthread_mutex_lock(&mu);
+    double now = srv_now();
+    if (now - t0 >= SRV_LOG_PERIOD) t0 = now, n = 0;
+    if (++n <= SRV_LOG_BURST) {
+        fprintf(stderr, "dflash serve: http: ");
+        vfprintf(stderr, fmt, ap);
+        if (n == SRV_LOG_BURST) fprintf(stderr, "dflash serve: http: (more messages dropped for "
+                                        "%d s)\n", SRV_LOG_PERIOD);
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 static struct MHD_Daemon *start_http(srv_server *srv) {
@@ -638,15 +873,18 @@ static struct MHD_Daemon *start_http(srv_server *srv) {
         fprintf(stderr, "dflash serve: --host %s: %s\n", srv->o.host, gai_strerror(rc));
         return NULL;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    /* epoll on Linux (MHD_USE_AUTO): connections cost a socket, not a thread. */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
-        http_log, NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->o.conn_timeout_s,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_THREAD_STACK_SIZE,
-        (size_t)(1u << 20), MHD_OPTION_END);
+        http_log, NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)srv->o.http_threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->o.max_conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)srv->o.max_conns_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->o.conn_timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+        on_connection, srv, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) fprintf(stderr, "dflash serve: cannot listen on %s:%d: %s\n", srv->o.host, srv->o.port,
                     strerror(errno));
@@ -679,6 +917,7 @@ int srv_main(const srv_opts *o) {
 
     struct MHD_Daemon *d = start_http(srv);
     if (!d) return 1;
+    pthread_create(&H.watcher, NULL, watch, srv);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     fprintf(stderr, "dflash serve: listening on http://%s:%u\n", srv->o.host,
             di ? (unsigned)di->port : (unsigned)srv->o.port);
@@ -709,7 +948,10 @@ int srv_main(const srv_opts *o) {
         for (double end = srv_now() + 2; srv_now() < end;)
             if (!__atomic_load_n(&srv->live_jobs, __ATOMIC_ACQUIRE) || wait_signal(&set, 0.02)) break;
     }
+    /* Every job has ended, so no connection stays suspended (MHD requires it). */
     MHD_stop_daemon(d);
+    __atomic_store_n(&H.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(H.watcher, NULL);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     if (srv->e) dfl_engine_free(srv->e);
     fprintf(stderr, "dflash serve: stopped\n");

@@ -36,8 +36,51 @@ void srv_json_err(srv_err *e, int why, int max) {
     if (why == SRV_JSON_NUL)
         srv_errf(e, 400, NULL, "a string in the request contains U+0000 (\\u0000), which this "
                  "server does not accept");
+    else if (why == SRV_JSON_ITEMS)
+        srv_errf(e, 413, NULL, "the request holds more JSON values than a request to this server "
+                 "can use (a prompt fills at most its context); send less");
     else
         srv_errf(e, 400, NULL, "the JSON nests deeper than %d levels", max);
+}
+
+size_t srv_text_budget(const srv_server *srv) {
+    return (size_t)srv->info.ctx_size * SRV_TOKEN_BYTES;
+}
+
+int srv_text_fits(const srv_server *srv, size_t len, const char *param, srv_err *e) {
+    if (len <= srv_text_budget(srv)) return 0;
+    srv_errf(e, 400, param, "'%s' is %zu bytes of text; this server takes at most %zu (its "
+             "context of %d tokens at %d bytes each): shorten it", param, len,
+             srv_text_budget(srv), srv->info.ctx_size, SRV_TOKEN_BYTES);
+    e->code = "context_length_exceeded";
+    return -1;
+}
+
+cJSON *srv_json_parse(srv_server *srv, const char *body, size_t len, srv_err *e) {
+    memset(e, 0, sizeof *e);
+    if (!srv_utf8_valid(body, len)) {
+        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
+        return NULL;
+    }
+    /* cJSON spends ~64 bytes a value: bounded before it allocates them. */
+    size_t items = 2 * (size_t)srv->info.ctx_size + SRV_JSON_SPARE_ITEMS;
+    int bad = srv_json_check_items(body, len, srv->o.max_json_depth, items);
+    if (bad) {
+        srv_json_err(e, bad, srv->o.max_json_depth);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, &end, 1);   /* body is NUL-terminated */
+    if (!root) {
+        srv_errf(e, 400, NULL, "invalid JSON near byte %ld", end ? (long)(end - body) : 0L);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_errf(e, 400, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
 }
 
 char *srv_err_json(const srv_err *e) {
@@ -76,6 +119,11 @@ void srv_job_unref(srv_job *j) {
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     __atomic_sub_fetch(&j->srv->live_jobs, 1, __ATOMIC_ACQ_REL);
+    srv_job *parent = j->parent;
+    for (int i = 0; j->choices && i < j->n_choices; i++) srv_job_unref(j->choices[i]);
+    free(j->choices);
+    cJSON_Delete((cJSON *)j->ended);
+    free(j->fail_json);
     free(j->prompt);
     free(j->bias_ids);
     free(j->bias_vals);
@@ -83,6 +131,9 @@ void srv_job_unref(srv_job *j) {
     free(j->fmt_prefix);
     free(j->fmt_suffix);
     dfl_format_free(j->format);
+    srv_tools_free(j->tools);
+    srv_toolp_free(&j->toolp);
+    cJSON_Delete((cJSON *)j->calls);
     srv_stop_free(&j->stop);
     srv_think_free(&j->think);
     srv_buf_free(&j->reasoning);
@@ -92,6 +143,7 @@ void srv_job_unref(srv_job *j) {
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
+    srv_job_unref(parent);   /* a choice held its request */
 }
 
 /* ---- typed field access: 0 absent or null, 1 set, -1 error (e filled) -------- */
@@ -268,9 +320,10 @@ static int parse_common(srv_job *j, const cJSON *root, srv_err *e) {
         }
     }
     snprintf(j->model, sizeof j->model, "%s", srv->model_id);
-    long long i;
-    if (get_int(root, "n", 1, 1, &i, e) < 0)
-        return srv_errf(e, 400, "n", "'n' must be 1: one choice per request");
+    long long i = 1;
+    if (get_int(root, "n", 1, SRV_MAX_CHOICES, &i, e) < 0)
+        return srv_errf(e, 400, "n", "'n' must be an integer from 1 to %d", SRV_MAX_CHOICES);
+    j->n_choices = (int)i;
     if (get_int(root, "best_of", 1, 1, &i, e) < 0)
         return srv_errf(e, 400, "best_of", "'best_of' must be 1");
     if (get_bool(root, "stream", &j->stream, e) < 0) return -1;
@@ -308,6 +361,7 @@ static int tokenize(srv_job *j, const char *text, size_t len, int add_special, c
     srv_server *srv = j->srv;
     int cap = srv->info.ctx_size;
     dfl_error err = {0};
+    if (srv_text_fits(srv, len, param, e)) return -1;
     j->prompt = malloc(sizeof(int32_t) * (size_t)cap);
     if (!j->prompt) return srv_errf(e, 500, NULL, "out of memory");
     int n = dfl_tokenize(srv->e, text, len, add_special, 1, j->prompt, cap, &err);
@@ -332,7 +386,7 @@ static int parse_prompt(srv_job *j, const cJSON *root, srv_err *e) {
         (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         p = p->child;
     else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child))
-        return srv_errf(e, 400, "prompt", "one prompt per request ('n' and batches are not supported)");
+        return srv_errf(e, 400, "prompt", "one prompt per request (batches are not supported)");
     if (cJSON_IsString(p))
         return tokenize(j, p->valuestring, strlen(p->valuestring), 1, "prompt", e);
     if (!cJSON_IsArray(p))
@@ -381,88 +435,127 @@ static int message_text(const cJSON *c, int i, srv_buf *out, srv_err *e) {
     return 0;
 }
 
-static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
-    srv_server *srv = j->srv;
-    cJSON *m = field(root, "messages");
-    if (!m) return srv_errf(e, 400, "messages", "'messages' is required");
-    if (!cJSON_IsArray(m)) return srv_errf(e, 400, "messages", "'messages' must be an array");
-    int n = cJSON_GetArraySize(m);
-    if (n == 0) return srv_errf(e, 400, "messages", "'messages' is empty");
-    int thinking = 1, ret = -1;
-    cJSON *kw = field(root, "chat_template_kwargs");
-    if (kw) {
-        if (!cJSON_IsObject(kw))
-            return srv_errf(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-        if (get_bool(kw, "enable_thinking", &thinking, e) < 0) {
-            snprintf(e->param, sizeof e->param, "chat_template_kwargs.enable_thinking");
-            return -1;
-        }
-    }
-    dfl_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
-    srv_buf *texts = calloc((size_t)n, sizeof *texts);
-    char *rendered = NULL;
+/* messages as the template sees them: role, content as text, and the fields of
+ * tool calls and their results. NULL and e filled on any problem. */
+static cJSON *chat_messages(const cJSON *m, srv_err *e) {
+    cJSON *arr = cJSON_CreateArray();
+    srv_buf text = {0};
     int i = 0;
     for (cJSON *it = m->child; it; it = it->next, i++) {
         char param[40];
         snprintf(param, sizeof param, "messages[%d]", i);
         if (!cJSON_IsObject(it)) {
             srv_errf(e, 400, param, "'%s' must be an object", param);
-            goto out;
+            goto fail;
         }
         cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         if (!cJSON_IsString(role)) {
             srv_errf(e, 400, param, "'%s.role' must be a string", param);
-            goto out;
+            goto fail;
         }
         const char *r = role->valuestring;
         if (!strcmp(r, "developer")) r = "system";
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            srv_errf(e, 400, param, "'%s.role' is '%.32s'; expected system, developer, user or assistant",
-                     param, r);
-            goto out;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")) {
+            srv_errf(e, 400, param, "'%s.role' is '%.32s'; expected system, developer, user, "
+                     "assistant or tool", param, r);
+            goto fail;
         }
         cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
         if (cJSON_IsNull(c)) c = NULL;
         if (!c && strcmp(r, "assistant")) {
             srv_errf(e, 400, param, "'%s.content' is required", param);
-            goto out;
+            goto fail;
         }
-        if (message_text(c, i, &texts[i], e) < 0) goto out;
-        srv_buf_put(&texts[i], "", 0);
-        msgs[i].role = r;
-        msgs[i].content = texts[i].p;
+        text.len = 0;
+        if (message_text(c, i, &text, e) < 0) goto fail;
+        srv_buf_put(&text, "", 0);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, o);
+        cJSON_AddStringToObject(o, "role", r);
+        cJSON_AddStringToObject(o, "content", text.p);   /* null content: "" as before */
+        if (srv_tool_message(it, i, r, o, e) < 0) goto fail;
     }
+    srv_buf_free(&text);
+    return arr;
+fail:
+    srv_buf_free(&text);
+    cJSON_Delete(arr);
+    return NULL;
+}
+
+/* The chat body's prompt text through the template (tools included), malloc'd;
+ * *len its bytes. NULL and e filled on any problem. */
+static char *render_chat(srv_job *j, const cJSON *root, int *len, srv_err *e) {
+    srv_server *srv = j->srv;
+    cJSON *m = field(root, "messages");
+    if (!m) return srv_errf(e, 400, "messages", "'messages' is required"), NULL;
+    if (!cJSON_IsArray(m)) return srv_errf(e, 400, "messages", "'messages' must be an array"), NULL;
+    if (cJSON_GetArraySize(m) == 0) return srv_errf(e, 400, "messages", "'messages' is empty"), NULL;
+    int thinking = 1;
+    cJSON *kw = field(root, "chat_template_kwargs");
+    if (kw) {
+        if (!cJSON_IsObject(kw))
+            return srv_errf(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object"), NULL;
+        if (get_bool(kw, "enable_thinking", &thinking, e) < 0) {
+            snprintf(e->param, sizeof e->param, "chat_template_kwargs.enable_thinking");
+            return NULL;
+        }
+    }
+    const char *tmpl = srv->o.chat_template ? srv->o.chat_template : dfl_chat_template(srv->e, NULL);
+    if (srv_parse_tools(j, root, tmpl, e) < 0) return NULL;
+    cJSON *msgs = chat_messages(m, e);
+    if (!msgs) return NULL;
+    char *mj = cJSON_PrintUnformatted(msgs);
+    char *tj = j->tools ? cJSON_PrintUnformatted(j->tools->list) : NULL;
+    const char *kj = thinking ? "{\"enable_thinking\":true}" : "{\"enable_thinking\":false}";
+    cJSON_Delete(msgs);
+    char *rendered = NULL;
     dfl_error err = {0};
-    size_t cap = 4096;
-    for (i = 0; i < n; i++) cap += texts[i].len + 64;
-    for (int tries = 0; tries < 2; tries++) {
+    /* The token budget, before rendering: the messages and tools are in the prompt. */
+    size_t in = (mj ? strlen(mj) : 0) + (tj ? strlen(tj) : 0);
+    if (srv_text_fits(srv, in, "messages", e)) {
+        cJSON_free(mj), cJSON_free(tj);
+        return NULL;
+    }
+    size_t cap = 4096 + 2 * in;
+    for (int tries = 0; tries < 2 && mj; tries++) {
         free(rendered);
         rendered = malloc(cap);
-        int len = dfl_chat_render(srv->e, srv->o.chat_template, msgs, n, 1, thinking, rendered,
-                                  cap, &err);
-        if (len < 0) {
+        int n = rendered ? dfl_chat_render_json(srv->e, srv->o.chat_template, mj, tj, kj, 1,
+                                                rendered, cap, &err)
+                         : DFL_ENOMEM;
+        if (n < 0) {
             srv_errf(e, 400, "messages", "could not render the chat template: %s", err.msg);
-            goto out;
+            break;
         }
-        if ((size_t)len < cap) {
-            srv_think_init(&j->think, srv->o.reasoning, rendered, (size_t)len);
-            /* The template writes the special tokens as text (BOS included). */
-            ret = tokenize(j, rendered, (size_t)len, 0, "messages", e);
-            goto out;
+        if ((size_t)n < cap) {
+            *len = n;
+            cJSON_free(mj), cJSON_free(tj);
+            return rendered;
         }
-        cap = (size_t)len + 1;
+        cap = (size_t)n + 1;
     }
-    srv_errf(e, 500, NULL, "the chat template's output size changed between calls");
-out:
-    for (i = 0; i < n; i++) srv_buf_free(&texts[i]);
-    free(texts);
-    free(msgs);
+    if (!e->status)
+        srv_errf(e, 500, NULL, mj ? "the chat template's output size changed between calls"
+                                  : "out of memory");
+    free(rendered);
+    cJSON_free(mj), cJSON_free(tj);
+    return NULL;
+}
+
+static int parse_messages(srv_job *j, const cJSON *root, srv_err *e) {
+    int len;
+    char *rendered = render_chat(j, root, &len, e);
+    if (!rendered) return -1;
+    srv_think_init(&j->think, j->srv->o.reasoning, rendered, (size_t)len);
+    /* The template writes the special tokens as text (BOS included). */
+    int ret = tokenize(j, rendered, (size_t)len, 0, "messages", e);
     free(rendered);
     return ret;
 }
 
 /* response_format: text (nothing), json_object (any object), or json_schema
- * ({json_schema: {name, schema, strict, description}}). */
+ * ({json_schema: {name, schema, strict, description}}). 1 when it set a format. */
 static int parse_response_format(srv_job *j, const cJSON *root, srv_err *e) {
     const cJSON *rf = field(root, "response_format");
     if (!rf) return 0;
@@ -474,7 +567,7 @@ static int parse_response_format(srv_job *j, const cJSON *root, srv_err *e) {
     if (!strcmp(type, "text")) return 0;
     if (j->fmt_on)
         return srv_errf(e, 400, P, "response_format cannot be combined with a required tool call");
-    if (!strcmp(type, "json_object")) return j->fmt_on = 1, 0;
+    if (!strcmp(type, "json_object")) return j->fmt_on = 1;
     if (strcmp(type, "json_schema"))
         return srv_errf(e, 400, P, "type \"%.40s\": expected text, json_object or json_schema",
                         type);
@@ -487,15 +580,16 @@ static int parse_response_format(srv_job *j, const cJSON *root, srv_err *e) {
     j->fmt_on = 1;
     if (schema && !(j->fmt_schema = cJSON_PrintUnformatted(schema)))
         return srv_errf(e, 500, P, "out of memory");
-    return 0;
+    return 1;
 }
 
-/* Compiles the job's format (response_format, or the tool call it must make). */
-static int compile_format(srv_job *j, srv_err *e) {
+/* Compiles the job's format: response_format's, or the call a required /
+ * named tool_choice must make (param: which the errors name). */
+static int compile_format(srv_job *j, const char *param, srv_err *e) {
     if (!j->fmt_on) return 0;
     dfl_error err = {0};
     if (dfl_format_new(j->srv->e, j->fmt_schema, j->fmt_prefix, j->fmt_suffix, &j->format, &err))
-        return srv_errf(e, err.code == DFL_ENOMEM ? 500 : 400, "response_format", "%s", err.msg);
+        return srv_errf(e, err.code == DFL_ENOMEM ? 500 : 400, param, "%s", err.msg);
     j->gp.format = j->format;
     return 0;
 }
@@ -531,7 +625,9 @@ static const char *const known_common[] = {
 static int known_field(srv_kind kind, const char *k) {
     for (size_t i = 0; i < sizeof known_common / sizeof known_common[0]; i++)
         if (!strcmp(k, known_common[i])) return 1;
-    if (kind == SRV_CHAT) return !strcmp(k, "messages") || !strcmp(k, "chat_template_kwargs");
+    if (kind == SRV_CHAT)
+        return !strcmp(k, "messages") || !strcmp(k, "chat_template_kwargs") || !strcmp(k, "tools") ||
+               !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls");
     return !strcmp(k, "prompt");
 }
 
@@ -545,43 +641,98 @@ static int check_fields(const srv_server *srv, srv_kind kind, const cJSON *root,
     return 0;
 }
 
-srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
-    memset(e, 0, sizeof *e);
-    if (!srv_utf8_valid(body, len)) {
-        srv_errf(e, 400, NULL, "the body is not valid UTF-8 JSON");
-        return NULL;
-    }
-    int bad = srv_json_check(body, len, srv->o.max_json_depth);
-    if (bad) {
-        srv_json_err(e, bad, srv->o.max_json_depth);
-        return NULL;
-    }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, &end, 1);   /* body is NUL-terminated */
-    if (!root) {
-        srv_errf(e, 400, NULL, "invalid JSON near byte %ld",
-                 end ? (long)(end - body) : 0L);
-        return NULL;
-    }
-    srv_job *j = NULL;
-    if (!cJSON_IsObject(root)) {
-        srv_errf(e, 400, NULL, "the body must be a JSON object");
-        goto fail;
-    }
-    j = srv_job_new(srv, kind);
-    if (!j) {
+/* The body as a JSON object with only known fields, and a new job for it. */
+static cJSON *parse_body(srv_server *srv, srv_kind kind, const char *body, size_t len,
+                         srv_job **j, srv_err *e) {
+    *j = NULL;
+    cJSON *root = srv_json_parse(srv, body, len, e);
+    if (!root) return NULL;
+    *j = srv_job_new(srv, kind);
+    if (!*j) {
         srv_errf(e, 500, NULL, "out of memory");
         goto fail;
     }
     if (check_fields(srv, kind, root, e) < 0) goto fail;
+    return root;
+fail:
+    cJSON_Delete(root);
+    srv_job_unref(*j);
+    *j = NULL;
+    return NULL;
+}
+
+char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err *e) {
+    srv_job *j;
+    cJSON *root = parse_body(srv, SRV_CHAT, body, len, &j, e);
+    if (!root) return NULL;
+    int n;
+    char *text = render_chat(j, root, &n, e), *out = NULL;
+    if (text) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "prompt", text);
+        out = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!out) srv_errf(e, 500, NULL, "out of memory");
+    }
+    free(text);
+    cJSON_Delete(root);
+    srv_job_unref(j);
+    return out;
+}
+
+/* One choice's job: the body parsed and tokenized. */
+static srv_job *parse_one(srv_server *srv, srv_kind kind, const char *body, size_t len,
+                          srv_err *e) {
+    srv_job *j;
+    cJSON *root = parse_body(srv, kind, body, len, &j, e);
+    if (!root) return NULL;
     if (parse_common(j, root, e) < 0 || parse_logprobs(j, root, e) < 0) goto fail;
     if ((kind == SRV_CHAT ? parse_messages(j, root, e) : parse_prompt(j, root, e)) < 0) goto fail;
     if (parse_max_tokens(j, root, e) < 0) goto fail;
-    if (parse_response_format(j, root, e) < 0 || compile_format(j, e) < 0) goto fail;
+    int rf = parse_response_format(j, root, e);
+    if (rf < 0 || compile_format(j, rf ? "response_format" : "tools", e) < 0) goto fail;
     cJSON_Delete(root);
     return j;
 fail:
     cJSON_Delete(root);
     srv_job_unref(j);
     return NULL;
+}
+
+/* ---- n > 1 ------------------------------------------------------------------------ */
+
+/* definition: choice i samples with seed + i * 0x9E3779B97F4A7C15 (mod 2^64), so
+ * choice 0 is exactly the n = 1 answer, and requests whose seeds differ by a
+ * little (1, 2, 3...) share no choice. */
+static uint64_t choice_seed(uint64_t seed, int i) {
+    return seed + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
+}
+
+/* Each choice is the body parsed again, so that every field (and any field added
+ * later) reaches it exactly as it reaches an n = 1 request; only the seed differs. */
+static int parse_choices(srv_job *j, const char *body, size_t len, srv_err *e) {
+    j->choices = calloc((size_t)j->n_choices, sizeof *j->choices);
+    if (!j->choices) return srv_errf(e, 500, NULL, "out of memory");
+    if (!j->stream) {
+        j->ended = cJSON_CreateArray();
+        for (int i = 0; i < j->n_choices; i++) cJSON_AddItemToArray(j->ended, cJSON_CreateNull());
+    }
+    for (int i = 0; i < j->n_choices; i++) {
+        srv_job *c = parse_one(j->srv, j->kind, body, len, e);
+        if (!c) return -1;
+        j->choices[i] = c;
+        c->index = i;
+        c->gp.seed = choice_seed(j->gp.seed, i);
+        c->created = j->created;
+    }
+    return 0;
+}
+
+srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e) {
+    srv_job *j = parse_one(srv, kind, body, len, e);
+    if (j && j->n_choices > 1 && parse_choices(j, body, len, e) < 0) {
+        srv_job_unref(j);
+        return NULL;
+    }
+    return j;
 }

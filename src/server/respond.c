@@ -8,8 +8,8 @@
 
 #include "server.h"
 
-static const char *finish_name(srv_finish f) {
-    return f == SRV_FIN_LENGTH ? "length" : "stop";
+static const char *finish_name(const srv_job *j) {
+    return j->finish == SRV_FIN_LENGTH ? "length" : j->calls ? "tool_calls" : "stop";
 }
 
 /* The fields every response and chunk starts with. */
@@ -25,13 +25,15 @@ static cJSON *base(const srv_job *j, int chunk) {
     return o;
 }
 
-/* Appends to out under the lock and wakes the HTTP side. */
+/* Appends to out under the lock and wakes the HTTP side. A choice of a request
+ * with n > 1 writes into its request's out. */
 static void put(srv_job *j, const char *s, size_t n, int sse) {
+    if (j->parent) j = j->parent;
     pthread_mutex_lock(&j->mu);
     if (sse) srv_buf_puts(&j->out, "data: ");
     srv_buf_put(&j->out, s, n);
     if (sse) srv_buf_puts(&j->out, "\n\n");
-    pthread_cond_broadcast(&j->cv);
+    srv_job_signal(j);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -175,7 +177,7 @@ void srv_emit_begin(srv_job *j) {
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     cJSON_AddStringToObject(d, "role", "assistant");
     cJSON_AddStringToObject(d, "content", "");
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
@@ -199,7 +201,7 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
     j->text_off += n;
     if (!n && !rn && !lp) return;
     cJSON *o = base(j, 1), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     if (j->kind == SRV_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (rn) cJSON_AddStringToObject(d, "reasoning_content", reason);
@@ -227,6 +229,77 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
     put_json(j, o, 1);
 }
 
+/* ---- tool calls ------------------------------------------------------------------ */
+
+/* A chunk whose one choice carries delta. */
+static void put_delta(srv_job *j, cJSON *delta) {
+    cJSON *o = base(j, 1), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", j->index);
+    cJSON_AddItemToObject(c, "delta", delta);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
+    put_json(j, o, 1);
+}
+
+/* One parsed call {name, arguments}: kept for the final message, and streamed
+ * as OpenAI does: its index, id, type and name with empty arguments, then the
+ * arguments. */
+static void emit_call(srv_job *j, const cJSON *call) {
+    const char *name = cJSON_GetObjectItem(call, "name")->valuestring;
+    const char *args = cJSON_GetObjectItem(call, "arguments")->valuestring;
+    char id[SRV_CALL_ID_MAX];
+    srv_tools_call_id(j->tools->family, id);
+    if (!j->calls) j->calls = cJSON_CreateArray();
+    int index = cJSON_GetArraySize(j->calls);
+    cJSON *tc = cJSON_CreateObject(), *f;
+    cJSON_AddStringToObject(tc, "id", id);
+    cJSON_AddStringToObject(tc, "type", "function");
+    f = cJSON_AddObjectToObject(tc, "function");
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", args);
+    cJSON_AddItemToArray((cJSON *)j->calls, tc);
+    if (!j->stream) return;
+    for (int part = 0; part < 2; part++) {
+        cJSON *d = cJSON_CreateObject(), *one = cJSON_CreateObject();
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), one);
+        cJSON_AddNumberToObject(one, "index", index);
+        if (!part) {
+            cJSON_AddStringToObject(one, "id", id);
+            cJSON_AddStringToObject(one, "type", "function");
+        }
+        f = cJSON_AddObjectToObject(one, "function");
+        if (!part) cJSON_AddStringToObject(f, "name", name);
+        cJSON_AddStringToObject(f, "arguments", part ? args : "");
+        put_delta(j, d);
+    }
+}
+
+void srv_emit_answer(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
+                     const char *reason, size_t rn, int final) {
+    if (!j->toolp.t) {
+        srv_emit_token(j, tok, text, n, reason, rn);
+        return;
+    }
+    srv_buf c = {0};
+    cJSON *calls = cJSON_CreateArray();
+    srv_toolp_push(&j->toolp, text, n, final, &c, calls);
+    srv_emit_token(j, tok, c.p ? c.p : "", c.len, reason, rn);
+    for (const cJSON *it = calls->child; it; it = it->next) emit_call(j, it);
+    cJSON_Delete(calls);
+    srv_buf_free(&c);
+}
+
+/* The stream's last chunk with include_usage: no choices, the usage. */
+static void usage_chunk(srv_job *j) {
+    cJSON *o = base(j, 1);
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, j);
+    add_stats(o, j);
+    put_json(j, o, 1);
+}
+
 static void end_stream(srv_job *j, const srv_err *fail) {
     if (fail) {
         char *s = srv_err_json(fail);
@@ -234,25 +307,22 @@ static void end_stream(srv_job *j, const srv_err *fail) {
         cJSON_free(s);
     } else {
         cJSON *o = base(j, 1), *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON_AddNumberToObject(c, "index", j->index);
         if (j->kind == SRV_CHAT) cJSON_AddObjectToObject(c, "delta");
         else cJSON_AddStringToObject(c, "text", "");
         cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
+        cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
         cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
         if (j->include_usage) cJSON_AddNullToObject(o, "usage");
         add_stats(o, j);
         put_json(j, o, 1);
-        if (j->include_usage) {
-            o = base(j, 1);
-            cJSON_AddArrayToObject(o, "choices");
-            add_usage(o, j);
-            add_stats(o, j);
-            put_json(j, o, 1);
-        }
+        if (j->include_usage && !j->parent) usage_chunk(j);
     }
-    put(j, "[DONE]", 6, 1);
+    if (!j->parent) put(j, "[DONE]", 6, 1);   /* a choice's request ends its stream */
 }
+
+static cJSON *whole_choice(srv_job *j);
+static void keep_choice(srv_job *j, cJSON *c);
 
 static void end_whole(srv_job *j, const srv_err *fail) {
     if (fail) {
@@ -262,13 +332,30 @@ static void end_whole(srv_job *j, const srv_err *fail) {
         cJSON_free(s);
         return;
     }
-    cJSON *o = base(j, 0), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *c = whole_choice(j);
+    if (j->parent) {
+        keep_choice(j, c);
+        return;
+    }
+    cJSON *o = base(j, 0);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    add_usage(o, j);
+    add_stats(o, j);
+    j->http_status = 200;
+    put_json(j, o, 0);
+}
+
+/* A non-streamed response's choice: text or message, logprobs, finish_reason. */
+static cJSON *whole_choice(srv_job *j) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", j->index);
     cJSON *entries = (cJSON *)j->lp;
     if (j->kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", j->text.p ? j->text.p : "");
+        if (j->calls && !j->text.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", j->text.p ? j->text.p : "");
+        if (j->calls) cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(j->calls, 1));
         if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.p);
         if (j->logprobs) {
             cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
@@ -292,12 +379,72 @@ static void end_whole(srv_job *j, const srv_err *fail) {
             cJSON_AddNullToObject(c, "logprobs");
         }
     }
-    cJSON_AddStringToObject(c, "finish_reason", finish_name(j->finish));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
-    add_usage(o, j);
-    add_stats(o, j);
-    j->http_status = 200;
-    put_json(j, o, 0);
+    cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
+    return c;
+}
+
+/* ---- n > 1: a request's choices end one by one ------------------------------------- */
+
+static void keep_choice(srv_job *j, cJSON *c) {
+    srv_job *g = j->parent;
+    pthread_mutex_lock(&g->mu);
+    cJSON_ReplaceItemInArray((cJSON *)g->ended, j->index, c);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The request's numbers: generated tokens and engine work summed over its
+ * choices; the prompt counted once, as OpenAI does, with the most any choice
+ * found cached; queue_ms until the first choice started. */
+static void sum_choice(srv_job *g, const srv_job *j) {
+    dfl_stats *a = &g->st;
+    const dfl_stats *b = &j->st;
+    g->n_gen += j->n_gen;
+    if (j->n_cached > g->n_cached) g->n_cached = j->n_cached;
+    if (!g->t_start || j->t_start < g->t_start) g->t_start = j->t_start;
+    if (j->t_end > g->t_end) g->t_end = j->t_end;
+    a->n_gen += b->n_gen;
+    a->t_prefill += b->t_prefill, a->t_decode += b->t_decode;
+    a->t_draft += b->t_draft, a->t_verify += b->t_verify, a->t_other += b->t_other;
+    a->rounds += b->rounds, a->proposed += b->proposed, a->accepted += b->accepted;
+    a->committed += b->committed, a->classic_steps += b->classic_steps;
+    if (!a->note[0]) memcpy(a->note, b->note, sizeof a->note);
+}
+
+/* After the last choice: the whole response, or the stream's usage chunk and
+ * [DONE]; the first error instead when a choice failed. Nothing when the client left. */
+static void end_choices(srv_job *g) {
+    if (g->n_cancelled) return;
+    if (g->fail_json) {
+        g->http_status = g->fail_status;
+        put(g, g->fail_json, strlen(g->fail_json), g->stream);
+    } else if (!g->stream) {
+        cJSON *o = base(g, 0);
+        cJSON_AddItemToObject(o, "choices", (cJSON *)g->ended);
+        g->ended = NULL;
+        add_usage(o, g);
+        add_stats(o, g);
+        g->http_status = 200;
+        put_json(g, o, 0);
+    } else if (g->include_usage) {
+        usage_chunk(g);
+    }
+    if (g->stream) put(g, "[DONE]", 6, 1);
+}
+
+static void choice_ended(srv_job *j, const srv_err *fail) {
+    srv_job *g = j->parent;
+    pthread_mutex_lock(&g->mu);
+    sum_choice(g, j);
+    if (j->finish == SRV_FIN_CANCEL) g->n_cancelled++;
+    else if (fail && !g->fail_json) g->fail_json = srv_err_json(fail), g->fail_status = fail->status;
+    int last = ++g->n_ended == g->n_choices;
+    pthread_mutex_unlock(&g->mu);
+    if (!last) return;
+    end_choices(g);
+    pthread_mutex_lock(&g->mu);
+    g->state = SRV_DONE;
+    srv_job_signal(g);
+    pthread_mutex_unlock(&g->mu);
 }
 
 void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
@@ -307,12 +454,14 @@ void srv_emit_end(srv_job *j, int rc, const dfl_error *err) {
         srv_errf(&fail, 503, NULL, "the server is shutting down; the request was cancelled");
     else if (failed)
         srv_errf(&fail, 500, NULL, "generation failed: %s", err && err->msg[0] ? err->msg : "engine error");
-    if (j->finish != SRV_FIN_CANCEL) {
+    /* A choice's error is its request's, said once when the last choice ends. */
+    if (j->finish != SRV_FIN_CANCEL && !(failed && j->parent)) {
         if (j->stream) end_stream(j, failed ? &fail : NULL);
         else end_whole(j, failed ? &fail : NULL);
     }
     pthread_mutex_lock(&j->mu);
     j->state = SRV_DONE;
-    pthread_cond_broadcast(&j->cv);
+    srv_job_signal(j);
     pthread_mutex_unlock(&j->mu);
+    if (j->parent) choice_ended(j, failed ? &fail : NULL);
 }

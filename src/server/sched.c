@@ -109,25 +109,64 @@ static void copy_prefix(srv_server *srv, srv_slot *s, srv_job *j) {
     pthread_mutex_unlock(&srv->mu);
 }
 
-int srv_submit(srv_server *srv, srv_job *j) {
+/* Under srv->mu: whether a request may queue (a request of n choices is admitted
+ * when one of one choice would be; the ring has room for SRV_MAX_CHOICES more).
+ * Names the request when it may. */
+static int admit(srv_server *srv, srv_job *j) {
     static const char *prefix[2] = {"chatcmpl-", "cmpl-"};
-    pthread_mutex_lock(&srv->mu);
     int idle = srv->n_slots - srv->n_busy;
     if (srv_draining(srv) || !srv_ready(srv) || srv->q_len >= srv->o.queue_max + idle) {
-        pthread_mutex_unlock(&srv->mu);
         pthread_mutex_lock(&srv->m.mu);
         srv->m.req_rejected++;
         pthread_mutex_unlock(&srv->m.mu);
-        return -1;
+        return 0;
     }
     snprintf(j->id, sizeof j->id, "%s%llx%08llx", prefix[j->kind], (unsigned long long)j->created,
              (unsigned long long)++srv->id_counter);
+    j->t_submit = srv_now();
+    return 1;
+}
+
+/* Under srv->mu: j waits for a slot; the queue's reference is one the caller gave up. */
+static void enqueue(srv_server *srv, srv_job *j) {
     pthread_mutex_lock(&j->mu);
-    j->refs++;
     j->state = SRV_QUEUED;
     pthread_mutex_unlock(&j->mu);
-    j->t_submit = srv_now();
     srv->queue[(srv->q_head + srv->q_len++) % srv->q_cap] = j;
+}
+
+/* n > 1: the choices queue in order, each holding the request; the request itself
+ * never runs, and is done when its last choice is (respond.c). */
+static void submit_choices(srv_server *srv, srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs += j->n_choices;
+    j->state = SRV_RUNNING;
+    pthread_mutex_unlock(&j->mu);
+    for (int i = 0; i < j->n_choices; i++) {
+        srv_job *c = j->choices[i];
+        memcpy(c->id, j->id, sizeof c->id);
+        c->t_submit = j->t_submit;
+        c->parent = j;
+        enqueue(srv, c);   /* takes the reference choices[] held */
+    }
+    free(j->choices);
+    j->choices = NULL;
+}
+
+int srv_submit(srv_server *srv, srv_job *j) {
+    pthread_mutex_lock(&srv->mu);
+    if (!admit(srv, j)) {
+        pthread_mutex_unlock(&srv->mu);
+        return -1;
+    }
+    if (j->choices) {
+        submit_choices(srv, j);
+    } else {
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        enqueue(srv, j);
+    }
     dispatch(srv);
     pthread_mutex_unlock(&srv->mu);
     return 0;
@@ -142,6 +181,20 @@ static void finish_unrun(srv_server *srv, srv_job *j, srv_finish f) {
     srv_job_unref(j);
 }
 
+/* Under srv->mu: the queued choices of request j end unrun; the running ones see
+ * the request's cancel at their next token. */
+static void drop_choices(srv_server *srv, srv_job *j) {
+    for (int i = 0; i < srv->q_len;) {
+        srv_job *x = srv->queue[(srv->q_head + i) % srv->q_cap];
+        if (x->parent != j) {
+            i++;
+            continue;
+        }
+        queue_remove(srv, x);
+        finish_unrun(srv, x, SRV_FIN_CANCEL);
+    }
+}
+
 void srv_cancel(srv_server *srv, srv_job *j, int why) {
     pthread_mutex_lock(&srv->mu);
     pthread_mutex_lock(&j->mu);
@@ -149,6 +202,7 @@ void srv_cancel(srv_server *srv, srv_job *j, int why) {
     int queued = j->state == SRV_QUEUED;
     pthread_mutex_unlock(&j->mu);
     if (queued && queue_remove(srv, j)) finish_unrun(srv, j, SRV_FIN_CANCEL);
+    if (j->n_choices > 1) drop_choices(srv, j);
     pthread_mutex_unlock(&srv->mu);
 }
 
@@ -213,7 +267,12 @@ static void replay_keep(srv_server *srv, const srv_job *j, const int32_t *out, i
 
 /* ---- running a job --------------------------------------------------------------- */
 
-static int cancelled(srv_job *j) { return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED); }
+/* A choice also stops when its request is cancelled (the client left). */
+static int cancelled(srv_job *j) {
+    int why = __atomic_load_n(&j->cancel, __ATOMIC_RELAXED);
+    if (!why && j->parent) why = __atomic_load_n(&j->parent->cancel, __ATOMIC_RELAXED);
+    return why;
+}
 
 /* Text of a piece, made valid UTF-8, through the stop matcher, out to the job. */
 static int release(srv_job *j, const dfl_token_info *tok, const char *piece, int n, int final) {
@@ -223,11 +282,11 @@ static int release(srv_job *j, const dfl_token_info *tok, const char *piece, int
     if (n > 0) srv_utf8_sanitize(&clean, piece, (size_t)n);
     int hit = srv_stop_push(&j->stop, clean.p ? clean.p : "", clean.len, final, &out, &n_out);
     if (j->think.state == SRV_THINK_OFF) {
-        srv_emit_token(j, tok, out, n_out, NULL, 0);
+        srv_emit_answer(j, tok, out, n_out, NULL, 0, final || hit);
     } else {
         srv_buf r = {0}, c = {0};
         srv_think_push(&j->think, out, n_out, final || hit, &r, &c);
-        srv_emit_token(j, tok, c.p ? c.p : "", c.len, r.p, r.len);
+        srv_emit_answer(j, tok, c.p ? c.p : "", c.len, r.p, r.len, final || hit);
         srv_buf_free(&r), srv_buf_free(&c);
     }
     srv_buf_free(&clean);
@@ -249,8 +308,10 @@ static int on_token(void *ud, const dfl_token_info *tok) {
     srv_metrics_tokens(&srv->m, 1);
     char piece[4096];
     int eog = !j->gp.ignore_eos && dfl_token_is_eog(srv->e, tok->id);
+    if (j->toolp.t) j->detok.show_special = srv_tools_shown(j->tools, tok->id);
     int n = eog ? 0 : dfl_detok_push(&j->detok, tok->id, piece, sizeof piece);
-    if (release(j, tok, piece, n, 0) || eog) {
+    /* the end of generation releases what the stop, think and tool parsers hold */
+    if (release(j, tok, piece, n, eog) || eog) {
         j->finish = SRV_FIN_STOP;
         return 1;
     }
@@ -261,11 +322,14 @@ static int on_token(void *ud, const dfl_token_info *tok) {
 static void log_job(const srv_slot *s, const srv_job *j) {
     static const char *fin[] = {"-", "stop", "length", "cancelled", "error"};
     const dfl_stats *st = &j->st;
+    char who[80];   /* the choices of a request share its id */
+    if (j->parent) snprintf(who, sizeof who, "%s choice %d", j->id, j->index);
+    else snprintf(who, sizeof who, "%s", j->id);
     fprintf(stderr,
             "dflash serve: %s slot %d: %d prompt (%d cached) + %d tokens, %.1f tok/s, "
             "%llu rounds tau %.2f, %.1f rows of others per forward, queued %.0f ms, "
             "total %.0f ms: %s\n",
-            j->id, s->idx, j->n_prompt, j->n_cached, j->n_gen,
+            who, s->idx, j->n_prompt, j->n_cached, j->n_gen,
             st->t_decode > 0 ? j->n_gen / st->t_decode : 0.0, (unsigned long long)st->rounds,
             st->rounds ? (double)st->committed / (double)st->rounds : 0.0,
             st->rounds + st->classic_steps
@@ -328,9 +392,9 @@ static void *worker(void *arg) {
         if (!j) break;
         pthread_mutex_unlock(&srv->mu);
         run_job(srv, s, j);
-        srv_job_unref(j);
         pthread_mutex_lock(&srv->mu);
         s->job = NULL;
+        srv_job_unref(j);   /* only now: until s->job is cleared, srv_sched_stop may write j->cancel */
         s->last_used = ++srv->use_clock;
         srv->n_busy--;
         dispatch(srv);
@@ -345,8 +409,9 @@ static void *worker(void *arg) {
 int srv_sched_start(srv_server *srv, dfl_error *err) {
     srv->n_slots = srv->o.parallel;
     srv->slots = calloc((size_t)srv->n_slots, sizeof *srv->slots);
-    /* Room for queue_max waiting jobs plus one per slot on its way to it. */
-    srv->q_cap = srv->o.queue_max + srv->n_slots;
+    /* Room for queue_max waiting jobs plus one per slot on its way to it, plus
+     * the other choices of a request admitted last. */
+    srv->q_cap = srv->o.queue_max + srv->n_slots + SRV_MAX_CHOICES;
     if (srv->o.replay_tau > 0) srv->replay = calloc(SRV_REPLAY_MAX, sizeof *srv->replay);
     srv->queue = calloc((size_t)srv->q_cap, sizeof *srv->queue);
     for (int i = 0; i < srv->n_slots; i++) {

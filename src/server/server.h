@@ -39,6 +39,11 @@ typedef struct srv_opts {
     size_t max_body;           /* request body limit in bytes */
     int max_json_depth;
     int conn_timeout_s;        /* idle connection timeout */
+    int read_timeout_s;        /* deadline for a whole request (headers and body) to arrive */
+    int max_conns;             /* open connections at most (MHD_OPTION_CONNECTION_LIMIT) */
+    int max_conns_per_ip;      /* of those, from one address */
+    int http_threads;          /* MHD's event-loop threads */
+    int heavy_max;             /* requests with bodies over SRV_LIGHT_BODY at once */
     double shutdown_grace_s;   /* let in-flight requests finish this long on SIGTERM */
     double default_temp;       /* temperature when a request gives none */
     int reasoning;             /* split <think> blocks into reasoning_content (default 1) */
@@ -57,6 +62,9 @@ typedef struct srv_buf {
 } srv_buf;
 
 void srv_buf_put(srv_buf *b, const void *p, size_t n);
+/* Makes room for n more bytes; -1 (b unchanged) when memory is short, where
+ * srv_buf_put would abort: for buffers whose size a client chooses. */
+int srv_buf_reserve(srv_buf *b, size_t n);
 void srv_buf_puts(srv_buf *b, const char *s);
 void srv_buf_free(srv_buf *b);
 
@@ -66,9 +74,12 @@ int srv_utf8_valid(const char *s, size_t n);
 void srv_utf8_sanitize(srv_buf *b, const char *s, size_t n);
 /* 0 when the JSON text nests at most max levels of {} / [] and no string holds
  * \u0000; else SRV_JSON_DEEP or SRV_JSON_NUL. */
-enum { SRV_JSON_DEEP = 1, SRV_JSON_NUL = 2 };
+enum { SRV_JSON_DEEP = 1, SRV_JSON_NUL = 2, SRV_JSON_ITEMS = 3 };
 int srv_json_check(const char *s, size_t n, int max);
-/* The 400 for a srv_json_check failure. */
+/* The same, and SRV_JSON_ITEMS when the text holds more than max_items values
+ * (counted from its commas and brackets: what cJSON would allocate a node for). */
+int srv_json_check_items(const char *s, size_t n, int max, size_t max_items);
+/* The 400 (413 for SRV_JSON_ITEMS) for a srv_json_check_items failure. */
 struct srv_err;
 void srv_json_err(struct srv_err *e, int why, int max);
 /* Monotonic seconds. */
@@ -114,6 +125,66 @@ void srv_think_init(srv_think *t, int on, const char *prompt, size_t n);
 void srv_think_push(srv_think *t, const char *s, size_t n, int final, srv_buf *reason,
                     srv_buf *content);
 void srv_think_free(srv_think *t);
+/* Length of the longest suffix of s[0..n) that is a proper prefix of tag. */
+size_t srv_tag_tail(const char *s, size_t n, const char *tag);
+
+/* ---- tools.c: tool calls in the model's own syntax ------------------------------ */
+
+struct cJSON;
+/* call syntaxes (tools.c) */
+enum { SRV_TOOLS_HERMES = 0, SRV_TOOLS_LLAMA3, SRV_TOOLS_MISTRAL, SRV_TOOLS_QWEN_XML };
+enum { SRV_CHOICE_AUTO = 0, SRV_CHOICE_NONE, SRV_CHOICE_REQUIRED, SRV_CHOICE_NAMED };
+enum { SRV_MAX_TOOLS = 128, SRV_TOOL_NAME_MAX = 64, SRV_CALL_ID_MAX = 32, SRV_TOOL_SHOW = 4 };
+
+/* A request's tools (request.c fills it, the worker's parser reads it). */
+typedef struct srv_tools {
+    int family;               /* SRV_TOOLS_*: the syntax the chat template teaches */
+    int choice;               /* SRV_CHOICE_*; NONE: tools shown to the model, calls not parsed */
+    int parallel;             /* parallel_tool_calls: more than one call per answer */
+    char *forced;             /* SRV_CHOICE_NAMED: the tool's name */
+    struct cJSON *list;       /* the request's tools array, as given */
+    int32_t show[SRV_TOOL_SHOW];  /* special tokens of the call syntax, shown by the detokenizer */
+    int n_show;
+} srv_tools;
+
+/* The family whose syntax the template text teaches (hermes when none). */
+int srv_tools_family(const char *template_text);
+const char *srv_tools_family_name(int family);
+void srv_tools_free(srv_tools *t);
+/* 1 when token id is one of the call syntax's special tokens (t->show). */
+int srv_tools_shown(const srv_tools *t, int32_t id);
+/* A fresh call id: "call_" + 24 alphanumerics; mistral: 9 alphanumerics (its
+ * templates refuse any other). */
+void srv_tools_call_id(int family, char out[SRV_CALL_ID_MAX]);
+/* For a required or named tool_choice: a JSON schema accepting exactly the
+ * family's call object for the allowed tools, and the literal text around it.
+ * Returns 1 with the three malloc'd, 0 when no call is required, -1 when out of memory. */
+int srv_tools_format(const srv_tools *t, char **schema, char **prefix, char **suffix);
+
+enum { SRV_TOOL_MAX_DEPTH = 64 };   /* nesting of a call's JSON; deeper is not a call */
+/* Where the search for a call's end stopped (resumed when more text comes). */
+typedef struct srv_json_scan {
+    size_t at;                /* bytes of the JSON (hermes: of the block) searched */
+    int depth, in_str, esc;
+    char stack[SRV_TOOL_MAX_DEPTH];   /* the closing brackets expected */
+} srv_json_scan;
+
+/* The answer text, piece by piece, split into plain text and calls. */
+typedef struct srv_toolp {
+    const srv_tools *t;
+    int in_call;              /* held starts with what may be a call */
+    int seen_text;            /* non-blank text went out (llama3: a later { is text) */
+    int n_calls;
+    srv_buf held;             /* text not yet decided */
+    srv_buf blank;            /* blanks after the last text: dropped before a call */
+    srv_json_scan scan;       /* the current block's end search */
+} srv_toolp;
+void srv_toolp_init(srv_toolp *p, const srv_tools *t);
+/* Adds s[0..n): text now decided goes to content, each complete call to calls
+ * (a cJSON array) as {"name", "arguments": JSON text}. final: the answer ended. */
+void srv_toolp_push(srv_toolp *p, const char *s, size_t n, int final, srv_buf *content,
+                    struct cJSON *calls);
+void srv_toolp_free(srv_toolp *p);
 
 /* ---- jobs (request.c, respond.c) -------------------------------------------- */
 
@@ -123,6 +194,8 @@ typedef enum {
 } srv_finish;
 typedef enum { SRV_QUEUED = 0, SRV_RUNNING, SRV_DONE } srv_state;
 enum { SRV_CANCEL_CLIENT = 1, SRV_CANCEL_SHUTDOWN = 2 };
+/* The most choices (`n`) one request may ask for: each is a generation of its own. */
+enum { SRV_MAX_CHOICES = 16 };
 
 typedef struct srv_server srv_server;
 
@@ -145,10 +218,18 @@ typedef struct srv_job {
     int fmt_on;
     char *fmt_schema, *fmt_prefix, *fmt_suffix;   /* malloc'd, freed with the job */
     dfl_format *format;           /* the above compiled; gp.format points to it */
+    srv_tools *tools;             /* the request's tools; NULL when none */
     char id[48];
     char model[160];
     long created;
     double t_submit;
+    /* n > 1: the HTTP side holds the request's job, which never runs; each choice
+     * is a job of its own (its own seed, slot and stop state) that writes its
+     * events into the request's out. */
+    int n_choices;                /* the request's n */
+    int index;                    /* a choice: its index in choices[] */
+    struct srv_job *parent;       /* a choice, once submitted: its request (a reference) */
+    struct srv_job **choices;     /* the request, until submitted: (n_choices) its choices */
 
     /* ---- worker-only while RUNNING ---- */
     dfl_detok detok;
@@ -161,6 +242,8 @@ typedef struct srv_job {
     srv_think think;              /* splits reasoning from the answer (chat) */
     size_t text_off;              /* bytes of text released so far */
     void *lp;                     /* non-stream: cJSON array of logprob entries */
+    srv_toolp toolp;              /* finds tool calls in the answer (tools, choice not none) */
+    void *calls;                  /* cJSON array of the tool_calls sent or to send */
 
     /* ---- shared, under mu ---- */
     pthread_mutex_t mu;
@@ -172,12 +255,24 @@ typedef struct srv_job {
     int http_status;              /* non-stream: status of out */
     int refs;
     int cancel;                   /* SRV_CANCEL_*: the worker stops at the next token */
+    void (*wake)(void *ud);       /* NULL or the HTTP side's hook, called with cv: it resumes */
+    void *wake_ud;                /*   a connection suspended until the job has news */
     double t_start, t_end;
     dfl_stats st;
+    /* the request of n > 1 choices, as they end (respond.c) */
+    int n_ended, n_cancelled;
+    void *ended;                  /* non-stream: cJSON array (n_choices) of the choices */
+    char *fail_json;              /* the first choice's error, if one failed */
+    int fail_status;
 } srv_job;
 
 srv_job *srv_job_new(srv_server *srv, srv_kind kind);
 void srv_job_unref(srv_job *j);
+/* Under j->mu: out grew or the job ended; wakes whoever waits for it. */
+static inline void srv_job_signal(srv_job *j) {
+    pthread_cond_broadcast(&j->cv);
+    if (j->wake) j->wake(j->wake_ud);
+}
 
 /* An HTTP error waiting to be sent: status, OpenAI error type/code, message. */
 typedef struct srv_err {
@@ -193,9 +288,32 @@ int srv_errf(srv_err *e, int status, const char *param, const char *fmt, ...)
 /* {"error":{...}} as a malloc'd string. */
 char *srv_err_json(const srv_err *e);
 
+/* The token budget: text a request may have tokenized (a prompt, rendered
+ * messages, /tokenize content) is at most SRV_TOKEN_BYTES bytes per context
+ * token, checked before the tokenizer allocates: its work is bounded by the
+ * context, not by the body. */
+enum { SRV_TOKEN_BYTES = 32, SRV_JSON_SPARE_ITEMS = 1 << 16 };
+size_t srv_text_budget(const srv_server *srv);
+/* 0, or -1 and a 400 naming param when len bytes exceed the budget. */
+int srv_text_fits(const srv_server *srv, size_t len, const char *param, srv_err *e);
+/* A body -> its JSON object: UTF-8, depth, U+0000 and value count checked
+ * before cJSON allocates (at most 2 x context + SRV_JSON_SPARE_ITEMS values). */
+struct cJSON;
+struct cJSON *srv_json_parse(srv_server *srv, const char *body, size_t len, srv_err *e);
 /* Parses and checks a chat or completions body into a new job (tokenized).
  * Returns NULL and fills e on any problem. */
 srv_job *srv_parse_job(srv_server *srv, srv_kind kind, const char *body, size_t len, srv_err *e);
+
+/* tools_req.c: tools, tool_choice and parallel_tool_calls into j->tools (and, for
+ * a required or named choice, j->fmt_*); tmpl: the chat template's text. */
+int srv_parse_tools(srv_job *j, const struct cJSON *root, const char *tmpl, srv_err *e);
+/* The fields of messages[i] (role given) beyond role and content, checked and
+ * copied into out as the template sees them: tool_call_id, name, tool_calls
+ * (arguments as objects), reasoning_content. */
+int srv_tool_message(const struct cJSON *in, int i, const char *role, struct cJSON *out,
+                     srv_err *e);
+/* POST /apply-template: a chat body's rendered prompt, malloc'd ({"prompt": ...}). */
+char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err *e);
 
 /* respond.c: what the worker emits. All append to j->out under j->mu. */
 void srv_emit_begin(srv_job *j);
@@ -203,6 +321,10 @@ void srv_emit_begin(srv_job *j);
 void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
                     const char *reason, size_t rn);
 void srv_emit_end(srv_job *j, int rc, const dfl_error *err);
+/* srv_emit_token for answer text that may hold tool calls (j->toolp): the
+ * calls go out as tool_calls; final: the answer ended. */
+void srv_emit_answer(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
+                     const char *reason, size_t rn, int final);
 
 /* ---- sched.c ----------------------------------------------------------------- */
 

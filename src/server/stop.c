@@ -75,8 +75,7 @@ void srv_stop_free(srv_stop *s) {
 
 static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>";
 
-/* Length of the longest suffix of s[0..n) that is a proper prefix of tag. */
-static size_t tag_tail(const char *s, size_t n, const char *tag) {
+size_t srv_tag_tail(const char *s, size_t n, const char *tag) {
     size_t t = strlen(tag);
     for (size_t k = n < t - 1 ? n : t - 1; k > 0; k--)
         if (!memcmp(s + n - k, tag, k)) return k;
@@ -137,7 +136,7 @@ void srv_think_push(srv_think *t, const char *s, size_t n, int final, srv_buf *r
             used = (size_t)(end - h) + sizeof THINK_CLOSE - 1;
             t->state = SRV_THINK_AFTER;
         } else {
-            size_t keep = final ? 0 : tag_tail(h + used, hn - used, THINK_CLOSE);
+            size_t keep = final ? 0 : srv_tag_tail(h + used, hn - used, THINK_CLOSE);
             srv_buf_put(reason, h + used, hn - used - keep);
             used = hn - keep;
         }

@@ -1,4 +1,5 @@
 /* text.c - byte buffers, UTF-8, JSON nesting scan, constant-time secret compare. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,17 +7,24 @@
 
 #include "server.h"
 
+int srv_buf_reserve(srv_buf *b, size_t n) {
+    if (b->len + n + 1 <= b->cap) return 0;
+    if (n > SIZE_MAX / 4 - b->len) return -1;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) return -1;
+    b->p = q;
+    b->cap = cap;
+    return 0;
+}
+
+/* The server's own text (responses, stop hold-back) is bounded by the context
+ * and the limits in request.c, so running out here is fatal. */
 void srv_buf_put(srv_buf *b, const void *p, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            fprintf(stderr, "dflash serve: out of memory (%zu bytes)\n", cap);
-            abort();
-        }
-        b->p = q;
-        b->cap = cap;
+    if (srv_buf_reserve(b, n)) {
+        fprintf(stderr, "dflash serve: out of memory (%zu more bytes)\n", n);
+        abort();
     }
     if (n) memcpy(b->p + b->len, p, n);
     b->len += n;
@@ -84,8 +92,9 @@ static int nul_escape(const char *s, size_t n, size_t i) {
     return i + 4 < n && s[i] == 'u' && !memcmp(s + i + 1, "0000", 4);
 }
 
-int srv_json_check(const char *s, size_t n, int max) {
+int srv_json_check_items(const char *s, size_t n, int max, size_t max_items) {
     int depth = 0, in_str = 0;
+    size_t items = 1;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (in_str) {
@@ -93,13 +102,18 @@ int srv_json_check(const char *s, size_t n, int max) {
             else if (c == '"') in_str = 0;
         } else if (c == '"') {
             in_str = 1;
-        } else if (c == '{' || c == '[') {
-            if (++depth > max) return SRV_JSON_DEEP;
+        } else if (c == '{' || c == '[' || c == ',') {
+            if (++items > max_items) return SRV_JSON_ITEMS;
+            if (c != ',' && ++depth > max) return SRV_JSON_DEEP;
         } else if (c == '}' || c == ']') {
             depth--;
         }
     }
     return 0;
+}
+
+int srv_json_check(const char *s, size_t n, int max) {
+    return srv_json_check_items(s, n, max, SIZE_MAX);
 }
 
 int srv_secret_equal(const char *secret, const char *given) {

@@ -169,6 +169,8 @@ int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
     char bos[TOK_MAX_PIECE + 1], eos[TOK_MAX_PIECE + 1];
     special_text(t, t ? dfl_tok_bos(t) : -1, bos);
     special_text(t, t ? dfl_tok_eos(t) : -1, eos);
+    int rc = template_text ? dfl_chat_forced(template_text, &template_text, err) : 0;
+    if (rc < 0) return rc;
     if (!template_text) {
         const char *tool = t && tools_json ? dfl_tok_chat_template_tool(t) : NULL;
         template_text = tool ? tool : dfl_chat_template(e, NULL);

@@ -92,22 +92,28 @@ static char *msgs_json(const dfl_chat_msg *m, int n) {
     return s;
 }
 
+int dfl_chat_forced(const char *force, const char **tmpl, dfl_error *err) {
+    if (!strcmp(force, "chatml")) *tmpl = dfl_chatml_template;
+    else if (strstr(force, "{%") || strstr(force, "{{")) *tmpl = force;
+    else
+        return dfl_fail(err, DFL_EARG, "chat template \"%.64s\" is unknown: give \"chatml\" or a "
+                        "Jinja template (--chat-template-file FILE)", force);
+    return 0;
+}
+
 int dfl_chat_render_text(const char *template_text, const char *force, const char *bos_text,
                          const char *eos_text, const dfl_chat_msg *msgs, int n,
                          int add_generation_prompt, int enable_thinking, char *dst, size_t cap,
                          dfl_error *err) {
     if (n < 1 || !msgs) return dfl_fail(err, DFL_EARG, "chat: no messages");
-    if (force && !strcmp(force, "chatml")) template_text = dfl_chatml_template;
-    else if (force && (strstr(force, "{%") || strstr(force, "{{"))) template_text = force;
-    else if (force)
-        return dfl_fail(err, DFL_EARG, "chat template \"%.64s\" is unknown: give \"chatml\" or a "
-                        "Jinja template (--chat-template-file FILE)", force);
+    int rc = force ? dfl_chat_forced(force, &template_text, err) : 0;
+    if (rc < 0) return rc;
     char *mj = msgs_json(msgs, n);
     if (!mj) return dfl_fail(err, DFL_ENOMEM, "chat: out of memory");
-    int rc = dfl_chat_render_vars(template_text, bos_text, eos_text, mj, NULL,
-                                  enable_thinking ? "{\"enable_thinking\":true}"
-                                                  : "{\"enable_thinking\":false}",
-                                  add_generation_prompt, 0, dst, cap, err);
+    rc = dfl_chat_render_vars(template_text, bos_text, eos_text, mj, NULL,
+                              enable_thinking ? "{\"enable_thinking\":true}"
+                                              : "{\"enable_thinking\":false}",
+                              add_generation_prompt, 0, dst, cap, err);
     free(mj);
     return rc;
 }

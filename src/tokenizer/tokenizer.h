@@ -44,6 +44,9 @@ int dfl_chat_render_vars(const char *template_text, const char *bos, const char 
                          const char *messages_json, const char *tools_json,
                          const char *kwargs_json, int add_generation_prompt, int64_t now,
                          char *out, size_t cap, dfl_error *err);
+/* A user's template choice: "chatml", or a Jinja text (what makes it one: a
+ * tag); *tmpl is then the text to render. 0, or < 0 for any other name. */
+int dfl_chat_forced(const char *force, const char **tmpl, dfl_error *err);
 /* The struct API: force "chatml" or a Jinja text overrides template_text. */
 int dfl_chat_render_text(const char *template_text, const char *force, const char *bos_text,
                          const char *eos_text, const dfl_chat_msg *msgs, int n,

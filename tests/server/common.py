@@ -55,6 +55,18 @@ async def create(api, body, **opts):
                             extra_body=extra or None, **opts)
 
 
+def chat_request(expect, model, /, **extra):
+    """The greedy chat request expect.py's outputs answer (EXPECT's JSON), with extra fields."""
+    return {"model": model, "max_tokens": expect["max_tokens"], "temperature": 0,
+            "messages": [{"role": "user", "content": expect["chat_prompt"]}],
+            "chat_template_kwargs": {"enable_thinking": False}, **extra}
+
+
+def completion_request(expect, model, /, **extra):
+    return {"model": model, "max_tokens": expect["max_tokens"], "temperature": 0,
+            "prompt": expect["completion_prompt"], **extra}
+
+
 def auth_headers(key=None):
     return {"content-type": "application/json", "authorization": f"Bearer {key or API_KEY}"}
 
@@ -115,6 +127,19 @@ async def wait_idle(limit_ms=20000):
             return now_ms() - t0
         await asyncio.sleep(0.02)
     return -1
+
+
+async def leave_stream(api, body, pieces):
+    """Streams body, hangs up after `pieces` content chunks (leaving the `async
+    with` closes the connection); returns wait_idle's result after it."""
+    got = 0
+    async with await create(api, {**body, "stream": True}) as st:
+        async for ch in st:
+            if ch.choices and ch.choices[0].delta and ch.choices[0].delta.content:
+                got += 1
+                if got >= pieces:
+                    break
+    return await wait_idle(10000)
 
 
 async def collect(stream, kind="chat"):

@@ -152,6 +152,22 @@ static void test_json_depth(void) {
     const char *nul1 = "{\"s\":\"\\u00001\"}", *one = "{\"s\":\"\\u0001\"}";
     CHECK(srv_json_check(nul1, strlen(nul1), 8) == SRV_JSON_NUL, "\\u0000 then a digit is U+0000");
     CHECK(!srv_json_check(one, strlen(one), 8), "\\u0001 is fine");
+    /* values counted before cJSON allocates: commas and brackets outside strings */
+    const char *arr = "{\"p\":[1,2,3,4],\"s\":\"a,b,c,[d]\"}";   /* 7 by the count */
+    CHECK(!srv_json_check_items(arr, strlen(arr), 8, 7), "7 values allowed");
+    CHECK(srv_json_check_items(arr, strlen(arr), 8, 6) == SRV_JSON_ITEMS, "7 values > 6");
+    CHECK(!srv_json_check_items("\"a,,,,,,\"", 9, 8, 1), "commas in strings do not count");
+}
+
+static void test_buf_reserve(void) {
+    srv_buf b = {0};
+    CHECK(!srv_buf_reserve(&b, 1000) && b.cap >= 1001 && b.len == 0, "reserve 1000");
+    char *p = b.p;
+    srv_buf_put(&b, "x", 1);
+    CHECK(b.p == p, "a put within the reserve does not move the buffer");
+    CHECK(srv_buf_reserve(&b, SIZE_MAX / 2) == -1 && b.p == p && b.len == 1,
+          "an absurd reserve fails and leaves the buffer");
+    srv_buf_free(&b);
 }
 
 static void test_secret(void) {
@@ -213,6 +229,7 @@ int main(void) {
     test_stop_random();
     test_utf8();
     test_json_depth();
+    test_buf_reserve();
     test_secret();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
