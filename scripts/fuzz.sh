@@ -13,7 +13,7 @@ secs="${FUZZ_SECONDS:-20}"
 shared="${DFLASH_SHARED:-$root/../shared}"
 cc="${FUZZ_CC:-clang}"
 targets=("$@")
-((${#targets[@]})) || targets=(gguf safetensors config)
+((${#targets[@]})) || targets=(gguf safetensors config draft_config)
 # ---- tokenizer target (tokenizer helper): built and run by its own block at the end
 tok_target=0
 (($#)) || tok_target=1
@@ -27,7 +27,8 @@ mkdir -p "$out"
 cd "$root"
 
 srcs=(src/base/base.c src/io/types.c src/io/gguf.c src/io/safetensors.c src/io/json.c
-      src/models/config.c src/models/laguna_config.c src/models/qwen35_config.c)
+      src/models/config.c src/models/laguna_config.c src/models/qwen35_config.c
+      src/draft/draft_config.c src/draft/laguna_dflash_config.c)
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer -Wall -Iinclude -Isrc)
 for t in "${targets[@]}"; do
@@ -176,6 +177,26 @@ variants["qwen35_multimodal"] = {"architectures": ["Qwen3_5ForConditionalGenerat
                                                  "layer_types": None}}
 for name, v in variants.items():
     open(f"{seeds}/config/{name}.json", "w").write(json.dumps({**base, **v}))
+
+# Laguna DFlash drafters for a target of 4 layers, hidden 64, vocabulary 512
+os.makedirs(f"{seeds}/draft_config", exist_ok=True)
+draft = {"architectures": ["DFlashLagunaForCausalLM"], "model_type": "laguna", "hidden_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16, "intermediate_size": 96, "vocab_size": 512, "rms_norm_eps": 1e-6,
+         "rope_theta": 5e5, "sliding_window": 8, "gating": "per-head", "num_experts": 0,
+         "layer_types": ["sliding_attention"] * 2,
+         "dflash_config": {"block_size": 16, "mask_token_id": 12, "num_target_layers": 4,
+                           "target_layer_ids": [1, 2], "causal": True}}
+full = {**draft, "layer_types": ["full_attention"] * 2, "gating": "per-element",
+        "draft_vocab_size": 512, "mlp_layer_types": ["dense", "sparse"],
+        "rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 5e5,
+                                               "factor": 4.0, "partial_rotary_factor": 0.5,
+                                               "original_max_position_embeddings": 64},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        "dflash_config": {"block_size": 8, "mask_token_id": 0, "target_layer_ids": [0, 1, 2],
+                          "use_swa": False, "use_aux_hidden_state": True}}
+open(f"{seeds}/draft_config/published.json", "w").write(json.dumps(draft))
+open(f"{seeds}/draft_config/full.json", "w").write(json.dumps(full))
 EOF
 
 fail=0

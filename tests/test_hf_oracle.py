@@ -729,13 +729,20 @@ def torch_ready():
         return False
 
 
-def main():
-    t0 = time.time()
+def ready():
+    """-> the dflash binary when it and torch / transformers are there, else None
+    (reported as missing: a skip, or a failure under CI=true)."""
     binary = find_bin()
     if not binary:
         missing("the dflash binary ($DFLASH_BIN)")
-        return finish()
-    if not torch_ready():
+        return None
+    return binary if torch_ready() else None
+
+
+def main():
+    t0 = time.time()
+    binary = ready()
+    if not binary:
         return finish()
     with tempfile.TemporaryDirectory(prefix="test_hf_oracle-") as tmp:
         dirs = {name: make_target(tmp, name, cls, kw, seed) for name, cls, kw, seed in ARCHS}

@@ -5,15 +5,18 @@
  *   a block [anchor, mask x (B-1)] embedded with the target's table; per
  *   layer attention over [store ; block] with no mask; final norm; the
  *   target's lm_head; rows 1..B-1 propose the tokens at pos+1 .. pos+B-1.
- * The context does not go through input_layernorm (Qwen3 DFlash). */
+ * The context does not go through input_layernorm (Qwen3 DFlash). The same
+ * forward runs the Laguna drafter (laguna_dflash_config.c and
+ * laguna_dflash.c read it) with its differences: aux norms on the
+ * features, context through each layer's input_layernorm, a softplus
+ * output gate, causal or sliding-window rows. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "draft/draft.h"
-#include "models/weights.h"
+#include "draft/draft_private.h"
 
 enum { LOGIT_ROWS = 16 };
 
@@ -48,18 +51,6 @@ static const char *lname(char *buf, const char *fmt, int l) {
     return buf;
 }
 
-int dfl_dflash_default_layers(int n_target, int n_draft, int *ids) {
-    if (n_draft == 1) {
-        ids[0] = n_target / 2;
-        return 1;
-    }
-    /* Python's int(round(1 + i*span/(L-1))): true division, ties to even. */
-    int span = n_target - 4;
-    for (int i = 0; i < n_draft; i++)
-        ids[i] = (int)rint(1.0 + (double)(i * span) / (double)(n_draft - 1));
-    return n_draft;
-}
-
 /* ---- config.json (z-lab) ------------------------------------------------ */
 
 static int need_int(const cJSON *j, const char *key, int64_t lo, int64_t hi, int *out,
@@ -78,18 +69,19 @@ static int opt_num(const cJSON *j, const char *key, double lo, double hi, double
     return rc == 1 ? 0 : rc;
 }
 
+/* -> DFL_DRAFT_* of architectures[0], or an error. */
 static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 1 || !cJSON_IsString(a->child))
         return dfl_fail(err, DFL_EFORMAT,
-                        "%s: architectures must be [\"DFlashDraftModel\"] (a z-lab DFlash drafter)",
-                        file);
+                        "%s: architectures must be [\"DFlashDraftModel\"] (a z-lab DFlash drafter) "
+                        "or [\"DFlashLagunaForCausalLM\"]", file);
     const char *s = a->child->valuestring;
-    if (strcmp(s, "DFlashDraftModel") != 0)
-        return dfl_fail(err, DFL_EUNSUP,
-                        "%s: architectures is [\"%.64s\"]; only DFlashDraftModel drafters are "
-                        "supported", file, s);
-    return 0;
+    if (strcmp(s, "DFlashDraftModel") == 0) return DFL_DRAFT_ZLAB;
+    if (strcmp(s, "DFlashLagunaForCausalLM") == 0) return DFL_DRAFT_LAGUNA;
+    return dfl_fail(err, DFL_EUNSUP,
+                    "%s: architectures is [\"%.64s\"]; only DFlashDraftModel and "
+                    "DFlashLagunaForCausalLM drafters are supported", file, s);
 }
 
 /* Features we do not implement are refused rather than silently ignored. */
@@ -123,33 +115,6 @@ static int hf_refuse_variants(const cJSON *j, const char *file, dfl_error *err) 
     return 0;
 }
 
-static int hf_layer_ids(dfl_drafter *d, const cJSON *dc, const dfl_target *t, const char *file,
-                        dfl_error *err) {
-    const cJSON *ids = dc ? cJSON_GetObjectItemCaseSensitive(dc, "target_layer_ids") : NULL;
-    if (!ids || cJSON_IsNull(ids)) {
-        if (d->c.n_layers > DFL_MAX_CAPTURE_LAYERS)
-            return dfl_fail(err, DFL_EFORMAT, "%s: %d drafter layers imply %d target layers, "
-                            "more than %d", file, d->c.n_layers, d->c.n_layers,
-                            DFL_MAX_CAPTURE_LAYERS);
-        d->n_cap = dfl_dflash_default_layers(t->c.n_layers, d->c.n_layers, d->cap);
-        return 0;
-    }
-    int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
-    if (n < 1 || n > DFL_MAX_CAPTURE_LAYERS)
-        return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.target_layer_ids must be an array "
-                        "of 1..%d layer ids", file, DFL_MAX_CAPTURE_LAYERS);
-    int i = 0;
-    for (const cJSON *e = ids->child; e; e = e->next, i++) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
-            fabs(e->valuedouble) > 1e6)
-            return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.target_layer_ids[%d] is not an "
-                            "integer", file, i);
-        d->cap[i] = (int)e->valuedouble;
-    }
-    d->n_cap = n;
-    return 0;
-}
-
 static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_error *err) {
     char file[4096];
     snprintf(file, sizeof file, "%s/config.json", dir);
@@ -157,9 +122,19 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     if (!j) return err ? err->code : DFL_EFORMAT;
     dfl_config *c = &d->c;
     int rc = hf_arch(j, file, err);
+    if (rc >= 0) {
+        d->kind = rc;
+        rc = dfl_draft_pairing(d->kind, t, file, err);
+    }
+    if (!rc && d->kind == DFL_DRAFT_LAGUNA) {
+        rc = dfl_laguna_draft_config(d, j, t, file, err);
+        cJSON_Delete(j);
+        return rc;
+    }
     rc = rc ? rc : hf_refuse_variants(j, file, err);
     rc = rc ? rc : need_int(j, "hidden_size", 1, 1 << 16, &c->dim, 1, file, err);
-    rc = rc ? rc : need_int(j, "num_hidden_layers", 1, 64, &c->n_layers, 1, file, err);
+    rc = rc ? rc : need_int(j, "num_hidden_layers", 1, DRAFT_MAX_LAYERS, &c->n_layers, 1, file,
+                            err);
     rc = rc ? rc : need_int(j, "num_attention_heads", 1, 1024, &c->n_heads, 1, file, err);
     c->n_kv_heads = c->n_heads;
     rc = rc ? rc : need_int(j, "num_key_value_heads", 1, 1024, &c->n_kv_heads, 0, file, err);
@@ -193,7 +168,7 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
                           "drafters are not supported", file);
     }
     rc = rc ? rc : need_int(dc, "mask_token_id", 0, INT32_MAX, &d->mask_id, 1, file, err);
-    rc = rc ? rc : hf_layer_ids(d, dc, t, file, err);
+    rc = rc ? rc : dfl_draft_layer_ids(d, dc, t, 0, file, err);
     cJSON_Delete(j);
     return rc;
 }
@@ -301,10 +276,11 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
         return dfl_fail(err, DFL_EUNSUP, "%s: general.architecture is '%.*s', expected 'dflash' "
                         "(a llama.cpp DFlash drafter)", src, (int)(arch.len > 32 ? 32 : arch.len),
                         arch.s);
-    rc = gguf_refuse_variants(g, err);
+    rc = dfl_draft_pairing(DFL_DRAFT_ZLAB, t, src, err);
+    rc = rc ? rc : gguf_refuse_variants(g, err);
     dfl_config *c = &d->c;
     rc = rc ? rc : gguf_int(g, "dflash.embedding_length", 1, 1 << 16, &c->dim, 1, err);
-    rc = rc ? rc : gguf_int(g, "dflash.block_count", 1, 64, &c->n_layers, 1, err);
+    rc = rc ? rc : gguf_int(g, "dflash.block_count", 1, DRAFT_MAX_LAYERS, &c->n_layers, 1, err);
     rc = rc ? rc : gguf_int(g, "dflash.attention.head_count", 1, 1024, &c->n_heads, 1, err);
     if (rc) return rc;
     c->n_kv_heads = c->n_heads;
@@ -433,8 +409,9 @@ static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) 
     rc = rc ? rc : dfl_w_vec(&w, nm->hidden_norm, c->dim, &d->hidden_norm, err);
     rc = rc ? rc : dfl_w_vec(&w, nm->norm, c->dim, &d->out_norm, err);
     d->layers = xcalloc(c->n_layers, sizeof *d->layers);
+    if (!rc && d->kind == DFL_DRAFT_LAGUNA) rc = dfl_laguna_draft_weights(d, &w, err);
     char b[256];
-    for (int l = 0; l < c->n_layers && !rc; l++) {
+    for (int l = 0; l < c->n_layers && !rc && d->kind == DFL_DRAFT_ZLAB; l++) {
         dfl_dlayer *L = &d->layers[l];
         rc = dfl_w_mat(&w, lname(b, nm->wq, l), qd, c->dim, &L->wq, err);
         rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->wk, l), kvd, c->dim, &L->wk, err);
@@ -472,11 +449,16 @@ static void alloc_scratch(dfl_drafter *d) {
     d->tok = xcalloc(R, sizeof(int32_t));
     d->n_keys = xcalloc(R, sizeof(int));
     d->rope_cs = dfl_aligned_alloc((size_t)R * c->head_dim * sizeof(float));
+    if (d->kind == DFL_DRAFT_LAGUNA) {
+        d->feat_n = dfl_aligned_alloc((size_t)R * d->fc.cols * sizeof(float));
+        d->gate = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
+    }
     size_t qs = dfl_matmul_scratch(d->fc.type, R, d->fc.cols);
     qs = fmax_sz(qs, dfl_matmul_scratch(d->t->lm_head.type, LOGIT_ROWS, d->t->lm_head.cols));
     for (int l = 0; l < c->n_layers; l++) {
         const dfl_dlayer *L = &d->layers[l];
-        const dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                               &L->wg};
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
     }
@@ -485,8 +467,9 @@ static void alloc_scratch(dfl_drafter *d) {
     dfl_mat_transpose(&d->fc);
     for (int l = 0; l < c->n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];
-        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) dfl_mat_transpose(ms[i]);
+        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            if (ms[i]->rows) dfl_mat_transpose(ms[i]);
     }
 }
 
@@ -545,7 +528,7 @@ void dfl_drafter_free(dfl_drafter *d) {
     for (int l = 0; d->layers && l < d->c.n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];
         free(L->wq.wt), free(L->wk.wt), free(L->wv.wt), free(L->wo.wt);
-        free(L->w_gate.wt), free(L->w_up.wt), free(L->w_down.wt);
+        free(L->w_gate.wt), free(L->w_up.wt), free(L->w_down.wt), free(L->wg.wt);
     }
     free(d->layers);
     free(d->rope.inv_freq);
@@ -557,7 +540,7 @@ void dfl_drafter_free(dfl_drafter *d) {
     }
     free(d->x), free(d->xn), free(d->ctx), free(d->q), free(d->k), free(d->v), free(d->att);
     free(d->h1), free(d->h2), free(d->logits), free(d->tok), free(d->n_keys);
-    free(d->qscratch), free(d->rope_cs);
+    free(d->qscratch), free(d->rope_cs), free(d->feat_n), free(d->gate);
     free(d);
 }
 
@@ -566,7 +549,9 @@ void dfl_drafter_free(dfl_drafter *d) {
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
     dfl_dstore *s = xcalloc(1, sizeof *s);
     s->cap = ctx + d->max_rows;
-    s->window = d->window;
+    /* A sliding drafter's rows older than its window are never read again:
+     * they need not be projected (the tighter of the two windows bounds). */
+    s->window = d->window && (!d->swa || d->window < d->swa) ? d->window : d->swa;
     s->n_layers = d->c.n_layers;
     s->kv_dim = d->c.n_kv_heads * d->c.head_dim;
     s->type = d->t->kv_type;
@@ -642,15 +627,35 @@ static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, in
     }
 }
 
+/* Laguna: each captured layer's slice of m feature rows through its own
+ * RMSNorm, into feat_n. */
+static const float *aux_norm_rows(dfl_drafter *d, const float *f, int m) {
+    if (!d->aux_norm[0]) return f;
+    int td = d->t->c.dim;
+    for (int r = 0; r < m; r++)
+        for (int j = 0; j < d->n_cap; j++) {
+            size_t o = (size_t)r * d->fc.cols + (size_t)j * td;
+            dfl_rmsnorm(d->feat_n + o, f + o, d->aux_norm[j], td, d->c.norm_eps);
+        }
+    return d->feat_n;
+}
+
 static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, int skip) {
     const dfl_config *c = &d->c;
     int pos0 = s->len + skip, m = n - skip;
     if (m > 0) {
-        const float *f = feat + (size_t)skip * d->fc.cols;
+        const float *f = aux_norm_rows(d, feat + (size_t)skip * d->fc.cols, m);
         matmul(d, &d->fc, m, f, d->fc.cols, d->ctx, c->dim);
         norm_rows(d->ctx, d->ctx, d->hidden_norm, m, c->dim, c->norm_eps);
         rope_rows(d, m, pos0);
-        for (int l = 0; l < c->n_layers; l++) project_kv(d, s, l, d->ctx, m, pos0);
+        for (int l = 0; l < c->n_layers; l++) {
+            const float *xs = d->ctx;
+            if (d->ctx_norm) {   /* Laguna: the layer's input_layernorm first */
+                norm_rows(d->xn, d->ctx, d->layers[l].attn_norm, m, c->dim, c->norm_eps);
+                xs = d->xn;
+            }
+            project_kv(d, s, l, xs, m, pos0);
+        }
     }
     s->len += n;
     return 0;
@@ -675,6 +680,50 @@ int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, in
     return 0;
 }
 
+/* Attention of block rows r0..r0+n-1 (queries in d->q) over [store ; block]:
+ * z-lab's rows see every key; causal rows (Laguna) only keys up to their
+ * own position; sliding rows (Laguna) the last swa of those, one call per
+ * row since each starts at its own key. */
+static void block_attention(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0,
+                            int n) {
+    const dfl_config *c = &d->c;
+    int hd = c->head_dim, qd = c->n_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
+    if (lo < s->lo) lo = s->lo;
+    if (!d->swa) {
+        for (int r = 0; r < n; r++) d->n_keys[r] = (d->causal ? pos0 + r0 + r + 1 : pos0 + B) - lo;
+        dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), s->type,
+                         s->kv_dim, (size_t)hd};
+        dfl_attention(d->t->pool, n, d->q, &v, d->n_keys, c->n_heads, c->n_kv_heads, hd, scale,
+                      d->att);
+        return;
+    }
+    for (int r = 0; r < n; r++) {   /* sliding rows are causal (checked at load) */
+        int p = pos0 + r0 + r, first = p + 1 - d->swa > lo ? p + 1 - d->swa : lo;
+        d->n_keys[r] = p + 1 - first;
+        dfl_kv_view v = {store_row(s, s->k, l, first), store_row(s, s->v, l, first), s->type,
+                         s->kv_dim, (size_t)hd};
+        dfl_attention(d->t->pool, 1, d->q + (size_t)r * qd, &v, d->n_keys + r, c->n_heads,
+                      c->n_kv_heads, hd, scale, d->att + (size_t)r * qd);
+    }
+}
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* Laguna: att *= softplus(g_proj(xn)) per head or per element, xn the
+ * layer's normed input of the n query rows. */
+static void output_gate(dfl_drafter *d, const dfl_dlayer *L, const float *xn, int n) {
+    if (!L->wg.rows) return;
+    int hd = d->c.head_dim, qd = d->c.n_heads * hd, per_head = L->wg.rows == d->c.n_heads;
+    matmul(d, &L->wg, n, xn, d->c.dim, d->gate, L->wg.rows);
+    for (int r = 0; r < n; r++) {
+        float *a = d->att + (size_t)r * qd;
+        const float *g = d->gate + (size_t)r * L->wg.rows;
+        for (int i = 0; i < qd; i++) a[i] *= softplus(g[per_head ? i / hd : i]);
+    }
+}
+
 /* One drafter layer over the B block rows in d->x at positions pos0...
  * Every row's K/V enter the store; queries and everything after attention
  * run for rows r0..r1-1 only (the last layer passes the rows whose drafts
@@ -693,13 +742,8 @@ static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, i
                           d->rope_cs + (size_t)(r0 + r) * hd);
     /* The block's K/V go in the store's slack rows past len; len stays. */
     project_kv(d, s, l, d->xn, B, pos0);
-    int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
-    if (lo < s->lo) lo = s->lo;
-    for (int r = 0; r < n; r++) d->n_keys[r] = pos0 + B - lo;   /* no mask */
-    dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), s->type, s->kv_dim,
-                     (size_t)hd};
-    dfl_attention(d->t->pool, n, d->q, &v, d->n_keys, c->n_heads, c->n_kv_heads, hd,
-                  1.0f / sqrtf((float)hd), d->att);
+    block_attention(d, s, l, B, pos0, r0, n);
+    output_gate(d, L, d->xn + (size_t)r0 * c->dim, n);
     matmul(d, &L->wo, n, d->att, qd, d->ctx, c->dim);
     for (size_t i = 0; i < (size_t)n * c->dim; i++) x[i] += d->ctx[i];
     norm_rows(d->xn, x, L->ffn_norm, n, c->dim, c->norm_eps);

@@ -1,15 +1,22 @@
-/* draft.h - the drafter seam: a DFlash block-diffusion drafter (z-lab format
- * or llama.cpp's GGUF "dflash" form) that borrows the target's embedding and
- * lm_head. Context K/V per layer is computed once per committed row and kept
- * (the side store). */
+/* draft.h - the drafter seam: a DFlash block-diffusion drafter (z-lab format,
+ * llama.cpp's GGUF "dflash" form, or Poolside's DFlashLagunaForCausalLM) that
+ * borrows the target's embedding and lm_head. Context K/V per layer is
+ * computed once per committed row and kept (the side store). */
 #ifndef DFL_DRAFT_H
 #define DFL_DRAFT_H
 
 #include "models/model.h"
 
+/* Which published drafter a checkpoint is: they pair with different targets. */
+enum { DFL_DRAFT_ZLAB = 0, DFL_DRAFT_LAGUNA = 1 };
+
 typedef struct dfl_dlayer {
+    dfl_mat wqkv;              /* Laguna: ((n_heads+2*n_kv)*hd, dim) fused, rows q|k|v; wq, wk,
+                                  wv are row views of it */
     dfl_mat wq;                /* (n_heads*hd, dim) */
     dfl_mat wk, wv;            /* (n_kv*hd, dim) */
+    dfl_mat wg;                /* Laguna: (n_heads or n_heads*hd, dim) softplus output gate;
+                                  rows 0: none */
     dfl_mat wo;                /* (dim, n_heads*hd) */
     dfl_mat w_gate, w_up;      /* (ffn, dim) */
     dfl_mat w_down;            /* (dim, ffn) */
@@ -18,12 +25,20 @@ typedef struct dfl_dlayer {
 } dfl_dlayer;
 
 typedef struct dfl_drafter {
+    int kind;                  /* DFL_DRAFT_* */
     dfl_config c;              /* drafter's own dims (dim == target dim) */
     int block_size;            /* trained block size */
     int mask_id;
     int n_cap;                 /* captured target layers */
     int cap[DFL_MAX_CAPTURE_LAYERS]; /* target layer ids, HF convention (output of layer id) */
     dfl_mat fc;                /* (dim, n_cap*target_dim) */
+    const float *aux_norm[DFL_MAX_CAPTURE_LAYERS]; /* Laguna: (target_dim) each captured
+                                  layer's RMSNorm before fc; NULL: none (z-lab) */
+    int ctx_norm;              /* 1: context rows pass each layer's input_layernorm before
+                                  its K/V (Laguna); 0: they do not (z-lab) */
+    int causal;                /* 1: a block row sees only the block rows up to itself */
+    int swa;                   /* keys a block row attends, itself included, counted back from
+                                  its position over [context ; block] (sliding layers); 0: all */
     const float *hidden_norm;  /* (dim) */
     const float *out_norm;     /* (dim) */
     dfl_dlayer *layers;        /* [n_layers] */
@@ -37,6 +52,8 @@ typedef struct dfl_drafter {
                                   any later block's window are never projected */
     /* scratch, (max_rows, ...) each */
     float *x, *xn, *q, *k, *v, *att, *h1, *h2, *ctx; /* per row buffers */
+    float *feat_n;             /* (max_rows, n_cap*target_dim) aux-normed features (Laguna) */
+    float *gate;               /* (max_rows, n_heads*hd) output gate logits (Laguna) */
     float *logits;             /* (16, vocab) lm_head rows, chunked */
     int32_t *tok;              /* (max_rows) block tokens */
     void *qscratch;
@@ -48,17 +65,20 @@ typedef struct dfl_drafter {
 typedef struct dfl_dstore {
     int len, cap;              /* context rows stored; rows allocated (ctx + max block) */
     int lo;                    /* rows below lo were never projected (older than the window) */
-    int window;                /* the drafter's window when made */
+    int window;                /* rows a block reads back (draft_window or a sliding drafter's
+                                  window, the tighter) when made; 0: all */
     int n_layers, kv_dim;
     dfl_type type;             /* the target's --kv-type: DFL_F16 (half the memory) or DFL_F32 */
     void *k, *v;               /* (n_layers, cap, kv_dim) of type */
 } dfl_dstore;
 
-/* path: a z-lab folder (config.json + safetensors) or a llama.cpp "dflash"
- * GGUF. GGUF dflash.target_layers name the INPUT of target layer v (llama.cpp
- * captures layer inputs), i.e. the output of layer v-1: they are stored as
- * HF ids + 1 and cap[] gets v - 1. o->draft_window = W bounds the context
- * a block attends to the last W rows (an approximation, off by default). */
+/* path: a z-lab or Laguna DFlash folder (config.json + safetensors) or a
+ * llama.cpp "dflash" GGUF. A Laguna drafter pairs only with a Laguna target,
+ * the others only with the dense families. GGUF dflash.target_layers name
+ * the INPUT of target layer v (llama.cpp captures layer inputs), i.e. the
+ * output of layer v-1: they are stored as HF ids + 1 and cap[] gets v - 1.
+ * o->draft_window = W bounds the context a block attends to the last W rows
+ * (an approximation, off by default). */
 int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
                      dfl_drafter **out, dfl_error *err);
 /* z-lab's rule when target_layer_ids is absent: n_draft ids spread over
