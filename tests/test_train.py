@@ -25,6 +25,7 @@ Without $DFLASH_BIN (and no build*/dflash) part 3 is skipped unless CI=true.
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -368,6 +369,21 @@ def test_engine(binary):
         check(len(g.seqs) == 5 and bool(((g.seqs[:, 2] >= 3) & (g.seqs[:, 2] <= 5)).all()) and
               bool((g.seqs[:, 1] <= g.seqs[:, 2] + 10).all()), "generate mode: prompt rows and "
               "continuation lengths")
+        # --parallel: documents generated at once share forwards, and the files are
+        # byte-identical to one at a time (document order, per-document streams)
+        for mode in (["--generate", "10", "--prompt-tokens", "3:5"], ["--seq-len", "9"]):
+            outs = []
+            for np_ in ("1", "3"):
+                o = os.path.join(d, f"cap_np{np_}")
+                shutil.rmtree(o, ignore_errors=True)
+                if not run([binary, "capture", "-m", tgt, "--corpus", corpus, "--out", o,
+                            "--layers", "1,2", "--max-docs", "7", "--max-rows", "40", "-t", "1",
+                            "-np", np_, "-q"] + mode):
+                    return
+                outs.append([open(os.path.join(o, f), "rb").read()
+                             for f in ("tokens.i32", "seqs.i32", "features.f32")])
+            check(outs[0] == outs[1] and len(outs[0][1]) > 0,
+                  f"capture {mode[0]} with --parallel 3 writes what --parallel 1 writes")
         a0, n, npr = (int(x) for x in g.seqs[0])
         ids = g.tokens[a0:a0 + n]
         logits, _ = R.forward(cfg, W64, ids)

@@ -5,6 +5,7 @@
  * target layers (the same forward verification runs, so the drafter trains
  * on what it will see) and the target's embedding and lm_head. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,9 @@ static void help(void) {
         "  -c, --ctx-size N        KV cache rows (default: min(model context, 4096))\n"
         "  --kv-type f16|f32       K/V cache elements (default f16)\n"
         "  -t, --threads N         threads (default: all cores)\n"
+        "  -np, --parallel N       documents generated at once (default 1): their decode rows\n"
+        "                          share one forward, so a few make --generate several times\n"
+        "                          faster; the output is the same for any N\n"
         "  -q, --quiet             no progress lines\n");
 }
 
@@ -59,7 +63,7 @@ typedef struct opts {
     const char *corpus[64];
     int n_corpus;
     const char *out, *layers, *sep;
-    int draft_layers, first_doc, max_docs, seq_len, generate, p_lo, p_hi, quiet, chat;
+    int draft_layers, first_doc, max_docs, seq_len, generate, p_lo, p_hi, quiet, chat, parallel;
     long max_rows;
     float temp;
     uint64_t seed;
@@ -85,6 +89,7 @@ static void parse(opts *o, int argc, char **argv) {
     o->draft_layers = 2;
     o->max_docs = -1;
     o->p_lo = 4, o->p_hi = 24;
+    o->parallel = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
@@ -119,6 +124,8 @@ static void parse(opts *o, int argc, char **argv) {
             o->eo.ctx_size = cli_int(a, cli_need(argc, argv, &i), 2, 1 << 24);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel"))
+            o->parallel = cli_int(a, cli_need(argc, argv, &i), 1, 64);
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
@@ -348,32 +355,74 @@ static int parse_layers(const opts *o, dfl_engine *e, const dfl_model_info *mi, 
     return n;
 }
 
-typedef struct job {
+/* What the workers share. Sequences go out in document order whatever order
+ * the workers finish in, so the files do not depend on --parallel. */
+typedef struct shared {
     const opts *o;
     dfl_engine *e;
-    dfl_session *s;
     writer *w;
+    const doc *docs;
     const int *layers;
-    int n_layers, ctx;
+    int n_layers, ctx, d0, d1, bos;
     size_t row_floats;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int turn;             /* the document whose sequences may be written now */
+    int done;             /* documents finished */
+    int stop;             /* --max-rows reached: later documents are skipped */
+} shared;
+
+/* One worker: its own session and buffers, documents d0 + k, d0 + k + N, ... */
+typedef struct job {
+    shared *sh;
+    dfl_session *s;
     float *feat;          /* (ctx, row_floats) */
     int32_t *seq;         /* (ctx) */
-    uint64_t rng;
+    int doc;              /* the document being processed */
+    int holds_turn;
+    pthread_t th;
 } job;
+
+static void take_turn(job *j) {
+    shared *sh = j->sh;
+    if (j->holds_turn) return;
+    pthread_mutex_lock(&sh->mu);
+    while (sh->turn != j->doc) pthread_cond_wait(&sh->cv, &sh->mu);
+    pthread_mutex_unlock(&sh->mu);
+    j->holds_turn = 1;
+}
+
+/* Ends the document's turn; a document skipped after --max-rows is not counted. */
+static void pass_turn(job *j, int counted) {
+    shared *sh = j->sh;
+    take_turn(j);
+    pthread_mutex_lock(&sh->mu);
+    sh->turn++;
+    sh->done += counted && !sh->stop;
+    if (sh->o->max_rows && sh->w->rows >= sh->o->max_rows) sh->stop = 1;
+    if (!sh->o->quiet && sh->done % 100 == 0)
+        fprintf(stderr, "capture: %d/%d documents, %ld rows\n", sh->done, sh->d1 - sh->d0,
+                sh->w->rows);
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+    j->holds_turn = 0;
+}
 
 static void capture(job *j, const int32_t *ids, int n, int n_prompt) {
     dfl_error err = {0};
-    if (dfl_capture_rows(j->s, ids, n, j->layers, j->n_layers, j->feat, &err)) {
+    if (dfl_capture_rows(j->s, ids, n, j->sh->layers, j->sh->n_layers, j->feat, &err)) {
         fprintf(stderr, "dflash capture: %s\n", err.msg);
         exit(1);
     }
-    write_seq(j->w, ids, n, n_prompt, j->feat, j->row_floats);
+    take_turn(j);   /* only the turn's holder changes stop */
+    if (!j->sh->stop) write_seq(j->sh->w, ids, n, n_prompt, j->feat, j->sh->row_floats);
 }
 
 /* Text mode: the document in pieces of at most seq_len rows, each from
  * position 0 and starting with BOS when the tokenizer adds one. */
-static void run_text(job *j, const int32_t *ids, int n, int bos) {
-    int lead = bos >= 0 && n > 0 && ids[0] == bos, body = j->o->seq_len - lead;
+static void run_text(job *j, const int32_t *ids, int n) {
+    int bos = j->sh->bos;
+    int lead = bos >= 0 && n > 0 && ids[0] == bos, body = j->sh->o->seq_len - lead;
     for (int a = lead; a < n; a += body) {
         int m = n - a < body ? n - a : body, k = 0;
         if (lead) j->seq[k++] = bos;
@@ -382,24 +431,27 @@ static void run_text(job *j, const int32_t *ids, int n, int bos) {
     }
 }
 
-/* Generate mode: a prompt of the document's first P ids, then the target's
- * own continuation (greedy, or sampled with --temp). */
-static void run_generate(job *j, const int32_t *ids, int n, int doc_index) {
-    const opts *o = j->o;
-    int P = o->p_lo + (int)(splitmix(&j->rng) % (uint64_t)(o->p_hi - o->p_lo + 1));
+/* Generate mode: a prompt of the document's first P ids (P drawn from the
+ * document's own stream, so it does not depend on --parallel), then the
+ * target's own continuation (greedy, or sampled with --temp). */
+static void run_generate(job *j, const int32_t *ids, int n) {
+    const opts *o = j->sh->o;
+    int ctx = j->sh->ctx;
+    uint64_t rng = o->seed ^ 0x6361707475726500ull ^ ((uint64_t)j->doc * 0x9E3779B97F4A7C15ull);
+    int P = o->p_lo + (int)(splitmix(&rng) % (uint64_t)(o->p_hi - o->p_lo + 1));
     if (P > n || o->chat) P = n;
-    if (P > j->ctx - 1) P = j->ctx - 1;
+    if (P > ctx - 1) P = ctx - 1;
     dfl_gen_params gp;
     dfl_gen_params_default(&gp);
     gp.temperature = o->temp;
-    gp.seed = o->seed + (uint64_t)doc_index;
+    gp.seed = o->seed + (uint64_t)j->doc;
     gp.block_size = 1;
-    gp.max_tokens = o->generate < j->ctx - P ? o->generate : j->ctx - P;
+    gp.max_tokens = o->generate < ctx - P ? o->generate : ctx - P;
     memcpy(j->seq, ids, sizeof(int32_t) * (size_t)P);
     collect c = {j->seq + P, 0, gp.max_tokens};
     dfl_error err = {0};
     if (dfl_generate(j->s, ids, P, &gp, on_token, &c, NULL, &err)) {
-        fprintf(stderr, "dflash capture: document %d: %s\n", doc_index, err.msg);
+        fprintf(stderr, "dflash capture: document %d: %s\n", j->doc, err.msg);
         exit(1);
     }
     if (P + c.n >= 2) capture(j, j->seq, P + c.n, P);
@@ -418,6 +470,42 @@ static char *chat_prompt(const dfl_engine *e, const char *text, size_t len, size
     if (!out) fprintf(stderr, "dflash capture: chat template: %s\n", need < 0 ? err.msg : "out of memory");
     *out_len = out ? (size_t)need : 0;
     return out;
+}
+
+/* Tokenizes one document (rendered as a chat when --chat); NULL on error. */
+static int32_t *doc_ids(const shared *sh, int d, int *n_out) {
+    const char *text = sh->docs[d].p;
+    size_t len = sh->docs[d].n;
+    int chat = sh->o->chat;
+    dfl_error err = {0};
+    if (chat && !(text = chat_prompt(sh->e, text, len, &len))) return NULL;
+    int n = dfl_tokenize(sh->e, text, len, !chat, chat, NULL, 0, &err);
+    int32_t *ids = n >= 0 ? malloc(sizeof(int32_t) * (size_t)(n + 1)) : NULL;
+    if (ids) dfl_tokenize(sh->e, text, len, !chat, chat, ids, n, &err);
+    else fprintf(stderr, "dflash capture: document %d: %s\n", d, n < 0 ? err.msg : "out of memory");
+    if (chat) free((char *)text);
+    *n_out = n;
+    return ids;
+}
+
+static void *worker(void *arg) {
+    job *j = arg;
+    shared *sh = j->sh;
+    for (; j->doc < sh->d1; j->doc += sh->o->parallel) {
+        pthread_mutex_lock(&sh->mu);
+        int stop = sh->stop;
+        pthread_mutex_unlock(&sh->mu);
+        if (!stop) {
+            int n;
+            int32_t *ids = doc_ids(sh, j->doc, &n);
+            if (!ids) exit(1);
+            if (sh->o->generate) run_generate(j, ids, n);
+            else run_text(j, ids, n);
+            free(ids);
+        }
+        pass_turn(j, !stop);
+    }
+    return NULL;
 }
 
 int cmd_capture(int argc, char **argv) {
@@ -441,6 +529,7 @@ int cmd_capture(int argc, char **argv) {
     }
     dfl_error err = {0};
     dfl_engine *e;
+    o.eo.n_parallel = o.parallel;
     if (dfl_engine_load(&o.eo, &e, &err)) {
         fprintf(stderr, "dflash capture: %s\n", err.msg);
         return 1;
@@ -462,47 +551,47 @@ int cmd_capture(int argc, char **argv) {
     writer w = {o.out, open_out(o.out, "tokens.i32"), open_out(o.out, "seqs.i32"),
                 open_out(o.out, "features.f32"), 0, 0};
     int tied = write_tables(e, &mi, o.out);
-    job j = {&o, e, NULL, &w, layers, n_layers, mi.ctx_size, (size_t)n_layers * mi.dim,
-             NULL, NULL, o.seed ^ 0x6361707475726500ull};
-    j.feat = malloc(sizeof(float) * (size_t)j.ctx * j.row_floats);
-    j.seq = malloc(sizeof(int32_t) * (size_t)j.ctx);
-    int32_t *ids = NULL;
-    if (!j.feat || !j.seq || dfl_session_new(e, &j.s, &err)) {
-        fprintf(stderr, "dflash capture: %s\n", j.feat && j.seq ? err.msg : "out of memory");
-        return 1;
-    }
-    int bos = dfl_token_bos(e), done = 0;
-    for (int d = d0; d < d1 && (!o.max_rows || w.rows < o.max_rows); d++, done++) {
-        const char *text = docs[d].p;
-        size_t len = docs[d].n;
-        if (o.chat && !(text = chat_prompt(e, text, len, &len))) return 1;
-        int n = dfl_tokenize(e, text, len, !o.chat, o.chat, NULL, 0, &err);
-        if (n < 0) {
-            fprintf(stderr, "dflash capture: document %d: %s\n", d, err.msg);
+    shared sh = {&o, e, &w, docs, layers, n_layers, mi.ctx_size, d0, d1, dfl_token_bos(e),
+                 (size_t)n_layers * mi.dim, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                 d0, 0, 0};
+    int np = o.parallel < d1 - d0 ? o.parallel : d1 - d0;
+    job *jobs = calloc((size_t)np, sizeof(job));
+    for (int k = 0; jobs && k < np; k++) {
+        job *j = &jobs[k];
+        *j = (job){&sh, NULL, malloc(sizeof(float) * (size_t)sh.ctx * sh.row_floats),
+                   malloc(sizeof(int32_t) * (size_t)sh.ctx), d0 + k, 0, 0};
+        if (!j->feat || !j->seq || dfl_session_new(e, &j->s, &err)) {
+            fprintf(stderr, "dflash capture: %s\n", j->feat && j->seq ? err.msg : "out of memory");
             return 1;
         }
-        ids = realloc(ids, sizeof(int32_t) * (size_t)(n + 1));
-        dfl_tokenize(e, text, len, !o.chat, o.chat, ids, n, &err);
-        if (o.chat) free((char *)text);
-        if (o.generate) run_generate(&j, ids, n, d);
-        else run_text(&j, ids, n, bos);
-        if (!o.quiet && (done + 1) % 100 == 0)
-            fprintf(stderr, "capture: %d/%d documents, %ld rows\n", done + 1, d1 - d0, w.rows);
     }
+    if (!jobs) {
+        fprintf(stderr, "dflash capture: out of memory\n");
+        return 1;
+    }
+    for (int k = 0; k < np; k++)
+        if (pthread_create(&jobs[k].th, NULL, worker, &jobs[k])) {
+            fprintf(stderr, "dflash capture: cannot start a worker thread\n");
+            return 1;
+        }
+    for (int k = 0; k < np; k++) pthread_join(jobs[k].th, NULL);
+    int done = sh.done;
     fclose(w.tokens);
     fclose(w.seqs);
     fclose(w.feat);
-    write_meta(&o, &w, &mi, layers, n_layers, bos, tied, done, sep);
+    write_meta(&o, &w, &mi, layers, n_layers, sh.bos, tied, done, sep);
     if (!o.quiet)
         fprintf(stderr, "capture: %d documents, %ld sequences, %ld rows, layers %s -> %s\n", done,
                 w.seqs_n, w.rows, o.layers, o.out);
-    free(ids);
-    free(j.feat);
-    free(j.seq);
+    for (int k = 0; k < np; k++) {
+        free(jobs[k].feat);
+        free(jobs[k].seq);
+        dfl_session_free(jobs[k].s);
+    }
+    free(jobs);
     free(docs);
     for (int i = 0; i < o.n_corpus; i++) free(texts[i]);
     free(sep);
-    dfl_session_free(j.s);
     dfl_engine_free(e);
     return 0;
 }
