@@ -87,6 +87,8 @@ typedef struct dfl_model_info {
     int max_ctx;           /* model's max_position_embeddings */
     uint64_t weight_bytes; /* bytes read per decoded token (all layers + lm_head) */
     uint64_t rec_state_bytes; /* recurrent layers' state per session, snapshots included */
+    uint64_t state_bytes;  /* all of a session's cache at ctx_size: K/V (sliding layers: their
+                              ring) and recurrent state */
     int rec_snapshots;     /* recurrent states kept for rollback besides the live one */
     int has_draft;
     int draft_block;       /* drafter's trained block size */

@@ -47,6 +47,11 @@ static void test_attention(dfl_type type) {
     dfl_kv *kv = dfl_kv_make(&s, CAP), *cp = dfl_kv_make(&s, CAP);
     CHECK(kv->layer[1].ring && kv->layer[1].rows == WIN + ROWS && !kv->layer[0].ring,
           "a ring of window + max_rows for the sliding layer only");
+    size_t el = type == DFL_F16 ? 2 : 4;
+    CHECK(dfl_kv_bytes(&s, CAP) == 2 * (CAP + 2 * (WIN + ROWS)) * KVD * el,
+          "dfl_kv_bytes: K and V of every position, and the ring stored twice");
+    CHECK(dfl_kv_bytes(&s, WIN + ROWS) == 2 * 2 * (WIN + ROWS) * KVD * el,
+          "dfl_kv_bytes: no ring where the context is no longer than it");
     int bad_full = 0, bad_ring = 0;
     for (int p = 0; p < 50; p++) {
         store(kv, 0, p), store(kv, 1, p);
@@ -89,6 +94,8 @@ static void test_recurrent(void) {
     dfl_kv_shape s = {.n_layers = 1, .kind = kind, .rec_floats = REC, .n_snap = SNAP,
                       .type = DFL_F32};
     dfl_kv *kv = dfl_kv_make(&s, CAP);
+    CHECK(dfl_kv_bytes(&s, CAP) == (1 + SNAP) * REC * sizeof(float),
+          "dfl_kv_bytes: the live recurrent state and its snapshots, whatever the context");
     for (int round = 0; round < 3; round++) {
         int n = 3, base = kv->len;
         toy_forward(kv, 0, n);

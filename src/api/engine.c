@@ -143,6 +143,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->max_ctx = c->max_ctx;
     info->weight_bytes = e->t->weight_bytes;
     info->rec_state_bytes = e->t->rec_bytes;
+    info->state_bytes = dfl_target_kv_bytes(e->t, e->ctx_size);
     info->rec_snapshots = e->t->n_snap;
     info->n_threads = dfl_pool_size(e->pool);
     info->n_params = dfl_target_params(e->t);

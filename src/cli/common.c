@@ -143,11 +143,11 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
     dfl_chat_template(e, &fallback);
     fprintf(stderr,
             "%s: %s: %s, %.1f M parameters (%d layers, dim %d, %d/%d heads), %s weights "
-            "(%.1f MB read per token), context %d of %d, K/V %s, %d threads, %s kernels; "
-            "chat template: %s; ",
+            "(%.1f MB read per token), context %d of %d, K/V %s (%.1f MB per session), "
+            "%d threads, %s kernels; chat template: %s; ",
             cmd, mi.name, mi.arch, (double)mi.n_params / 1e6, mi.n_layers, mi.dim, mi.n_heads,
             mi.n_kv_heads, mi.dtype, (double)mi.weight_bytes / 1e6, mi.ctx_size, mi.max_ctx,
-            mi.kv_type, mi.n_threads, mi.simd,
+            mi.kv_type, (double)mi.state_bytes / 1e6, mi.n_threads, mi.simd,
             template_src ? template_src : fallback ? "ChatML (the model has none)" : "the model's");
     if (mi.rec_state_bytes)
         fprintf(stderr, "recurrent state %.2f MB per session (%d rollback snapshots); ",

@@ -211,6 +211,8 @@ uint64_t dfl_target_params(const dfl_target *t);
 
 /* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
+/* Bytes of one sequence's state at cap positions (what dfl_kv_new allocates). */
+uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap);
 
 /* One sequence's rows in a forward: tok[i] at position kv->len + i, each row's
  * parent the row before it (tree rows, whose parent is a node of a draft

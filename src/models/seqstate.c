@@ -10,6 +10,26 @@ static size_t stored_rows(const dfl_kv_layer *L) {
     return L->ring ? 2 * (size_t)L->rows : (size_t)L->rows;
 }
 
+/* A layer's positions: a ring only where it is smaller than the context it serves. */
+static void layer_rows(const dfl_kv_shape *s, int cap, int kind, dfl_kv_layer *L) {
+    L->kind = kind;
+    L->ring = kind == DFL_LAYER_SLIDING && s->window + s->max_rows < cap;
+    L->rows = L->ring ? s->window + s->max_rows : cap;
+}
+
+uint64_t dfl_kv_bytes(const dfl_kv_shape *s, int cap) {
+    uint64_t n = 0;
+    for (int l = 0; l < s->n_layers; l++) {
+        dfl_kv_layer L;
+        layer_rows(s, cap, s->kind ? s->kind[l] : DFL_LAYER_FULL, &L);
+        if (L.kind == DFL_LAYER_RECURRENT)
+            n += (uint64_t)(1 + s->n_snap) * s->rec_floats * sizeof(float);
+        else
+            n += 2 * stored_rows(&L) * s->n_kv_heads * s->head_dim * dfl_type_block_bytes(s->type);
+    }
+    return n;
+}
+
 dfl_kv *dfl_kv_make(const dfl_kv_shape *s, int cap) {
     dfl_kv *kv = xcalloc(1, sizeof *kv);
     kv->cap = cap;
@@ -24,14 +44,11 @@ dfl_kv *dfl_kv_make(const dfl_kv_shape *s, int cap) {
     kv->layer = xcalloc(s->n_layers, sizeof *kv->layer);
     for (int l = 0; l < s->n_layers; l++) {
         dfl_kv_layer *L = &kv->layer[l];
-        L->kind = s->kind ? s->kind[l] : DFL_LAYER_FULL;
+        layer_rows(s, cap, s->kind ? s->kind[l] : DFL_LAYER_FULL, L);
         if (L->kind == DFL_LAYER_RECURRENT) {
             L->rec = xcalloc((size_t)(1 + s->n_snap) * s->rec_floats, sizeof(float));
             continue;
         }
-        /* a ring only where it is smaller than the context it serves */
-        L->ring = L->kind == DFL_LAYER_SLIDING && s->window + s->max_rows < cap;
-        L->rows = L->ring ? s->window + s->max_rows : cap;
         size_t n = stored_rows(L) * kv->kv_dim;
         L->k = xcalloc(n, elem(kv));
         L->v = xcalloc(n, elem(kv));

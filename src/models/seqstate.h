@@ -54,6 +54,8 @@ typedef struct dfl_kv {
 } dfl_kv;
 
 dfl_kv *dfl_kv_make(const dfl_kv_shape *s, int cap);
+/* Bytes dfl_kv_make(s, cap) allocates for K/V and recurrent state. */
+uint64_t dfl_kv_bytes(const dfl_kv_shape *s, int cap);
 void dfl_kv_free(dfl_kv *kv);
 /* Keeps the first n_keep rows; returns the rows kept, which is fewer (0)
  * when a recurrent state cannot be taken back that far. */

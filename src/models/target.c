@@ -296,11 +296,20 @@ void dfl_target_free(dfl_target *t) {
     free(t);
 }
 
-dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
+static dfl_kv_shape kv_shape(const dfl_target *t) {
     const dfl_config *c = &t->c;
-    dfl_kv_shape s = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
-                      .head_dim = c->head_dim, .type = t->kv_type, .kind = c->layer_kind,
-                      .window = c->sliding_window, .max_rows = t->max_rows,
-                      .rec_floats = dfl_gdn_state_floats(c), .n_snap = t->n_snap};
+    return (dfl_kv_shape){.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                          .head_dim = c->head_dim, .type = t->kv_type, .kind = c->layer_kind,
+                          .window = c->sliding_window, .max_rows = t->max_rows,
+                          .rec_floats = dfl_gdn_state_floats(c), .n_snap = t->n_snap};
+}
+
+dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
+    dfl_kv_shape s = kv_shape(t);
     return dfl_kv_make(&s, cap);
+}
+
+uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap) {
+    dfl_kv_shape s = kv_shape(t);
+    return dfl_kv_bytes(&s, cap);
 }
