@@ -109,6 +109,24 @@ def tokenizer_specials(tok, tcfg):
     return bos, eos
 
 
+def read_tokenizer(path):
+    """-> (vocab rows as real models allot them, bos_id, eos_id) of a tokenizer.json
+    (with the tokenizer_config.json beside it, when there is one)."""
+    tok = json.load(open(path))
+    tcfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer_config.json")
+    tcfg = json.load(open(tcfg_path)) if os.path.exists(tcfg_path) else {}
+    bos, eos = tokenizer_specials(tok, tcfg)
+    return default_vocab(tokenizer_size(tok)), bos, eos
+
+
+def copy_tokenizer(path, out):
+    """Copies tokenizer.json and tokenizer_config.json from path's folder into out."""
+    tdir = os.path.dirname(os.path.abspath(path))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if os.path.exists(os.path.join(tdir, f)):
+            shutil.copy(os.path.join(tdir, f), os.path.join(out, f))
+
+
 def default_vocab(tok_size):
     """Embedding rows real models allot to a tokenizer of tok_size ids."""
     if 151643 <= tok_size <= 151936:

@@ -16,15 +16,13 @@ choice of ours (hidden 2048, 8 query heads, 16 value heads, FFN 6144; with
 the given tokenizer's vocabulary (padded as real models pad), so it fits.
 """
 import argparse
-import json
 import os
-import shutil
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_checkpoint import default_vocab, tokenizer_size, tokenizer_specials  # noqa: E402
+from make_checkpoint import copy_tokenizer, read_tokenizer  # noqa: E402
 
 
 def config(a, vocab, bos, eos):
@@ -58,16 +56,12 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    tok = json.load(open(a.tokenizer))
-    tdir = os.path.dirname(os.path.abspath(a.tokenizer))
-    tcfg_path = os.path.join(tdir, "tokenizer_config.json")
-    tcfg = json.load(open(tcfg_path)) if os.path.exists(tcfg_path) else {}
-    bos, eos = tokenizer_specials(tok, tcfg)
+    vocab, bos, eos = read_tokenizer(a.tokenizer)
     import transformers
     torch.manual_seed(a.seed)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     torch.set_default_dtype(dtype)
-    c = config(a, default_vocab(tokenizer_size(tok)), bos, eos)
+    c = config(a, vocab, bos, eos)
     kind = f"MoE, {a.experts} experts (top {a.top_k})" if a.moe else "dense"
     print(f"make_qwen35: {a.layers} layers, {kind}, vocab {c.vocab_size}, {a.dtype}",
           file=sys.stderr)
@@ -75,9 +69,7 @@ def main():
     n = sum(p.numel() for p in m.parameters())
     print(f"make_qwen35: {n / 1e9:.2f} B parameters; writing {a.out}", file=sys.stderr)
     m.save_pretrained(a.out, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        if os.path.exists(os.path.join(tdir, f)):
-            shutil.copy(os.path.join(tdir, f), os.path.join(a.out, f))
+    copy_tokenizer(a.tokenizer, a.out)
 
 
 if __name__ == "__main__":

@@ -411,6 +411,13 @@ def split(cap, val_frac, seed):
     return ok[nv:], ok[:nv]
 
 
+def amp(a):
+    """--amp bf16: the forward's matrix products in bfloat16 (float32 weights,
+    master copy and loss), about 3x faster on CPUs with AVX-512 BF16, where the
+    lm_head product over the whole vocabulary is most of a step."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16")
+
+
 def evaluate(model, cap, val, a, E, Hd, layers):
     """Fixed anchors (every 4th valid position, up to --anchors per sequence)."""
     model.eval()
@@ -428,8 +435,9 @@ def evaluate(model, cap, val, a, E, Hd, layers):
             # anchors padded with 1 beyond a sequence's own list carry no labels
             for s, f in enumerate(fixed):
                 b["labels"][s, len(f):] = -1
-            lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size)
-            loss, acc, acc_len = loss_and_stats(lg, b["labels"], a.gamma)
+            with amp(a):
+                lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size)
+            loss, acc, acc_len = loss_and_stats(lg.float(), b["labels"], a.gamma)
             tot += loss.item()
             accs.append(acc)
             if not math.isnan(acc_len):
@@ -492,6 +500,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: best on a shared machine, see fast_blas.py)")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="exported weights")
+    ap.add_argument("--amp", choices=["off", "bf16"], default="off",
+                    help="bf16: matrix products of the forward in bfloat16 (autocast)")
     a = ap.parse_args(argv)
 
     torch.set_num_threads(a.threads)
@@ -546,9 +556,10 @@ def main(argv=None):
         idx = rng.choice(train, size=min(a.batch, len(train)), replace=False)
         b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, layers,
                        mix=a.block_mix)
-        lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size,
-                   b["blen"] if a.block_mix > 0 else None)
-        loss, acc, acc_len = loss_and_stats(lg, b["labels"], a.gamma)
+        with amp(a):
+            lg = model(b["feat"], b["ids"], b["anchors"], E, Hd, a.mask_id, a.block_size,
+                       b["blen"] if a.block_mix > 0 else None)
+        loss, acc, acc_len = loss_and_stats(lg.float(), b["labels"], a.gamma)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
