@@ -9,7 +9,8 @@
 # committed here); it needs bin/llama-bench and, for its DFlash mode,
 # bin/llama-speculative-simple. Per pair (Qwen3-0.6B and Qwen3-1.7B shapes,
 # random weights, tools/make_checkpoint.py; lagN: Laguna-XS-shaped with N
-# layers, tools/make_laguna.py) and weight type (Q8_0, BF16, Q4_K, ...):
+# layers, tools/make_laguna.py; q35d / q35m: 2B-class Qwen3.5 hybrids, dense
+# and MoE, tools/make_qwen35.py) and weight type (Q8_0, BF16, Q4_K, ...):
 #   - prefill and decode tok/s: llama-bench pp512 / tg128 / pp16 vs dflash
 #     (prefill of the same length, a 128-token classic decode, a 16-row chunk);
 #   - one-row decode GB/s against the read bandwidth measured by dflash bench;
@@ -65,6 +66,12 @@ make_models() {
   lag*) # Laguna-XS-shaped, lagN: N layers (tools/make_laguna.py); no drafter pair yet
     [ -d "$p" ] || $PY "$HERE/tools/make_laguna.py" --tokenizer "$tok" --out "$p" --layers "${p#lag}"
     [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/laguna_to_gguf.py" "$p" "$p-bf16.gguf" ;;
+  q35d|q35m) # Qwen3.5 hybrids (gated DeltaNet 3:1 gated attention), with a DFlash drafter
+    [ -d "$p" ] || $PY "$HERE/tools/make_qwen35.py" --tokenizer "$tok" --out "$p" $([ "$p" = q35m ] && echo --moe)
+    [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
+    [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/hybrid_to_gguf.py" "$p" "$p-bf16.gguf"
+    [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
+    [ -f "$p-dflash-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-dflash-bf16.gguf" -o "$p-dflash-q8_0.gguf" --type q8_0 ;;
   *)
     [ -d "$p" ] || $PY "$HERE/tools/make_checkpoint.py" --preset "$(preset "$p")" --tokenizer "$tok" --out "$p"
     [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
