@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""test_mtp.py - the native MTP head of Qwen3.5 / Qwen3-Next as a draft lane
+(--draft-mtp), against a torch reference written from vLLM's definition
+(tests/mtp_reference.py), on checkpoints transformers writes with a head
+added by tools/add_mtp.py:
+  test_hf_oracle's Qwen3.5 dense (text class, head under model.mtp.), Qwen3.5
+  multimodal class (model.language_model. names, head under mtp.), Qwen3-Next
+  (grouped DeltaNet, a MoE layer 0: the head's MLP is experts).
+Per checkpoint:
+1. `dflash dump --draft-mtp` logits of a chain of 8 drafts against the
+   reference's (f32 cache), and the chained draft ids;
+2. speculative ids (--draft-mtp --block-size k+1, k = 1..8) equal classic ids;
+   random weights accept few drafts, so
+3. `dflash bench --sections spec` replays the classic path through the real
+   MTP lane at tau 1 (nothing accepted) and at tau 16 (every draft right: the
+   lane's profile has 15 positions), each run checked against classic
+   decode, at blocks 2, 5 and 9 and adaptive;
+4. `dflash probe --draft-mtp`: the verify path is exact (0 bytes differ);
+5. a checkpoint without mtp.* is refused with a message naming what is missing.
+Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import check, finish, missing  # noqa: E402
+
+SRC = os.environ.get("DFLASH_SRC", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+K = 8                 # drafts in the reference chain
+N_GEN = 40
+# max |engine - reference| <= TOL * max(1, max |reference|): both compute in float32 with
+# an f32 cache and differ in summation order only (observed below 1e-5 relative).
+TOL = 1e-4
+MIN_MARGIN = 1e-3     # a draft id is compared where the reference's top-2 margin exceeds this
+
+# test_hf_oracle's checkpoints (name, the prefix the head is stored under), with room for
+# `dflash bench` (its context is at least 512)
+TARGETS = [("qwen35-hybrid-untied", "model.mtp."), ("qwen35-multimodal-tied", "mtp."),
+           ("qwen3next-grouped-moe", "mtp.")]
+
+
+def long_context(kw):
+    if "text_config" in kw:
+        return dict(kw, text_config=dict(kw["text_config"], max_position_embeddings=1024))
+    return dict(kw, max_position_embeddings=1024)
+
+
+def ready():
+    b = os.environ.get("DFLASH_BIN")
+    if not (b and os.access(b, os.X_OK)):
+        missing("$DFLASH_BIN")
+        return None
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        missing("torch / transformers")
+        return None
+    return b
+
+
+def run(cmd, ok=True):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if ok and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\nexit {r.returncode}: {r.stderr.strip()[-2000:]}")
+    return r
+
+
+def ids_of(stderr, what):
+    m = re.search(what + r" ids \(\d+\): \[([0-9, ]*)\]", stderr)
+    return [int(x) for x in m.group(1).split(",")] if m and m.group(1) else []
+
+
+def engine_chain(binary, d, ids, block):
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        out, outd = os.path.join(tmp, "l.bin"), os.path.join(tmp, "d.bin")
+        run([binary, "dump", "-m", d, "--ids", ",".join(map(str, ids)), "--out", out,
+             "--kv-type", "f32", "-t", "2", "--draft-mtp", "--draft-block", str(block),
+             "--out-draft", outd])
+        return np.fromfile(outd, dtype="<f4").reshape(block - 1, -1)
+
+
+def check_logits(binary, name, d, model, head, vocab):
+    rng = np.random.default_rng(5)
+    for n in (2, 11):
+        ids = [int(x) for x in rng.integers(0, vocab, n)]
+        ref, ref_ids = head.chain(model, ids, K)
+        got = engine_chain(binary, d, ids, K + 1)
+        err = float(np.abs(got - ref).max())
+        scale = max(1.0, float(np.abs(ref).max()))
+        check(err <= TOL * scale, f"{name} n={n}: MTP logits max |diff| {err:.2e} > "
+              f"{TOL * scale:.2e}")
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        # ids chain: compare up to the first draft whose reference margin is a near tie
+        got_ids = [int(x) for x in got.argmax(axis=1)]
+        upto = next((i for i in range(K) if top2[i, 1] - top2[i, 0] <= MIN_MARGIN), K)
+        check(upto > 0 and got_ids[:upto] == ref_ids[:upto],
+              f"{name} n={n}: chained drafts {got_ids} vs reference {ref_ids} (first {upto})")
+        print(f"{name:18s} prompt {n:2d}: logits max|diff| {err:.2e} (scale {scale:.1f}), "
+              f"drafts {ref_ids}")
+
+
+def check_spec(binary, d, name):
+    base = [binary, "generate", "-m", d, "-p", "the quick brown fox", "-n", str(N_GEN),
+            "--ignore-eos", "--print-token-ids", "-q", "-t", "2"]
+    classic = ids_of(run(base + ["--draft", "none"]).stderr, "generated")
+    check(len(classic) == N_GEN, f"{name}: classic made {len(classic)} tokens")
+    acc = []
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        sj = os.path.join(tmp, "s.json")
+        for k in range(1, K + 1):
+            r = run(base + ["--draft-mtp", "--block-size", str(k + 1), "--stats-json", sj])
+            got = ids_of(r.stderr, "generated")
+            st = json.load(open(sj))
+            check(got == classic, f"{name} k={k}: speculative ids differ from classic")
+            check(st.get("rounds", 0) > 0, f"{name} k={k}: no speculative rounds ({st})")
+            acc.append(f"{st.get('accepted', 0)}/{st.get('proposed', 0)}")
+    print(f"{name:18s} spec == classic for k = 1..{K}; accepted/proposed {' '.join(acc)}")
+
+
+def check_replay(binary, d, name):
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        js = os.path.join(tmp, "b.json")
+        run([binary, "bench", "-m", d, "--draft-mtp", "-t", "2", "--sections", "spec",
+             "--tau", "1,16", "--blocks", "2,5,9", "--max-block", "9", "-n", "32",
+             "--prompt-len", "8", "--json", js])
+        runs = json.load(open(js))["spec"]["runs"]
+    full = 0
+    for r in runs:
+        check(r["matches_classic"] is True, f"{name} replay {r['tau']} {r['mode']}: differs "
+              f"from classic")
+        if r["mode"] != "classic":
+            check(r["accepted"] == r["forced"], f"{name} replay {r}: accepted != forced")
+        if r["mode"] in ("B=5", "B=9") and r["tau"] > 1:
+            pos = r["acceptance_by_position"]
+            full += r["rounds"] > 0 and len(pos) >= int(r["mode"][2:]) - 1 and \
+                all(x == 1.0 for x in pos)
+    check(full == 2, f"{name}: full-acceptance replays accepted every draft ({full}/2)")
+    print(f"{name:18s} replay: {len(runs)} runs equal classic, full acceptance at B=5 and 9")
+
+
+def check_probe(binary, d, name):
+    r = run([binary, "probe", "-m", d, "--draft-mtp", "-t", "2", "--block-size", "9", "-n", "16"],
+            ok=False)
+    check(r.returncode == 0, f"{name}: probe exited {r.returncode}: {r.stderr[-500:]}")
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    p = j.get("probe", {})
+    check(p.get("exact") is True and p.get("bytes_differ") == 0 and "drafter" in j,
+          f"{name}: probe not exact: {r.stdout[:800]}")
+
+
+def check_refusal(binary, d, name):
+    r = run([binary, "generate", "-m", d, "-p", "hi", "-n", "2", "--draft-mtp", "-q"], ok=False)
+    check(r.returncode != 0 and "no MTP head" in r.stderr and "mtp.fc.weight" in r.stderr,
+          f"{name}: a checkpoint without mtp.* is not refused clearly: {r.stderr[-400:]}")
+
+
+def main():
+    binary = ready()
+    if not binary:
+        return finish()
+    import test_hf_oracle as oracle
+    from mtp_reference import MTPHead
+    py = sys.executable
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        archs = {a[0]: a[1:] for a in oracle.ARCHS}
+        for name, prefix in TARGETS:
+            cls, kw, seed = archs[name]
+            d = oracle.make_target(tmp, name, cls, long_context(kw), seed)["f32"]
+            check_refusal(binary, d, name)
+            run([py, os.path.join(SRC, "tools", "add_mtp.py"), d, "--prefix", prefix,
+                 "--seed", str(seed)])
+            model = oracle.load_hf(d)
+            head = MTPHead(model, d)
+            check_logits(binary, name, d, model, head, oracle.VOCAB)
+            check_spec(binary, d, name)
+            check_replay(binary, d, name)
+            check_probe(binary, d, name)
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
