@@ -154,7 +154,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
         info->has_draft = 1;
         info->draft_mtp = e->d->kind == DFL_DRAFT_MTP;
         info->draft_block = e->d->block_size;
-        info->draft_layers = e->d->c.n_layers;
+        info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
     }
 }
 
