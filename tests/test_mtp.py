@@ -12,10 +12,12 @@ Per checkpoint:
 2. speculative ids (--draft-mtp --block-size k+1, k = 1..8) equal classic ids;
    random weights accept few drafts, so
 3. `dflash bench --sections spec` replays the classic path through the real
-   MTP lane at tau 1 (nothing accepted) and at tau 16 (every draft right: the
-   lane's profile has 15 positions), each run checked against classic
-   decode, at blocks 2, 5 and 9 and adaptive;
+   MTP lane at tau 1 (nothing accepted), tau 4 (rounds that accept all, some,
+   none) and tau 16 (every draft right: the lane's profile has 15 positions),
+   each run checked against classic decode, at blocks 2, 5 and 9 and adaptive;
 4. `dflash probe --draft-mtp`: the verify path is exact (0 bytes differ);
+   `dflash serve --draft-mtp` (first checkpoint): a request's block_size 1, 2,
+   4, 9 give the same text, drafting when above 1;
 5. a checkpoint without mtp.* is refused with a message naming what is missing.
 Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true."""
 import json
@@ -127,7 +129,7 @@ def check_replay(binary, d, name):
     with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
         js = os.path.join(tmp, "b.json")
         run([binary, "bench", "-m", d, "--draft-mtp", "-t", "2", "--sections", "spec",
-             "--tau", "1,16", "--blocks", "2,5,9", "--max-block", "9", "-n", "32",
+             "--tau", "1,4,16", "--blocks", "2,5,9", "--max-block", "9", "-n", "32",
              "--prompt-len", "8", "--json", js])
         runs = json.load(open(js))["spec"]["runs"]
     full = 0
@@ -141,7 +143,11 @@ def check_replay(binary, d, name):
             full += r["rounds"] > 0 and len(pos) >= int(r["mode"][2:]) - 1 and \
                 all(x == 1.0 for x in pos)
     check(full == 2, f"{name}: full-acceptance replays accepted every draft ({full}/2)")
-    print(f"{name:18s} replay: {len(runs)} runs equal classic, full acceptance at B=5 and 9")
+    part = [r for r in runs if r["tau"] == 4 and r["mode"] == "B=9"]
+    check(part and 0 < part[0]["accepted"] < 8 * part[0]["rounds"],
+          f"{name}: tau 4 should accept some drafts, not all: {part}")
+    print(f"{name:18s} replay: {len(runs)} runs equal classic, full acceptance at B=5 and 9, "
+          f"tau 4 at B=9 accepted {part[0]['accepted']} in {part[0]['rounds']} rounds")
 
 
 def check_probe(binary, d, name):
@@ -152,6 +158,57 @@ def check_probe(binary, d, name):
     p = j.get("probe", {})
     check(p.get("exact") is True and p.get("bytes_differ") == 0 and "drafter" in j,
           f"{name}: probe not exact: {r.stdout[:800]}")
+
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def post(url, body):
+    import urllib.request
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+def check_serve(binary, d, name):
+    """`dflash serve --draft-mtp`: a request's block_size sets its drafts; the text is the
+    same at every block size and classic (block_size 1)."""
+    import time
+    import urllib.request
+    port = free_port()
+    srv = subprocess.Popen([binary, "serve", "-m", d, "--draft-mtp", "--port", str(port),
+                            "-t", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        texts, drafted = {}, {}
+        for b in (1, 2, 4, 9):
+            r = post(url + "/v1/completions", {"prompt": "the quick brown fox", "max_tokens": 24,
+                                               "temperature": 0, "ignore_eos": True,
+                                               "block_size": b})
+            texts[b] = r["choices"][0]["text"]
+            drafted[b] = r["timings"]["draft_n"]
+        check(len(set(texts.values())) == 1, f"{name}: serve texts differ by block: {texts}")
+        check(drafted[1] == 0 and all(drafted[b] > 0 for b in (2, 4, 9)),
+              f"{name}: serve drafts by block {drafted}")
+        print(f"{name:18s} serve --draft-mtp: block_size 1, 2, 4, 9 give one text; drafts "
+              f"{drafted}")
+    except Exception as ex:  # noqa: BLE001 - any failure is this check's
+        check(False, f"{name}: serve --draft-mtp: {ex}")
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
 
 
 def check_refusal(binary, d, name):
@@ -181,6 +238,8 @@ def main():
             check_spec(binary, d, name)
             check_replay(binary, d, name)
             check_probe(binary, d, name)
+            if name == TARGETS[0][0]:
+                check_serve(binary, d, name)
     return finish()
 
 
