@@ -254,10 +254,12 @@ int dfl_mtp_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, const 
                         s->cap - d->max_rows);
     if (n && (!feat || !tok))
         return dfl_fail(err, DFL_EARG, "the MTP head needs the rows' hidden states and tokens");
+    if (s->mkv->len < old - 1)   /* the store's truncate keeps this; a caller broke it */
+        return dfl_fail(err, DFL_EARG, "MTP cache at %d rows behind a context of %d",
+                        s->mkv->len, old);
     memcpy(s->hid + (size_t)old * D, feat, (size_t)n * D * sizeof(float));
     s->len += n;
-    /* rows mkv->len .. len-2 now know their next token: tok[i + 1 - old]
-     * (mkv->len >= old - 1 always: the store's truncate keeps it so) */
+    /* rows mkv->len .. len-2 now know their next token: tok[i + 1 - old] */
     dfl_target_side_begin(d->t);
     for (int i = s->mkv->len; i < s->len - 1;) {
         int m = s->len - 1 - i < d->max_rows ? s->len - 1 - i : d->max_rows;
@@ -285,6 +287,9 @@ int dfl_mtp_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int n_out, floa
     if (pos + n_out > s->mkv->cap)
         return dfl_fail(err, DFL_ECTX, "MTP cache full: %d + %d rows exceed %d", pos, n_out,
                         s->mkv->cap);
+    if (pos > 0 && s->mkv->len < pos - 1)
+        return dfl_fail(err, DFL_EARG, "MTP cache at %d rows behind a context of %d",
+                        s->mkv->len, pos);
     if (pos == 0) {   /* no hidden state before the first token: nothing to fuse */
         for (int j = 0; j < n_out; j++) draft[j] = anchor;
         if (logits) memset(logits, 0, (size_t)n_out * V * sizeof(float));
