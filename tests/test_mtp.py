@@ -211,6 +211,62 @@ def check_serve(binary, d, name):
         srv.wait(timeout=30)
 
 
+def make_successor(tmp, oracle):
+    """A Qwen3.5 target and MTP head built so the head is always right: every mixer's and
+    MLP's output projection zero, so the target's last hidden state is its token's
+    embedding and lm_head = the embedding rolled by one row makes the target continue
+    x, x+1, x+2, ...; the head's fc takes the embedding half only, its block's outputs are
+    zero and its norms plain, so it predicts the token after its input token: x+2 after
+    (x+1, h_x), and so on down the chain. The whole lane runs; every draft is right."""
+    import torch
+    from safetensors.torch import save_file
+    name = "qwen35-hybrid-untied"
+    cls, kw, seed = {a[0]: a[1:] for a in oracle.ARCHS}[name]
+    d = oracle.make_target(tmp, "successor", cls, kw, seed)["f32"]
+    sd = {}
+    from safetensors import safe_open
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        sd = {k: f.get_tensor(k) for k in f.keys()}
+    for k in sd:
+        if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+            sd[k] = torch.zeros_like(sd[k])
+    sd["lm_head.weight"] = torch.roll(sd["model.embed_tokens.weight"], 1, dims=0).clone()
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    run([sys.executable, os.path.join(SRC, "tools", "add_mtp.py"), d])
+    with safe_open(os.path.join(d, "mtp.safetensors"), "pt") as f:
+        head = {k: f.get_tensor(k) for k in f.keys()}
+    h = head["mtp.fc.weight"].shape[0]
+    for k in head:
+        if "norm" in k:
+            head[k] = torch.zeros_like(head[k])          # applied as 1 + w
+        elif k.endswith(("o_proj.weight", "down_proj.weight")):
+            head[k] = torch.zeros_like(head[k])
+    head["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    save_file(head, os.path.join(d, "mtp.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+def check_full_acceptance(binary, d):
+    base = [binary, "generate", "-m", d, "-p", "the quick brown fox", "-n", str(N_GEN),
+            "--ignore-eos", "--print-token-ids", "-q", "-t", "2"]
+    classic = ids_of(run(base + ["--draft", "none"]).stderr, "generated")
+    steps = sum(b == a + 1 for a, b in zip(classic, classic[1:]))
+    check(steps >= N_GEN - 3, f"successor target: classic ids do not count up: {classic}")
+    taus = []
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        sj = os.path.join(tmp, "s.json")
+        for k in range(1, K + 1):
+            r = run(base + ["--draft-mtp", "--block-size", str(k + 1), "--stats-json", sj])
+            st = json.load(open(sj))
+            check(ids_of(r.stderr, "generated") == classic,
+                  f"successor k={k}: speculative ids differ from classic")
+            check(st["accepted"] >= 0.9 * st["proposed"] > 0,
+                  f"successor k={k}: accepted {st['accepted']} of {st['proposed']}")
+            taus.append(f"{st['accepted'] / max(1, st['rounds']) + 1:.2f}")
+    print(f"successor          a head that is always right: spec == classic, tau {' '.join(taus)} "
+          f"for k = 1..{K}")
+
+
 def check_refusal(binary, d, name):
     r = run([binary, "generate", "-m", d, "-p", "hi", "-n", "2", "--draft-mtp", "-q"], ok=False)
     check(r.returncode != 0 and "no MTP head" in r.stderr and "mtp.fc.weight" in r.stderr,
@@ -240,6 +296,7 @@ def main():
             check_probe(binary, d, name)
             if name == TARGETS[0][0]:
                 check_serve(binary, d, name)
+        check_full_acceptance(binary, make_successor(tmp, oracle))
     return finish()
 
 
