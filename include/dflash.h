@@ -55,6 +55,8 @@ enum {
 typedef struct dfl_engine_opts {
     const char *model_path;   /* Hugging Face folder or .gguf file */
     const char *draft_path;   /* DFlash drafter folder or .gguf; NULL for none */
+    int draft_mtp;            /* draft with the target's own MTP head (mtp.* of a Qwen3.5 /
+                                 Qwen3-Next folder) instead of a drafter; not with draft_path */
     const char *dtype;        /* convert weights at load: NULL/"auto" keeps the file's */
     const char *kv_type;      /* K/V cache elements: NULL/"f16" (half the memory and the
                                  bytes a long-context step reads) or "f32" */
@@ -91,7 +93,8 @@ typedef struct dfl_model_info {
                               ring) and recurrent state */
     int rec_snapshots;     /* recurrent states kept for rollback besides the live one */
     int has_draft;
-    int draft_block;       /* drafter's trained block size */
+    int draft_mtp;         /* the drafter is the target's MTP head (one token per step) */
+    int draft_block;       /* drafter's trained block size (MTP: the default max block) */
     int draft_layers;
     int n_threads;
     uint64_t n_params;     /* target parameters (matrices, embeddings, norms, biases) */

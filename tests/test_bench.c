@@ -111,7 +111,9 @@ static void simulate(const dfl_replay_proposer *rp, int n_prompt, int max_tokens
 }
 
 /* A proposer that is never called: dfl_replay_accept_len needs only the profile. */
-static int no_add(dfl_proposer *p, const float *f, int n, dfl_error *e) { return 0; }
+static int no_add(dfl_proposer *p, const float *f, const int32_t *t, int n, dfl_error *e) {
+    return 0;
+}
 static int no_draft(dfl_proposer *p, int32_t a, int pos, int B, int32_t *o, float *l,
                     dfl_error *e) { return -1; }
 static void no_trunc(dfl_proposer *p, int n) {}

@@ -726,8 +726,9 @@ typedef struct checker {
 } checker;
 
 static dfl_proposer *inner(const dfl_proposer *p) { return &((checker *)p)->dp.base; }
-static int c_add(dfl_proposer *p, const float *feat, int n, dfl_error *err) {
-    return inner(p)->add_context(inner(p), feat, n, err);
+static int c_add(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                 dfl_error *err) {
+    return inner(p)->add_context(inner(p), feat, tok, n, err);
 }
 static void c_trunc(dfl_proposer *p, int n) { inner(p)->truncate(inner(p), n); }
 static int c_len(const dfl_proposer *p) { return inner(p)->len(inner(p)); }

@@ -51,7 +51,9 @@ typedef struct oracle {
     int n_pattern;
 } oracle;
 
-static int o_add(dfl_proposer *p, const float *feat, int n, dfl_error *err) {
+static int o_add(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                 dfl_error *err) {
+    (void)tok;
     (void)feat, (void)err;
     ((oracle *)p)->len += n;
     return 0;

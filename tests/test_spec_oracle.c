@@ -70,7 +70,9 @@ typedef struct oracle {
     int calls;
 } oracle;
 
-static int o_add(dfl_proposer *p, const float *feat, int n, dfl_error *err) {
+static int o_add(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                 dfl_error *err) {
+    (void)tok;
     oracle *o = (oracle *)p;
     int fd = 2 * T->c.dim;
     /* after a round: exactly the anchor and the accepted drafts come back */

@@ -44,7 +44,7 @@ static int cal_round(cal *c, int B, double *sec, dfl_error *err) {
     int a = dfl_accept_greedy(NULL, c->logits, vocab, block, B, pos, c->tok, NULL, tgt);
     (void)a;   /* timed as if nothing were accepted: one row is kept */
     dfl_kv_truncate(c->kv, pos + 1);
-    if (B > 1) rc = pr->add_context(pr, c->feat, 1, err);
+    if (B > 1) rc = pr->add_context(pr, c->feat, block, 1, err);
     *sec = dfl_now() - t0;
     dfl_kv_truncate(c->kv, pos);
     pr->truncate(pr, pos);
@@ -94,7 +94,7 @@ int dfl_spec_calibrate(dfl_engine *e, int bmax, dfl_error *err) {
     dfl_proposer *pr = &c.dp.base;
     int rc = dfl_target_forward(t, c.kv, c.tok, CAL_CTX, CAL_CTX, NULL, pr->cap, pr->n_cap,
                                 c.feat, err);
-    if (!rc) rc = pr->add_context(pr, c.feat, CAL_CTX, err);
+    if (!rc) rc = pr->add_context(pr, c.feat, c.tok, CAL_CTX, err);
     double warm;
     if (!rc) rc = cal_round(&c, 1, &warm, err);   /* first touch of the new cache */
     for (int i = 0; i < n && !rc; i++) {

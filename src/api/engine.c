@@ -62,6 +62,9 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     if (rc) return rc;
     rc = load_tokenizer(e, o->model_path, e->t->gguf, err);
     if (rc) return rc;
+    if (o->draft_path && o->draft_mtp)
+        return dfl_fail(err, DFL_EARG, "--draft and --draft-mtp: give one drafter");
+    if (o->draft_mtp && (rc = dfl_mtp_load(e->t, &lo, &e->d, err))) return rc;
     if (o->draft_path) {
         rc = dfl_drafter_load(o->draft_path, e->t, &lo, &e->d, err);
         if (rc) return rc;
@@ -150,8 +153,9 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     snprintf(info->simd, sizeof info->simd, "%s", dfl_kernels_simd() ? "avx2" : "generic");
     if (e->d) {
         info->has_draft = 1;
+        info->draft_mtp = e->d->kind == DFL_DRAFT_MTP;
         info->draft_block = e->d->block_size;
-        info->draft_layers = e->d->c.n_layers;
+        info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
     }
 }
 

@@ -268,7 +268,7 @@ static int shadow_run(dfl_engine *e, shadow *w, int n, int n_gen, int B, dfl_err
         w->ref[pos + 1] = dfl_argmax(w->q.logits, t->c.vocab);
         size_t fd = (size_t)pr->n_cap * t->c.dim;
         memcpy(w->steps + (size_t)k * fd, w->q.feat, fd * sizeof(float));
-        rc = pr->add_context(pr, w->q.feat, 1, err);
+        rc = pr->add_context(pr, w->q.feat, w->ref + pos, 1, err);
     }
     return rc;
 }
@@ -297,7 +297,7 @@ static int shadow_chain(shadow *w, int n, int n_gen, int B, dfl_draft_report *r,
         while (a < b - 1 && d[a] == w->ref[pos + 1 + a]) a++;
         if (b > 1) r->chain_rounds++, r->chain_committed += a + 1;
         if (cut) {
-            int rc = pr->add_context(pr, w->steps + (size_t)gen * fd, a + 1, err);
+            int rc = pr->add_context(pr, w->steps + (size_t)gen * fd, w->ref + pos, a + 1, err);
             if (rc) return rc;
         }
         gen += a + 1;

@@ -27,6 +27,7 @@ static void help(void) {
         "\n"
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter (needed for the spec section)\n"
+        "  --draft-mtp            the model's own MTP head as the drafter instead\n"
         "  --types LIST           weight types to convert to at load and measure, e.g.\n"
         "                         bf16,q8_0 (default: auto, the file's own); the spec and\n"
         "                         ctx sections use the first\n"
@@ -150,6 +151,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o->eo.model_path = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft-mtp")) o->eo.draft_mtp = 1;
         else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--types"))
             o->n_types = split(a, cli_need(argc, argv, &i), (char **)o->types);
@@ -198,7 +200,8 @@ static void parse(opts *o, int argc, char **argv) {
             fprintf(stderr, "dflash bench: no --model given and no built-in model found\n");
             exit(2);
         }
-        if (!o->eo.draft_path && !o->no_draft) o->eo.draft_path = cli_default_draft();
+        if (!o->eo.draft_path && !o->no_draft && !o->eo.draft_mtp)
+            o->eo.draft_path = cli_default_draft();
     }
 }
 
@@ -255,7 +258,7 @@ static void load(bench *b, const char *type, int ctx_size, int with_draft) {
     eo.dtype = type;
     eo.ctx_size = ctx_size;
     eo.max_block = b->o->max_block;
-    if (!with_draft) eo.draft_path = NULL;
+    if (!with_draft) eo.draft_path = NULL, eo.draft_mtp = 0;
     eo.progress = cli_progress;
     dfl_error err = {0};
     if (dfl_engine_load(&eo, &b->e, &err)) die("load", &err);
@@ -738,7 +741,7 @@ int cmd_bench(int argc, char **argv) {
     for (int ti = 0; ti < o.n_types; ti++) {
         int first = ti == 0;
         load(&b, o.types[ti], first ? ctx_needed(&o) : 512,
-             first && o.eo.draft_path && (o.sections & (SEC_SPEC | SEC_RULES)));
+             first && (o.eo.draft_path || o.eo.draft_mtp) && (o.sections & (SEC_SPEC | SEC_RULES)));
         if (first) {
             model_json(&b);
             printf("model %s: %s, %d layers, dim %d, ffn %d, vocab %d; %.2f GFLOP per row\n\n",

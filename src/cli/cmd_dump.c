@@ -17,6 +17,8 @@ static void help(void) {
            "  --decode K            rows 0..K-1 as one block, then rows K.. one at a time\n"
            "                        (the decode path); default: all rows as one block\n"
            "  --draft PATH          a DFlash drafter; with --out-draft, writes its logits\n"
+           "  --draft-mtp           the model's own MTP head as the drafter: --out-draft gets\n"
+           "                        the logits of its chain of B-1 drafts\n"
            "  --draft-block B       drafter block size (default: the drafter's)\n"
            "  --out-draft FILE      (B-1) x vocab float32: rows 1..B-1 of a block anchored\n"
            "                        on the last id, with rows 0..n-2 as context\n"
@@ -40,6 +42,10 @@ int cmd_dump(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return help(), 0;
+        if (!strcmp(a, "--draft-mtp")) {   /* the one flag without a value */
+            eo.draft_mtp = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "dflash dump: %s needs a value (see --help)\n", a);
             return 2;

@@ -21,6 +21,8 @@ static void help(void) {
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter folder or .gguf (default: built-in drafter\n"
         "                         when the built-in model is used; 'none' turns it off)\n"
+        "  --draft-mtp            draft with the model's own MTP head (mtp.* of a Qwen3.5 /\n"
+        "                         Qwen3-Next folder): --block-size N drafts N-1 tokens\n"
         "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k\n"
         "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
         "  --kv-type f16|f32      K/V cache elements (default f16: half the memory)\n"
@@ -88,6 +90,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o->eo.model_path = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft-mtp")) o->eo.draft_mtp = 1;
         else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
@@ -150,7 +153,8 @@ static void parse(opts *o, int argc, char **argv) {
                             "(models/default) was not found next to the binary\n");
             exit(2);
         }
-        if (!o->eo.draft_path && !o->no_draft) o->eo.draft_path = cli_default_draft();
+        if (!o->eo.draft_path && !o->no_draft && !o->eo.draft_mtp)
+            o->eo.draft_path = cli_default_draft();
     }
     if (o->prompt && o->prompt_file) {
         fprintf(stderr, "dflash generate: give --prompt or --prompt-file, not both\n");

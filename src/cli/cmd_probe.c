@@ -25,6 +25,7 @@ static void help(void) {
         "\n"
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter folder or .gguf ('none': no drafter)\n"
+        "  --draft-mtp            the model's own MTP head as the drafter\n"
         "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k)\n"
         "  --block-size B         rows of the verify block (default: the drafter's, else 16)\n"
         "  -p, --prompt TEXT      prompt text (default: a fixed short sequence of ids)\n"
@@ -53,6 +54,7 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o->eo.model_path = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--draft-mtp")) o->eo.draft_mtp = 1;
         else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--block-size"))
@@ -76,7 +78,8 @@ static void parse(opts *o, int argc, char **argv) {
             fprintf(stderr, "dflash probe: no --model given and no built-in model found\n");
             exit(2);
         }
-        if (!o->eo.draft_path && !o->no_draft) o->eo.draft_path = cli_default_draft();
+        if (!o->eo.draft_path && !o->no_draft && !o->eo.draft_mtp)
+            o->eo.draft_path = cli_default_draft();
     }
     if (o->prompt && o->ids) {
         fprintf(stderr, "dflash probe: give --prompt or --ids, not both\n");

@@ -12,6 +12,9 @@ static void usage(FILE *f) {
             "An OpenAI-compatible HTTP server (see docs/server.md).\n\n"
             "  -m, --model PATH        target model: Hugging Face folder or .gguf\n"
             "  --draft PATH            DFlash drafter (greedy requests speculate with it)\n"
+            "  --draft-mtp             draft with the model's own MTP head (mtp.* of a\n"
+            "                          Qwen3.5 / Qwen3-Next folder) instead; a request's\n"
+            "                          block_size sets its drafts + 1\n"
             "  --host ADDR             listen address (default 127.0.0.1; only this one)\n"
             "  --port N                TCP port (default 8080; 0 picks a free one)\n"
             "  -np, --parallel N       slots: requests generating at once (default 1)\n"
@@ -71,8 +74,12 @@ int cmd_serve(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--lenient")) {   /* the one option without a value */
+        if (!strcmp(a, "--lenient")) {   /* the options without a value */
             o.lenient = 1;
+            continue;
+        }
+        if (!strcmp(a, "--draft-mtp")) {
+            o.draft_mtp = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -127,7 +134,7 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     /* the built-in model brings its drafter, as in generate */
-    if (!o.model_path && (o.model_path = cli_default_model()) && !o.draft_path)
+    if (!o.model_path && (o.model_path = cli_default_model()) && !o.draft_path && !o.draft_mtp)
         o.draft_path = cli_default_draft();
     if (!o.model_path) {
         fprintf(stderr, "dflash serve: no model: give -m PATH\n");

@@ -152,7 +152,9 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
     if (mi.rec_state_bytes)
         fprintf(stderr, "recurrent state %.2f MB per session (%d rollback snapshots); ",
                 (double)mi.rec_state_bytes / 1e6, mi.rec_snapshots);
-    if (mi.has_draft)
+    if (mi.draft_mtp)
+        fprintf(stderr, "MTP head of the target (mtp.*) drafts, one token a step\n");
+    else if (mi.has_draft)
         fprintf(stderr, "DFlash drafter of %d layers, block %d\n", mi.draft_layers,
                 mi.draft_block);
     else

@@ -24,8 +24,10 @@
 typedef struct dfl_proposer dfl_proposer;
 struct dfl_proposer {
     /* Appends n context rows at positions len() .. len()+n-1. feat: (n,
-     * n_cap*target dim), the outputs of target layers cap[] for committed rows. */
-    int (*add_context)(dfl_proposer *p, const float *feat, int n, dfl_error *err);
+     * n_cap*target dim), the outputs of target layers cap[] for committed rows;
+     * tok: (n) their tokens (an MTP head reads the token after each row). */
+    int (*add_context)(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                       dfl_error *err);
     /* Proposes out[0..B-2] for positions pos+1 .. pos+B-1 after anchor at pos
      * (pos == len()); logits (B-1, vocab) of those rows when not NULL. */
     int (*draft)(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out, float *logits,

@@ -44,7 +44,7 @@ int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error 
                                     n_cap, q->feat, err);
         if (rc) return rc;
         memcpy(q->hist + pos, tok + a, (size_t)m * sizeof(int32_t));
-        if (feed && (rc = pr->add_context(pr, n_cap ? q->feat : NULL, m, err))) return rc;
+        if (feed && (rc = pr->add_context(pr, n_cap ? q->feat : NULL, tok + a, m, err))) return rc;
         a += m;
     }
     return 0;
@@ -108,7 +108,9 @@ static int flush_pending(run *r, dfl_error *err) {
     size_t fd = (size_t)pr->n_cap * q->t->c.dim;
     int n = r->pending;
     r->pending = 0;
-    return pr->add_context(pr, q->feat && fd ? q->feat + fd : NULL, n, err);
+    /* the parked rows end at kv->len */
+    return pr->add_context(pr, q->feat && fd ? q->feat + fd : NULL, q->hist + q->kv->len - n, n,
+                           err);
 }
 
 static int park_row(run *r, dfl_error *err) {
@@ -170,7 +172,7 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     dfl_kv_truncate(q->kv, pos + kept);
     double t3 = dfl_now();
     if (r->spec && B == 1) rc = park_row(r, err);
-    else if (r->spec) rc = pr->add_context(pr, n_cap ? q->feat : NULL, kept, err);
+    else if (r->spec) rc = pr->add_context(pr, n_cap ? q->feat : NULL, block, kept, err);
     if (rc) return rc;
     double t4 = dfl_now();
     r->anchor = tgt[a];

@@ -1,10 +1,14 @@
-/* propose.c - the DFlash drafter and its side store behind the proposer seam. */
+/* propose.c - a drafter (DFlash, or the target's MTP head) and its side store
+ * behind the proposer seam. */
 #include "decode/decode.h"
 
 static dfl_dflash_proposer *self(dfl_proposer *p) { return (dfl_dflash_proposer *)p; }
 
-static int add_context(dfl_proposer *p, const float *feat, int n, dfl_error *err) {
-    return dfl_drafter_add_context(self(p)->d, self(p)->s, feat, n, err);
+static int add_context(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                       dfl_error *err) {
+    dfl_dflash_proposer *x = self(p);
+    if (x->d->mtp) return dfl_mtp_add_context(x->d, x->s, feat, tok, n, err);
+    return dfl_drafter_add_context(x->d, x->s, feat, n, err);
 }
 
 static int draft(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out, float *logits,

@@ -15,9 +15,10 @@
 
 static dfl_replay_proposer *self(dfl_proposer *p) { return (dfl_replay_proposer *)p; }
 
-static int add_context(dfl_proposer *p, const float *feat, int n, dfl_error *err) {
+static int add_context(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                       dfl_error *err) {
     dfl_proposer *in = self(p)->inner;
-    return in->add_context(in, feat, n, err);
+    return in->add_context(in, feat, tok, n, err);
 }
 
 static void truncate_to(dfl_proposer *p, int n_keep) {

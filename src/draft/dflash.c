@@ -524,6 +524,7 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
 
 void dfl_drafter_free(dfl_drafter *d) {
     if (!d) return;
+    dfl_mtp_free(d->mtp, d->c.n_experts);
     free(d->fc.wt);
     for (int l = 0; d->layers && l < d->c.n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];
@@ -548,6 +549,10 @@ void dfl_drafter_free(dfl_drafter *d) {
 
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
     dfl_dstore *s = xcalloc(1, sizeof *s);
+    if (d->mtp) {
+        dfl_mtp_store_init(d, s, ctx);
+        return s;
+    }
     s->cap = ctx + d->max_rows;
     /* A sliding drafter's rows older than its window are never read again:
      * they need not be projected (the tighter of the two windows bounds). */
@@ -565,18 +570,25 @@ void dfl_dstore_free(dfl_dstore *s) {
     if (!s) return;
     free(s->k);
     free(s->v);
+    dfl_kv_free(s->mkv);
+    free(s->hid);
     free(s);
 }
 
 /* Rows the window skipped cannot come back: a cut after which the next
  * block's window would reach them empties the store. */
 void dfl_dstore_truncate(dfl_dstore *s, int n_keep) {
+    if (s->mkv) {
+        dfl_mtp_store_truncate(s, n_keep);
+        return;
+    }
     if (n_keep < 0) n_keep = 0;
     if (n_keep < s->len) s->len = n_keep;
     if (s->lo > 0 && (s->len == 0 || s->len - s->window < s->lo)) s->len = s->lo = 0;
 }
 
 int dfl_dstore_copy_prefix(dfl_dstore *dst, const dfl_dstore *src, int n) {
+    if (src->mkv) return dfl_mtp_store_copy(dst, src, n);
     dst->len = dst->lo = 0;
     if (n > src->len) n = src->len;
     if (src->lo > 0 || n <= 0 || n > dst->cap) return 0;
@@ -663,6 +675,9 @@ static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, in
 
 int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, int n,
                             dfl_error *err) {
+    if (d->mtp)
+        return dfl_fail(err, DFL_EARG, "the MTP head's context needs tokens: "
+                        "dfl_mtp_add_context");
     if (n < 0 || s->len + n > s->cap - d->max_rows)
         return dfl_fail(err, DFL_ECTX, "drafter context full: %d + %d rows exceed %d", s->len,
                         n, s->cap - d->max_rows);
@@ -761,6 +776,7 @@ int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, floa
 
 int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, int n_out,
                         float *logits, int32_t *draft, dfl_error *err) {
+    if (d->mtp) return dfl_mtp_draft(d, s, anchor, n_out, logits, draft, err);
     const dfl_config *c = &d->c;
     int pos0 = s->len, vocab = c->vocab;
     if (B < 2 || B > d->max_rows)

@@ -1,14 +1,16 @@
 /* draft.h - the drafter seam: a DFlash block-diffusion drafter (z-lab format,
  * llama.cpp's GGUF "dflash" form, or Poolside's DFlashLagunaForCausalLM) that
  * borrows the target's embedding and lm_head. Context K/V per layer is
- * computed once per committed row and kept (the side store). */
+ * computed once per committed row and kept (the side store). The native MTP
+ * head of a Qwen3.5 / Qwen3-Next checkpoint (mtp.c) is a drafter of its own
+ * kind behind the same seam: it chains one token at a time. */
 #ifndef DFL_DRAFT_H
 #define DFL_DRAFT_H
 
 #include "models/model.h"
 
 /* Which published drafter a checkpoint is: they pair with different targets. */
-enum { DFL_DRAFT_ZLAB = 0, DFL_DRAFT_LAGUNA = 1 };
+enum { DFL_DRAFT_ZLAB = 0, DFL_DRAFT_LAGUNA = 1, DFL_DRAFT_MTP = 2 };
 
 typedef struct dfl_dlayer {
     dfl_mat wqkv;              /* Laguna: ((n_heads+2*n_kv)*hd, dim) fused, rows q|k|v; wq, wk,
@@ -24,8 +26,26 @@ typedef struct dfl_dlayer {
     const float *q_norm, *k_norm;      /* (hd) */
 } dfl_dlayer;
 
+/* The MTP head (mtp.*): u = fc([norm_e(embed(next token)) ; norm_h(hidden)]),
+ * one gated full-attention block with the target's MLP kind, norm, the
+ * target's lm_head. Its block runs through the target's own forward, as a
+ * one-layer target (view) whose rows come in as u. */
+typedef struct dfl_mtp {
+    dfl_mat fc;                /* (dim, 2*dim) */
+    const float *norm_e;       /* (dim) pre_fc_norm_embedding, 1 + w applied */
+    const float *norm_h;       /* (dim) pre_fc_norm_hidden, 1 + w applied */
+    const float *norm;         /* (dim) the head's final norm, 1 + w applied */
+    dfl_layer layer;           /* mtp.layers.0 */
+    dfl_target view;           /* the target with `layer` as its only layer and `norm` as
+                                  its final norm; shares the target's scratch and lock */
+    void *owned;               /* converted weights and norms */
+} dfl_mtp;
+
 typedef struct dfl_drafter {
     int kind;                  /* DFL_DRAFT_* */
+    dfl_mtp *mtp;              /* DFL_DRAFT_MTP: the head (every DFlash field below unused
+                                  but c, block_size, n_cap, cap, t, max_rows and the
+                                  scratch x, xn, ctx, h1, h2, logits, tok, qscratch) */
     dfl_config c;              /* drafter's own dims (dim == target dim) */
     int block_size;            /* trained block size */
     int mask_id;
@@ -70,6 +90,11 @@ typedef struct dfl_dstore {
     int n_layers, kv_dim;
     dfl_type type;             /* the target's --kv-type: DFL_F16 (half the memory) or DFL_F32 */
     void *k, *v;               /* (n_layers, cap, kv_dim) of type */
+    dfl_kv *mkv;               /* MTP: the head's own cache (one full-attention layer); its
+                                  row i fuses token i+1 with the target's hidden state i, so
+                                  it holds len - 1 rows (len once a draft fused the anchor) */
+    float *hid;                /* MTP: (cap, hid_dim) the target's last layer output per row */
+    int hid_dim;               /* MTP: the target's dim */
 } dfl_dstore;
 
 /* path: a z-lab or Laguna DFlash folder (config.json + safetensors) or a
@@ -85,6 +110,13 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
  * [1, n_target-3] (one draft layer: n_target/2). Returns n_draft. */
 int dfl_dflash_default_layers(int n_target, int n_draft, int *ids);
 void dfl_drafter_free(dfl_drafter *d);
+/* The target's own MTP head (--draft-mtp): refuses a target without mtp.*
+ * tensors, naming what it looked for. */
+int dfl_mtp_load(dfl_target *t, const dfl_load_opts *o, dfl_drafter **out, dfl_error *err);
+/* Appends n committed rows: feat (n, dim) the target's last-layer outputs,
+ * tok (n) their tokens; fuses every row whose next token is now known. */
+int dfl_mtp_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, const int32_t *tok,
+                        int n, dfl_error *err);
 /* A store for ctx context rows, of the target's K/V type. */
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx);
 void dfl_dstore_free(dfl_dstore *s);

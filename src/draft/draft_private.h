@@ -1,7 +1,7 @@
 /* draft_private.h - what the drafter's files share: dflash.c (the z-lab
  * drafter, the forward, the side store), draft_config.c (pairing, layer
  * ids), laguna_dflash_config.c and laguna_dflash.c (the Laguna drafter's
- * config and tensors). */
+ * config and tensors), mtp.c (the native MTP head). */
 #ifndef DFL_DRAFT_PRIVATE_H
 #define DFL_DRAFT_PRIVATE_H
 
@@ -30,5 +30,14 @@ int dfl_laguna_draft_config(dfl_drafter *d, cJSON *j, const dfl_target *t, const
                             dfl_error *err);
 /* Its tensors, names without the "model." prefix (laguna_dflash.c). */
 int dfl_laguna_draft_weights(dfl_drafter *d, dfl_weights *w, dfl_error *err);
+
+/* The MTP head's parts of the drafter and store calls (mtp.c). */
+void dfl_mtp_free(dfl_mtp *m, int n_experts);
+void dfl_mtp_store_init(const dfl_drafter *d, dfl_dstore *s, int ctx);
+void dfl_mtp_store_truncate(dfl_dstore *s, int n_keep);
+/* dst takes src's first n rows; returns the rows it holds (0: it was emptied). */
+int dfl_mtp_store_copy(dfl_dstore *dst, const dfl_dstore *src, int n);
+int dfl_mtp_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int n_out, float *logits,
+                  int32_t *draft, dfl_error *err);
 
 #endif

@@ -20,6 +20,13 @@ extern const dfl_family dfl_family_dense;    /* llama.c: Llama, Mistral, Qwen2, 
 extern const dfl_family dfl_family_laguna;   /* laguna.c */
 extern const dfl_family dfl_family_qwen35;   /* qwen35.c: Qwen3.5 hybrid */
 
+/* Qwen3.5 / Qwen3-Next: layer l of t (its kinds in t->c, names under t->prefix)
+ * into t->layers[l]; the MTP head's block loads through it too (qwen35.c). */
+int dfl_qwen35_load_block(dfl_target *t, dfl_weights *w, int l, dfl_error *err);
+/* Where checkpoints keep the MTP head's tensors: "mtp." (as released), or
+ * under the decoder's prefix; NULL-terminated. */
+extern const char *const dfl_mtp_prefixes[];
+
 /* Layer l's mixture of experts (moe.c) into L->moe; lfmt names the layer
  * ("model.layers.%d."). */
 int dfl_load_moe(dfl_weights *w, const dfl_config *c, const char *lfmt, int l, dfl_layer *L,

@@ -314,7 +314,9 @@ void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq) {
         b.off[i + 1] = b.off[i] + f[i].n;
         for (int r = 0; r < f[i].n; r++) {
             int row = b.off[i] + r, pos = f[i].kv->len + r;
-            dfl_target_embed(t, f[i].tok + r, 1, t->x + (size_t)row * c->dim);
+            float *x = t->x + (size_t)row * c->dim;
+            if (f[i].embeds) memcpy(x, f[i].embeds + (size_t)r * c->dim, sizeof(float) * c->dim);
+            else dfl_target_embed(t, f[i].tok + r, 1, x);
             dfl_rope_cs(&t->rope, pos, t->rope_cs + (size_t)row * 2 * hd);
             if (own_swa(t)) dfl_rope_cs(&t->rope_swa, pos, t->rope_cs + (size_t)row * 2 * hd + hd);
             t->n_keys[row] = pos + 1;

@@ -224,6 +224,8 @@ uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap);
 typedef struct dfl_fwd {
     dfl_kv *kv;
     const int32_t *tok;   /* (n) */
+    const float *embeds;  /* (n, dim) input rows used instead of tok's embeddings (the MTP
+                             head's fused rows); NULL: embed tok */
     int n, logits_from;
     float *logits;
     const int *cap;

@@ -4,8 +4,8 @@
  * norm, partial rotary), each followed by a dense SwiGLU MLP. Every RMSNorm
  * but the DeltaNet's gated one applies 1 + w: those weights are loaded with
  * 1 added. Hugging Face names under "model." (Qwen3_5ForCausalLM) or
- * "model.language_model." (the multimodal class, whose vision tower and MTP
- * head are not run). Its config reader is qwen35_config.c; the DeltaNet's
+ * "model.language_model." (the multimodal class, whose vision tower is not
+ * run). The MTP head (mtp.*) is draft/mtp.c's, through dfl_qwen35_load_block. Its config reader is qwen35_config.c; the DeltaNet's
  * forward is gdn.c. */
 #include <string.h>
 
@@ -70,16 +70,9 @@ static int load_attention(dfl_target *t, dfl_weights *w, int l, dfl_error *err) 
     return rc ? rc : vec(t, w, l, "self_attn.k_norm.weight", hd, 1, &L->k_norm, err);
 }
 
-static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
+int dfl_qwen35_load_block(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     const dfl_config *c = &t->c;
     dfl_layer *L = &t->layers[l];
-    if (t->gguf)
-        return dfl_fail(err, DFL_EUNSUP, "Qwen3.5 from GGUF is not supported yet: use the "
-                        "Hugging Face folder");
-    if (l == 0) {   /* parts of a multimodal checkpoint this engine does not run */
-        dfl_w_ignore_prefix(w, "model.visual.");
-        dfl_w_ignore_prefix(w, "mtp.");
-    }
     int rc = c->layer_kind[l] == DFL_LAYER_RECURRENT ? load_gdn(t, w, l, err)
                                                      : load_attention(t, w, l, err);
     rc = rc ? rc : vec(t, w, l, "input_layernorm.weight", c->dim, 1, &L->attn_norm, err);
@@ -93,5 +86,19 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     rc = rc ? rc : mat(t, w, l, "mlp.up_proj.weight", c->ffn_dim, c->dim, &L->w_up, err);
     return rc ? rc : mat(t, w, l, "mlp.down_proj.weight", c->dim, c->ffn_dim, &L->w_down, err);
 }
+
+static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
+    if (t->gguf)
+        return dfl_fail(err, DFL_EUNSUP, "Qwen3.5 from GGUF is not supported yet: use the "
+                        "Hugging Face folder");
+    if (l == 0) {   /* parts of the checkpoint the target does not run: a vision tower, and
+                       the MTP head, which draft/mtp.c loads on its own when asked */
+        dfl_w_ignore_prefix(w, "model.visual.");
+        for (int i = 0; dfl_mtp_prefixes[i]; i++) dfl_w_ignore_prefix(w, dfl_mtp_prefixes[i]);
+    }
+    return dfl_qwen35_load_block(t, w, l, err);
+}
+
+const char *const dfl_mtp_prefixes[] = {"mtp.", "model.mtp.", "model.language_model.mtp.", NULL};
 
 const dfl_family dfl_family_qwen35 = {"qwen3_5", load_layer};

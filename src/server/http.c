@@ -810,6 +810,7 @@ static void *load_engine(void *arg) {
     dfl_engine_opts_default(&eo);
     eo.model_path = srv->o.model_path;
     eo.draft_path = srv->o.draft_path;
+    eo.draft_mtp = srv->o.draft_mtp;
     eo.dtype = srv->o.dtype;
     eo.kv_type = srv->o.kv_type;
     eo.n_threads = srv->o.threads;
@@ -835,7 +836,9 @@ static void *load_engine(void *arg) {
             "dflash serve: ready: model '%s' (%s, %s), %s, %d slot%s of %d tokens, "
             "continuous batching\n",
             srv->model_id, srv->info.arch, srv->info.dtype,
-            srv->info.has_draft ? "DFlash drafter" : "no drafter", srv->n_slots,
+            srv->info.draft_mtp ? "MTP head drafts" : srv->info.has_draft ? "DFlash drafter"
+                                                                          : "no drafter",
+            srv->n_slots,
             srv->n_slots == 1 ? "" : "s", srv->info.ctx_size);
     __atomic_store_n(&srv->ready, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&ld->done, 1, __ATOMIC_RELEASE);
