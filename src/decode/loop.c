@@ -143,7 +143,7 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     int32_t block[DFL_MAX_BLOCK], tgt[DFL_MAX_BLOCK];
     block[0] = r->anchor;
     float *dlog = o->need_dlogits ? q->dlogits : NULL;
-    double t0 = dfl_now();
+    double s0 = pr && pr->spent ? pr->spent(pr) : 0, t0 = dfl_now();
     q->hist[pos] = r->anchor;   /* pos < cap: checked by the caller */
     if (B > 1 && (rc = flush_pending(r, err))) return rc;
     if (B > 1 && (rc = pr->draft(pr, r->anchor, pos, B, block + 1, dlog, err))) return rc;
@@ -178,7 +178,10 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     r->st->t_verify += t2 - t1;
     count_round(r, B, a, emitted);
     *accepted = a;
-    *cost = (t1 - t0) + (t4 - t2) + marginal(t, &f, t2 - t1);
+    /* the drafter's passes, like the forward, at their marginal cost: its
+     * share of passes that carried other sequences' work */
+    double drafter = pr && pr->spent ? pr->spent(pr) - s0 : (t1 - t0) + (t4 - t3);
+    *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
 }
