@@ -185,7 +185,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     stopper sp = {e, p};
     dfl_loop_opts o = {.block = block, .is_stop = is_stop, .stop_ud = &sp,
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
-                       .costs = &e->costs,
+                       .no_logprob = p->no_logprob, .costs = &e->costs,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);

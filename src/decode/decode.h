@@ -94,6 +94,7 @@ typedef struct dfl_loop_opts {
     void *stop_ud;
     int max_tokens;
     int n_top_logprobs;   /* 0..DFL_MAX_TOP_LOGPROBS */
+    int no_logprob;       /* 1: no logprob either (unless top-k are asked for) */
     /* Drafts for rules that need them sampled (rejection), or NULL: rewrites
      * draft[0..n) from the drafter rows, hist[0..pos] committed (anchor last). */
     void (*redraft)(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,

@@ -70,7 +70,9 @@ static int commit(run *r, int32_t id, const float *row) {
     const dfl_loop_opts *o = r->o;
     dfl_token_info ti;
     memset(&ti, 0, sizeof ti);
-    dfl_logprobs(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
+    ti.id = id;
+    if (!o->no_logprob || o->n_top_logprobs > 0)
+        dfl_logprobs(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
     r->gen++;
     r->st->n_gen++;
     int cancel = r->cb ? r->cb(r->ud, &ti) : 0;
