@@ -4,7 +4,8 @@
  * speculative output identical to classic decode for blocks 2, 4, 8, 16 and
  * the adaptive policy (to the end of the context, and to EOS), stop reasons,
  * cancellation, follow-up turns on one session, sampled speculation, the
- * probe (0 differing bytes), the drafter diagnostic, and logprobs left out. */
+ * probe (0 differing bytes), the drafter diagnostic, logprobs left out, and
+ * replayed requests' acceptance evidence kept apart. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -242,6 +243,30 @@ static void test_no_logprob(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_session_free(s);
 }
 
+/* A replayed request's acceptance (benchmarks) is the replay's: the next
+ * request with the drafter's own proposals does not start from it, nor the
+ * other way round. */
+static void test_replay_carry(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_session *s;
+    dfl_error err = {0};
+    dfl_session_new(e, &s, &err);
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.max_tokens = 40;
+    p.ignore_eos = 1;
+    sink ref, got;
+    dfl_stats st;
+    CHECK(run(s, prompt, n, &p, &ref, &st) == 0, "own proposals");
+    dfl_policy own = e->carry;
+    p.replay_ref = ref.ids;
+    p.n_replay_ref = ref.n;
+    p.replay_tau = 6.5;
+    CHECK(run(s, prompt, n, &p, &got, &st) == 0 && same(&ref, &got), "replayed: other ids");
+    CHECK(e->carry_replay.max_block && !memcmp(&e->carry, &own, sizeof own),
+          "a replayed request changed the evidence of the drafter's own");
+    dfl_session_free(s);
+}
+
 int main(void) {
     const char *dir = test_tmpdir();
     char model[512], draft[512];
@@ -266,6 +291,7 @@ int main(void) {
     test_probe(e, prompt, 9);
     test_fail_closed(e, prompt, 9);
     test_no_logprob(e, prompt, 9);
+    test_replay_carry(e, prompt, 9);
     dfl_engine_free(e);
     test_rmdir(dir);
     return test_summary();
