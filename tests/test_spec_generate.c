@@ -221,14 +221,20 @@ static void test_fail_closed(dfl_engine *e, const int32_t *prompt, int n) {
 
 /* no_logprob skips the pass over the vocabulary: the same ids, logprob 0;
  * top-k asked for still computes them. */
-static void test_no_logprob(dfl_engine *e, const int32_t *prompt, int n) {
-    dfl_session *s;
+/* A session and the parameters of a short greedy run. */
+static dfl_session *short_run(dfl_engine *e, dfl_gen_params *p) {
+    dfl_session *s = NULL;
     dfl_error err = {0};
     dfl_session_new(e, &s, &err);
+    dfl_gen_params_default(p);
+    p->max_tokens = 40;
+    p->ignore_eos = 1;
+    return s;
+}
+
+static void test_no_logprob(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_gen_params p;
-    dfl_gen_params_default(&p);
-    p.max_tokens = 40;
-    p.ignore_eos = 1;
+    dfl_session *s = short_run(e, &p);
     sink ref, got;
     dfl_stats st;
     CHECK(run(s, prompt, n, &p, &ref, &st) == 0, "with logprobs");
@@ -247,13 +253,8 @@ static void test_no_logprob(dfl_engine *e, const int32_t *prompt, int n) {
  * request with the drafter's own proposals does not start from it, nor the
  * other way round. */
 static void test_replay_carry(dfl_engine *e, const int32_t *prompt, int n) {
-    dfl_session *s;
-    dfl_error err = {0};
-    dfl_session_new(e, &s, &err);
     dfl_gen_params p;
-    dfl_gen_params_default(&p);
-    p.max_tokens = 40;
-    p.ignore_eos = 1;
+    dfl_session *s = short_run(e, &p);
     sink ref, got;
     dfl_stats st;
     CHECK(run(s, prompt, n, &p, &ref, &st) == 0, "own proposals");
