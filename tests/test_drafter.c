@@ -847,6 +847,7 @@ static void test_invariance(dfl_drafter *d) {
         ck.base = ck.dp.base;
         ck.base.add_context = c_add, ck.base.draft = c_draft;
         ck.base.truncate = c_trunc, ck.base.len = c_len;
+        ck.base.spent = NULL;   /* (the inner one's would read ck as a DFlash proposer) */
         dfl_seq q = {.t = T, .kv = kv, .hist = calloc(CTX, 4), .max_block = 16, .pr = &ck.base,
                      .logits = malloc((size_t)16 * T->c.vocab * 4),
                      .feat = malloc((size_t)T->max_rows * NCAP * DIM * 4)};

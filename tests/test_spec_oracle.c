@@ -119,7 +119,7 @@ static int o_len(const dfl_proposer *p) { return ((const oracle *)p)->len; }
 
 static void oracle_init(oracle *o, dfl_kv *kv, const int *pattern, int n_pattern) {
     memset(o, 0, sizeof *o);
-    o->base = (dfl_proposer){o_add, o_draft, o_truncate, o_len, NULL, cap_layers, 2, MAXB};
+    o->base = (dfl_proposer){o_add, o_draft, o_truncate, o_len, cap_layers, 2, MAXB};
     o->kv = kv;
     o->pattern = pattern;
     o->n_pattern = n_pattern;

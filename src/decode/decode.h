@@ -32,13 +32,13 @@ struct dfl_proposer {
                  dfl_error *err);
     void (*truncate)(dfl_proposer *p, int n_keep);
     int (*len)(const dfl_proposer *p);
-    /* Seconds of drafter work charged to this sequence so far (its rows' share
-     * of passes it shared with others), or NULL: the loop then charges the wall
-     * time of its calls. */
-    double (*spent)(const dfl_proposer *p);
     const int *cap;   /* target layers whose outputs it reads (HF ids) */
     int n_cap;
     int max_block;    /* largest B draft accepts */
+    /* Seconds of drafter work charged to this sequence so far (its rows' share
+     * of passes it shared with others), or NULL: the loop then charges the wall
+     * time of its calls. Last, so initializers that predate it leave it NULL. */
+    double (*spent)(const dfl_proposer *p);
 };
 
 /* The DFlash drafter behind the seam (src/decode/propose.c). */

@@ -34,8 +34,8 @@ static int len(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)-
 static double spent(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)->s->spent; }
 
 void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s) {
-    p->base = (dfl_proposer){add_context, draft, truncate_to, len, spent, d->cap, d->n_cap,
-                             d->max_rows};
+    p->base = (dfl_proposer){add_context, draft, truncate_to, len, d->cap, d->n_cap,
+                             d->max_rows, spent};
     p->d = d;
     p->s = s;
 }

@@ -73,9 +73,8 @@ static int draft(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out, 
 void dfl_replay_proposer_init(dfl_replay_proposer *r, dfl_proposer *inner, const int32_t *ref,
                               int n_ref, int vocab, const double *p, int n_p, uint64_t seed) {
     memset(r, 0, sizeof *r);
-    r->base = (dfl_proposer){add_context, draft, truncate_to, len,
-                             inner->spent ? spent : NULL, inner->cap, inner->n_cap,
-                             inner->max_block};
+    r->base = (dfl_proposer){add_context, draft, truncate_to, len, inner->cap, inner->n_cap,
+                             inner->max_block, inner->spent ? spent : NULL};
     r->inner = inner;
     r->ref = ref;
     r->n_ref = n_ref;
