@@ -2,7 +2,8 @@
  * GGUF), every refusal of an untrusted checkpoint, the forward against an
  * independent double-precision reference written here from the spec
  * (context re-projected every call, no side store), incremental context
- * against one combined append (bit for bit), and the window.
+ * against one combined append (bit for bit), the window, and several
+ * sequences' context rows and blocks in one pass against each alone.
  *
  * The target is stories260K (dim 64, 5 layers, vocab 512); the drafter is a
  * random 2-layer one written by this test. */
@@ -513,6 +514,83 @@ static void test_incremental(dfl_drafter *d, const float *F, int nctx) {
     dfl_dstore_free(a), dfl_dstore_free(b);
 }
 
+/* ---- several sequences in one pass ------------------------------------------ */
+
+enum { NPASS = 4 };
+
+/* Stores i = 0..NPASS-1 hold the first len[i] context rows of F. */
+static void fill(dfl_drafter *d, dfl_dstore **s, const float *F, const int *len) {
+    dfl_error err = {0};
+    for (int i = 0; i < NPASS; i++) {
+        dfl_dstore_truncate(s[i], 0);
+        dfl_drafter_add_context(d, s[i], F, len[i], &err);
+    }
+}
+
+/* A pass carrying several sequences' context rows and blocks (what concurrent
+ * sessions get from the combiner) gives each the logits, drafts and store it
+ * gets alone, bit for bit: one pass of context works, one of blocks, one of
+ * both kinds. */
+static void test_pass(dfl_drafter *d, const float *F) {
+    static const int len0[NPASS] = {50, 21, 8, 33}, more[NPASS] = {9, 16, 5, 20};
+    static const int Bs[NPASS] = {8, 12, 5, 8}, outs[NPASS] = {7, 3, 4, 1};
+    int vocab = T->c.vocab, len1[NPASS];
+    dfl_dstore *a[NPASS], *b[NPASS];
+    float *la[NPASS], *lb[NPASS];
+    int32_t da[NPASS][64], db[NPASS][64];
+    dfl_error err = {0};
+    for (int i = 0; i < NPASS; i++) {
+        a[i] = dfl_dstore_new(d, 256), b[i] = dfl_dstore_new(d, 256);
+        la[i] = malloc((size_t)64 * vocab * sizeof(float));
+        lb[i] = malloc((size_t)64 * vocab * sizeof(float));
+        len1[i] = len0[i] + more[i];
+    }
+    /* alone */
+    fill(d, a, F, len1);
+    for (int i = 0; i < NPASS; i++)
+        dfl_drafter_draft_n(d, a[i], 40 + i, Bs[i], outs[i], la[i], da[i], &err);
+    /* context rows of all four in one pass, then their blocks in one */
+    fill(d, b, F, len0);
+    dfl_dwork w[NPASS];
+    for (int i = 0; i < NPASS; i++)
+        w[i] = (dfl_dwork){.s = b[i], .feat = F + (size_t)len0[i] * NCAP * DIM, .n = more[i]};
+    int rc = dfl_drafter_pass(d, w, NPASS, &err);
+    CHECK(rc == 0, "a pass of context works: %s", err.msg);
+    for (int i = 0; i < NPASS; i++)
+        w[i] = (dfl_dwork){.s = b[i], .anchor = 40 + i, .B = Bs[i], .n_out = outs[i],
+                           .logits = lb[i], .draft = db[i]};
+    rc = dfl_drafter_pass(d, w, NPASS, &err);
+    CHECK(rc == 0, "a pass of blocks: %s", err.msg);
+    for (int i = 0; i < NPASS; i++)
+        CHECK(b[i]->len == len1[i] && !memcmp(da[i], db[i], sizeof(int32_t) * outs[i]) &&
+                  !memcmp(la[i], lb[i], (size_t)outs[i] * vocab * sizeof(float)),
+              "window %d, sequence %d: its block drafted with three others differs from alone",
+              d->window, i);
+    /* both kinds at once: sequence 0 appends while the others draft; its next
+     * block then drafts as it does alone */
+    fill(d, b, F, len1);
+    dfl_dstore_truncate(b[0], 0);   /* (a windowed store cut back would empty itself) */
+    dfl_drafter_add_context(d, b[0], F, len0[0], &err);
+    w[0] = (dfl_dwork){.s = b[0], .feat = F + (size_t)len0[0] * NCAP * DIM, .n = more[0]};
+    rc = dfl_drafter_pass(d, w, NPASS, &err);
+    CHECK(rc == 0, "a mixed pass: %s", err.msg);
+    dfl_drafter_draft_n(d, b[0], 40, Bs[0], outs[0], lb[0], db[0], &err);
+    for (int i = 0; i < NPASS; i++)
+        CHECK(!memcmp(da[i], db[i], sizeof(int32_t) * outs[i]) &&
+                  !memcmp(la[i], lb[i], (size_t)outs[i] * vocab * sizeof(float)),
+              "window %d, sequence %d: a mixed pass drafts differently from alone", d->window, i);
+    /* refusals: a shared store, too many rows */
+    w[1].s = b[0];
+    CHECK(dfl_drafter_pass(d, w, 2, &err) == DFL_EARG, "a pass with one store twice is refused");
+    for (int i = 0; i < NPASS; i++)
+        w[i] = (dfl_dwork){.s = b[i], .anchor = 1, .B = 20, .n_out = 1, .draft = db[i]};
+    CHECK(dfl_drafter_pass(d, w, NPASS, &err) == DFL_EARG, "a pass of 80 block rows is refused");
+    for (int i = 0; i < NPASS; i++) {
+        dfl_dstore_free(a[i]), dfl_dstore_free(b[i]);
+        free(la[i]), free(lb[i]);
+    }
+}
+
 static void test_default_layers(void) {
     int ids[8];
     int n = dfl_dflash_default_layers(36, 5, ids);
@@ -770,6 +848,7 @@ static void test_invariance(dfl_drafter *d) {
         ck.base = ck.dp.base;
         ck.base.add_context = c_add, ck.base.draft = c_draft;
         ck.base.truncate = c_trunc, ck.base.len = c_len;
+        ck.base.spent = NULL;   /* (the inner one's would read ck as a DFlash proposer) */
         dfl_seq q = {.t = T, .kv = kv, .hist = calloc(CTX, 4), .max_block = 16, .pr = &ck.base,
                      .logits = malloc((size_t)16 * T->c.vocab * 4),
                      .feat = malloc((size_t)T->max_rows * NCAP * DIM * 4)};
@@ -835,6 +914,7 @@ int main(void) {
     dfl_dstore_free(s16), dfl_dstore_free(s32);
     T->kv_type = kv_type;
     test_incremental(d, F, nctx);
+    test_pass(d, F);
 
     /* "model." prefixes are stripped: the same drafter */
     {
@@ -862,6 +942,7 @@ int main(void) {
     d->window = 9;
     test_forward(d, F, nctx, ids[nctx], 9);
     test_incremental(d, F, nctx);
+    test_pass(d, F);
     d->window = 0;
 
     test_gguf(dir, d, F, nctx);

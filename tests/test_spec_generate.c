@@ -4,7 +4,8 @@
  * speculative output identical to classic decode for blocks 2, 4, 8, 16 and
  * the adaptive policy (to the end of the context, and to EOS), stop reasons,
  * cancellation, follow-up turns on one session, sampled speculation, the
- * probe (0 differing bytes) and the drafter diagnostic. */
+ * probe (0 differing bytes), the drafter diagnostic, logprobs left out, and
+ * replayed requests' acceptance evidence kept apart. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,12 +17,13 @@ enum { CTX = 128, MAXG = 256 };
 
 typedef struct sink {
     int32_t ids[MAXG];
+    float lp[MAXG];
     int n, cancel_at;
 } sink;
 
 static int on_tok(void *ud, const dfl_token_info *t) {
     sink *s = ud;
-    if (s->n < MAXG) s->ids[s->n] = t->id;
+    if (s->n < MAXG) s->ids[s->n] = t->id, s->lp[s->n] = t->logprob;
     s->n++;
     return s->cancel_at && s->n == s->cancel_at;
 }
@@ -217,6 +219,55 @@ static void test_fail_closed(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_session_free(s);
 }
 
+/* no_logprob skips the pass over the vocabulary: the same ids, logprob 0;
+ * top-k asked for still computes them. */
+/* A session and the parameters of a short greedy run. */
+static dfl_session *short_run(dfl_engine *e, dfl_gen_params *p) {
+    dfl_session *s = NULL;
+    dfl_error err = {0};
+    dfl_session_new(e, &s, &err);
+    dfl_gen_params_default(p);
+    p->max_tokens = 40;
+    p->ignore_eos = 1;
+    return s;
+}
+
+static void test_no_logprob(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_gen_params p;
+    dfl_session *s = short_run(e, &p);
+    sink ref, got;
+    dfl_stats st;
+    CHECK(run(s, prompt, n, &p, &ref, &st) == 0, "with logprobs");
+    p.no_logprob = 1;
+    CHECK(run(s, prompt, n, &p, &got, &st) == 0 && same(&ref, &got), "no_logprob changes the ids");
+    int zero = 1, neg = 1;
+    for (int i = 0; i < ref.n && i < MAXG; i++) zero &= got.lp[i] == 0, neg &= ref.lp[i] < 0;
+    CHECK(zero && neg, "logprobs: %s", zero ? "not below 0 when asked for" : "not 0 when skipped");
+    p.n_top_logprobs = 2;
+    CHECK(run(s, prompt, n, &p, &got, &st) == 0 && got.lp[0] == ref.lp[0],
+          "top-k logprobs are computed whatever no_logprob says");
+    dfl_session_free(s);
+}
+
+/* A replayed request's acceptance (benchmarks) is the replay's: the next
+ * request with the drafter's own proposals does not start from it, nor the
+ * other way round. */
+static void test_replay_carry(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_gen_params p;
+    dfl_session *s = short_run(e, &p);
+    sink ref, got;
+    dfl_stats st;
+    CHECK(run(s, prompt, n, &p, &ref, &st) == 0, "own proposals");
+    dfl_policy own = e->carry;
+    p.replay_ref = ref.ids;
+    p.n_replay_ref = ref.n;
+    p.replay_tau = 6.5;
+    CHECK(run(s, prompt, n, &p, &got, &st) == 0 && same(&ref, &got), "replayed: other ids");
+    CHECK(e->carry_replay.max_block && !memcmp(&e->carry, &own, sizeof own),
+          "a replayed request changed the evidence of the drafter's own");
+    dfl_session_free(s);
+}
+
 int main(void) {
     const char *dir = test_tmpdir();
     char model[512], draft[512];
@@ -240,6 +291,8 @@ int main(void) {
     test_sampling(e, prompt, 9);
     test_probe(e, prompt, 9);
     test_fail_closed(e, prompt, 9);
+    test_no_logprob(e, prompt, 9);
+    test_replay_carry(e, prompt, 9);
     dfl_engine_free(e);
     test_rmdir(dir);
     return test_summary();

@@ -24,6 +24,8 @@ struct dfl_engine {
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
     dfl_policy carry;        /* greedy requests' acceptance evidence, handed from one
                                 request to the next (dfl_loop_opts.carry) */
+    dfl_policy carry_replay; /* the same for replayed requests (benchmarks): their
+                                acceptance is the replay's, not the drafter's */
     struct dfl_fmt_vocab *fmt_vocab; /* the vocabulary sorted for structured output,
                                         made by the first dfl_format_new (under mu) */
 };

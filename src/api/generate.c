@@ -185,23 +185,23 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     stopper sp = {e, p};
     dfl_loop_opts o = {.block = block, .is_stop = is_stop, .stop_ud = &sp,
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
-                       .costs = &e->costs,
+                       .no_logprob = p->no_logprob, .costs = &e->costs,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */
-    dfl_policy carry;
+    dfl_policy carry, *kept = q.pr && q.pr != &dp.base ? &e->carry_replay : &e->carry;
     int carried = !smp;
     if (carried) {
         pthread_mutex_lock(&e->mu);
-        carry = e->carry;
+        carry = *kept;
         pthread_mutex_unlock(&e->mu);
         o.carry = &carry;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
     if (carried && carry.max_block) {
         pthread_mutex_lock(&e->mu);
-        e->carry = carry;
+        *kept = carry;
         pthread_mutex_unlock(&e->mu);
     }
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;

@@ -37,6 +37,10 @@ struct dfl_proposer {
     const int *cap;   /* target layers whose outputs it reads (HF ids) */
     int n_cap;
     int max_block;    /* largest B draft accepts */
+    /* Seconds of drafter work charged to this sequence so far (its rows' share
+     * of passes it shared with others), or NULL: the loop then charges the wall
+     * time of its calls. Last, so initializers that predate it leave it NULL. */
+    double (*spent)(const dfl_proposer *p);
 };
 
 /* The DFlash drafter behind the seam (src/decode/propose.c). */
@@ -92,6 +96,7 @@ typedef struct dfl_loop_opts {
     void *stop_ud;
     int max_tokens;
     int n_top_logprobs;   /* 0..DFL_MAX_TOP_LOGPROBS */
+    int no_logprob;       /* 1: no logprob either (unless top-k are asked for) */
     /* Drafts for rules that need them sampled (rejection), or NULL: rewrites
      * draft[0..n) from the drafter rows, hist[0..pos] committed (anchor last). */
     void (*redraft)(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,

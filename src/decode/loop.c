@@ -70,7 +70,9 @@ static int commit(run *r, int32_t id, const float *row) {
     const dfl_loop_opts *o = r->o;
     dfl_token_info ti;
     memset(&ti, 0, sizeof ti);
-    dfl_logprobs(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
+    ti.id = id;
+    if (!o->no_logprob || o->n_top_logprobs > 0)
+        dfl_logprobs(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
     r->gen++;
     r->st->n_gen++;
     int cancel = r->cb ? r->cb(r->ud, &ti) : 0;
@@ -145,7 +147,7 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     int32_t block[DFL_MAX_BLOCK], tgt[DFL_MAX_BLOCK];
     block[0] = r->anchor;
     float *dlog = o->need_dlogits ? q->dlogits : NULL;
-    double t0 = dfl_now();
+    double s0 = pr && pr->spent ? pr->spent(pr) : 0, t0 = dfl_now();
     q->hist[pos] = r->anchor;   /* pos < cap: checked by the caller */
     if (B > 1 && (rc = flush_pending(r, err))) return rc;
     if (B > 1 && (rc = pr->draft(pr, r->anchor, pos, B, block + 1, dlog, err))) return rc;
@@ -180,7 +182,10 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     r->st->t_verify += t2 - t1;
     count_round(r, B, a, emitted);
     *accepted = a;
-    *cost = (t1 - t0) + (t4 - t2) + marginal(t, &f, t2 - t1);
+    /* the drafter's passes, like the forward, at their marginal cost: its
+     * share of passes that carried other sequences' work */
+    double drafter = pr && pr->spent ? pr->spent(pr) - s0 : (t1 - t0) + (t4 - t3);
+    *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
 }

@@ -35,9 +35,11 @@ static void truncate_to(dfl_proposer *p, int n_keep) { dfl_dstore_truncate(self(
 
 static int len(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)->s->len; }
 
+static double spent(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)->s->spent; }
+
 void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s) {
     p->base = (dfl_proposer){add_context, draft, truncate_to, len, d->cap, d->n_cap,
-                             d->max_rows};
+                             d->max_rows, spent};
     p->d = d;
     p->s = s;
 }

@@ -31,6 +31,11 @@ static int len(const dfl_proposer *p) {
     return in->len(in);
 }
 
+static double spent(const dfl_proposer *p) {
+    const dfl_proposer *in = ((const dfl_replay_proposer *)p)->inner;
+    return in->spent(in);
+}
+
 static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -70,7 +75,7 @@ void dfl_replay_proposer_init(dfl_replay_proposer *r, dfl_proposer *inner, const
                               int n_ref, int vocab, const double *p, int n_p, uint64_t seed) {
     memset(r, 0, sizeof *r);
     r->base = (dfl_proposer){add_context, draft, truncate_to, len, inner->cap, inner->n_cap,
-                             inner->max_block};
+                             inner->max_block, inner->spent ? spent : NULL};
     r->inner = inner;
     r->ref = ref;
     r->n_ref = n_ref;

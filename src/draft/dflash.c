@@ -449,10 +449,8 @@ static void alloc_scratch(dfl_drafter *d) {
     d->tok = xcalloc(R, sizeof(int32_t));
     d->n_keys = xcalloc(R, sizeof(int));
     d->rope_cs = dfl_aligned_alloc((size_t)R * c->head_dim * sizeof(float));
-    if (d->kind == DFL_DRAFT_LAGUNA) {
-        d->feat_n = dfl_aligned_alloc((size_t)R * d->fc.cols * sizeof(float));
-        d->gate = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
-    }
+    d->feat_n = dfl_aligned_alloc((size_t)R * d->fc.cols * sizeof(float));
+    if (d->kind == DFL_DRAFT_LAGUNA) d->gate = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
     size_t qs = dfl_matmul_scratch(d->fc.type, R, d->fc.cols);
     qs = fmax_sz(qs, dfl_matmul_scratch(d->t->lm_head.type, LOGIT_ROWS, d->t->lm_head.cols));
     for (int l = 0; l < c->n_layers; l++) {
@@ -616,16 +614,18 @@ static void *store_row(const dfl_dstore *s, void *base, int l, int pos) {
     return (char *)base + ((size_t)l * s->cap + pos) * s->kv_dim * dfl_type_block_bytes(s->type);
 }
 
-/* The RoPE cos/sin of n rows at positions pos0.., for every layer. */
-static void rope_rows(dfl_drafter *d, int n, int pos0) {
+/* The RoPE cos/sin of n rows at positions pos0.., into rope_cs from row r0,
+ * for every layer. */
+static void rope_rows(dfl_drafter *d, int r0, int n, int pos0) {
     for (int r = 0; r < n; r++)
-        dfl_rope_cs(&d->rope, pos0 + r, d->rope_cs + (size_t)r * d->c.head_dim);
+        dfl_rope_cs(&d->rope, pos0 + r, d->rope_cs + (size_t)(r0 + r) * d->c.head_dim);
 }
 
 /* K and V of n rows xs (already normed as the caller wants) at positions
- * pos0.. (their cos/sin in rope_cs), k-normed and rotated in scratch, then
- * stored in the store's type. */
-static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, int n, int pos0) {
+ * pos0.. (their cos/sin in rope_cs from row r0), k-normed and rotated in
+ * scratch, then stored in the store's type. */
+static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, int r0, int n,
+                       int pos0) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
     matmul(d, &L->wk, n, xs, c->dim, d->k, s->kv_dim);
@@ -633,94 +633,84 @@ static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, in
     norm_rows(d->k, d->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     for (int r = 0; r < n; r++) {
         float *k = d->k + (size_t)r * s->kv_dim, *v = d->v + (size_t)r * s->kv_dim;
-        dfl_rope_apply_cs(&d->rope, k, c->n_kv_heads, d->rope_cs + (size_t)r * c->head_dim);
+        dfl_rope_apply_cs(&d->rope, k, c->n_kv_heads, d->rope_cs + (size_t)(r0 + r) * c->head_dim);
         dfl_quant_row(s->type, k, store_row(s, s->k, l, pos0 + r), s->kv_dim);
         dfl_quant_row(s->type, v, store_row(s, s->v, l, pos0 + r), s->kv_dim);
     }
 }
 
-/* Laguna: each captured layer's slice of m feature rows through its own
- * RMSNorm, into feat_n. */
-static const float *aux_norm_rows(dfl_drafter *d, const float *f, int m) {
-    if (!d->aux_norm[0]) return f;
+/* ---- a pass: the work of several sequences, weights read once ------------------ */
+
+/* The feature rows of every context work in one (M, fc.cols) matrix: Laguna's
+ * through each captured layer's RMSNorm, z-lab's copied (a lone work's rows
+ * are read in place). */
+static const float *pass_features(dfl_drafter *d, dfl_dwork **w, int k) {
     int td = d->t->c.dim;
-    for (int r = 0; r < m; r++)
-        for (int j = 0; j < d->n_cap; j++) {
-            size_t o = (size_t)r * d->fc.cols + (size_t)j * td;
-            dfl_rmsnorm(d->feat_n + o, f + o, d->aux_norm[j], td, d->c.norm_eps);
+    if (k == 1 && !d->aux_norm[0]) return w[0]->feat + (size_t)w[0]->skip * d->fc.cols;
+    for (int i = 0; i < k; i++)
+        for (int r = 0; r < w[i]->n - w[i]->skip; r++) {
+            const float *f = w[i]->feat + (size_t)(w[i]->skip + r) * d->fc.cols;
+            float *o = d->feat_n + (size_t)(w[i]->row + r) * d->fc.cols;
+            if (!d->aux_norm[0]) memcpy(o, f, sizeof(float) * d->fc.cols);
+            for (int j = 0; d->aux_norm[0] && j < d->n_cap; j++)
+                dfl_rmsnorm(o + (size_t)j * td, f + (size_t)j * td, d->aux_norm[j], td,
+                            d->c.norm_eps);
         }
     return d->feat_n;
 }
 
-static int add_chunk(dfl_drafter *d, dfl_dstore *s, const float *feat, int n, int skip) {
+/* Context works: features -> fc -> hidden_norm, per layer K/V into each store. */
+static void context_pass(dfl_drafter *d, dfl_dwork **w, int k) {
     const dfl_config *c = &d->c;
-    int pos0 = s->len + skip, m = n - skip;
-    if (m > 0) {
-        const float *f = aux_norm_rows(d, feat + (size_t)skip * d->fc.cols, m);
-        matmul(d, &d->fc, m, f, d->fc.cols, d->ctx, c->dim);
-        norm_rows(d->ctx, d->ctx, d->hidden_norm, m, c->dim, c->norm_eps);
-        rope_rows(d, m, pos0);
+    int M = 0;
+    for (int i = 0; i < k; i++) w[i]->row = M, M += w[i]->n - w[i]->skip;
+    if (M > 0) {
+        matmul(d, &d->fc, M, pass_features(d, w, k), d->fc.cols, d->ctx, c->dim);
+        norm_rows(d->ctx, d->ctx, d->hidden_norm, M, c->dim, c->norm_eps);
+        for (int i = 0; i < k; i++)
+            rope_rows(d, w[i]->row, w[i]->n - w[i]->skip, w[i]->s->len + w[i]->skip);
         for (int l = 0; l < c->n_layers; l++) {
             const float *xs = d->ctx;
             if (d->ctx_norm) {   /* Laguna: the layer's input_layernorm first */
-                norm_rows(d->xn, d->ctx, d->layers[l].attn_norm, m, c->dim, c->norm_eps);
+                norm_rows(d->xn, d->ctx, d->layers[l].attn_norm, M, c->dim, c->norm_eps);
                 xs = d->xn;
             }
-            project_kv(d, s, l, xs, m, pos0);
+            for (int i = 0; i < k; i++)
+                project_kv(d, w[i]->s, l, xs + (size_t)w[i]->row * c->dim, w[i]->row,
+                           w[i]->n - w[i]->skip, w[i]->s->len + w[i]->skip);
         }
     }
-    s->len += n;
-    return 0;
-}
-
-int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, int n,
-                            dfl_error *err) {
-    if (d->mtp)
-        return dfl_fail(err, DFL_EARG, "the MTP head's context needs tokens: "
-                        "dfl_mtp_add_context");
-    if (n < 0 || s->len + n > s->cap - d->max_rows)
-        return dfl_fail(err, DFL_ECTX, "drafter context full: %d + %d rows exceed %d", s->len,
-                        n, s->cap - d->max_rows);
-    /* Rows that no later block's window reaches are never projected. */
-    int end = s->len + n, skip_to = s->window ? end - s->window : 0;
-    for (int a = 0; a < n; a += d->max_rows) {
-        int m = n - a < d->max_rows ? n - a : d->max_rows;
-        int skip = skip_to - (s->len);
-        skip = skip < 0 ? 0 : skip > m ? m : skip;
-        if (skip > 0) s->lo = s->len + skip;
-        dfl_target_side_begin(d->t);
-        add_chunk(d, s, feat + (size_t)a * d->fc.cols, m, skip);
-        dfl_target_side_end(d->t);
+    for (int i = 0; i < k; i++) {
+        if (w[i]->skip > 0) w[i]->s->lo = w[i]->s->len + w[i]->skip;
+        w[i]->s->len += w[i]->n;
     }
-    return 0;
 }
 
-/* Attention of block rows r0..r0+n-1 (queries in d->q) over [store ; block]:
- * z-lab's rows see every key; causal rows (Laguna) only keys up to their
- * own position; sliding rows (Laguna) the last swa of those, one call per
- * row since each starts at its own key. */
+/* Attention of n block rows, from block row r0 on (queries q, out att, key
+ * counts nk), over [store ; block]: z-lab's rows see every key; causal rows
+ * (Laguna) only keys up to their own position; sliding rows (Laguna) the
+ * last swa of those, one call per row since each starts at its own key. */
 static void block_attention(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0,
-                            int n) {
+                            int n, const float *q, float *att, int *nk) {
     const dfl_config *c = &d->c;
     int hd = c->head_dim, qd = c->n_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
     if (lo < s->lo) lo = s->lo;
     if (!d->swa) {
-        for (int r = 0; r < n; r++) d->n_keys[r] = (d->causal ? pos0 + r0 + r + 1 : pos0 + B) - lo;
+        for (int r = 0; r < n; r++) nk[r] = (d->causal ? pos0 + r0 + r + 1 : pos0 + B) - lo;
         dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), s->type,
                          s->kv_dim, (size_t)hd};
-        dfl_attention(d->t->pool, n, d->q, &v, d->n_keys, c->n_heads, c->n_kv_heads, hd, scale,
-                      d->att);
+        dfl_attention(d->t->pool, n, q, &v, nk, c->n_heads, c->n_kv_heads, hd, scale, att);
         return;
     }
     for (int r = 0; r < n; r++) {   /* sliding rows are causal (checked at load) */
         int p = pos0 + r0 + r, first = p + 1 - d->swa > lo ? p + 1 - d->swa : lo;
-        d->n_keys[r] = p + 1 - first;
+        nk[r] = p + 1 - first;
         dfl_kv_view v = {store_row(s, s->k, l, first), store_row(s, s->v, l, first), s->type,
                          s->kv_dim, (size_t)hd};
-        dfl_attention(d->t->pool, 1, d->q + (size_t)r * qd, &v, d->n_keys + r, c->n_heads,
-                      c->n_kv_heads, hd, scale, d->att + (size_t)r * qd);
+        dfl_attention(d->t->pool, 1, q + (size_t)r * qd, &v, nk + r, c->n_heads, c->n_kv_heads,
+                      hd, scale, att + (size_t)r * qd);
     }
 }
 
@@ -739,34 +729,161 @@ static void output_gate(dfl_drafter *d, const dfl_dlayer *L, const float *xn, in
     }
 }
 
-/* One drafter layer over the B block rows in d->x at positions pos0...
- * Every row's K/V enter the store; queries and everything after attention
- * run for rows r0..r1-1 only (the last layer passes the rows whose drafts
- * are read: not the anchor, not the rows past the verify block, which only
- * had to lend their keys; each row's result is the same in any batch). */
-static void block_layer(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0, int r1) {
+/* The last layer passes only the rows whose drafts are read (not the anchor,
+ * not the rows past the verify block, which only had to lend their keys):
+ * each work's rows 1..n_out move down to be contiguous, x, xn and their
+ * cos/sin alike (a row's result is the same wherever it sits). Sets each
+ * work's row to its first kept row; returns the rows kept. */
+static int keep_out_rows(dfl_drafter *d, dfl_dwork **w, int k) {
+    int dim = d->c.dim, hd = d->c.head_dim, n = 0;
+    for (int i = 0; i < k; i++) {
+        int from = w[i]->row + 1, m = w[i]->n_out;
+        memmove(d->x + (size_t)n * dim, d->x + (size_t)from * dim, sizeof(float) * m * dim);
+        memmove(d->xn + (size_t)n * dim, d->xn + (size_t)from * dim, sizeof(float) * m * dim);
+        memmove(d->rope_cs + (size_t)n * hd, d->rope_cs + (size_t)from * hd,
+                sizeof(float) * m * hd);
+        w[i]->row = n;
+        n += m;
+    }
+    return n;
+}
+
+/* One drafter layer over every work's block rows in d->x (R rows). Every
+ * row's K/V enter its store's slack rows past len (len stays); queries and
+ * everything after attention run for all rows, or in the last layer for the
+ * rows kept. Returns the rows now in d->x. */
+static int block_layer(dfl_drafter *d, dfl_dwork **w, int k, int l, int R) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
-    int hd = c->head_dim, qd = c->n_heads * hd, n = r1 - r0;
-    float *x = d->x + (size_t)r0 * c->dim;
-    norm_rows(d->xn, d->x, L->attn_norm, B, c->dim, c->norm_eps);
-    matmul(d, &L->wq, n, d->xn + (size_t)r0 * c->dim, c->dim, d->q, qd);
+    int hd = c->head_dim, qd = c->n_heads * hd, last = l == c->n_layers - 1;
+    norm_rows(d->xn, d->x, L->attn_norm, R, c->dim, c->norm_eps);
+    for (int i = 0; i < k; i++)
+        project_kv(d, w[i]->s, l, d->xn + (size_t)w[i]->row * c->dim, w[i]->row, w[i]->B,
+                   w[i]->s->len);
+    int n = last ? keep_out_rows(d, w, k) : R;
+    matmul(d, &L->wq, n, d->xn, c->dim, d->q, qd);
     norm_rows(d->q, d->q, L->q_norm, n * c->n_heads, hd, c->norm_eps);
     for (int r = 0; r < n; r++)
         dfl_rope_apply_cs(&d->rope, d->q + (size_t)r * qd, c->n_heads,
-                          d->rope_cs + (size_t)(r0 + r) * hd);
-    /* The block's K/V go in the store's slack rows past len; len stays. */
-    project_kv(d, s, l, d->xn, B, pos0);
-    block_attention(d, s, l, B, pos0, r0, n);
-    output_gate(d, L, d->xn + (size_t)r0 * c->dim, n);
+                          d->rope_cs + (size_t)r * hd);
+    for (int i = 0; i < k; i++) {
+        size_t o = (size_t)w[i]->row;
+        block_attention(d, w[i]->s, l, w[i]->B, w[i]->s->len, last, last ? w[i]->n_out : w[i]->B,
+                        d->q + o * qd, d->att + o * qd, d->n_keys + o);
+    }
+    output_gate(d, L, d->xn, n);
     matmul(d, &L->wo, n, d->att, qd, d->ctx, c->dim);
-    for (size_t i = 0; i < (size_t)n * c->dim; i++) x[i] += d->ctx[i];
-    norm_rows(d->xn, x, L->ffn_norm, n, c->dim, c->norm_eps);
+    for (size_t i = 0; i < (size_t)n * c->dim; i++) d->x[i] += d->ctx[i];
+    norm_rows(d->xn, d->x, L->ffn_norm, n, c->dim, c->norm_eps);
     matmul(d, &L->w_gate, n, d->xn, c->dim, d->h1, c->ffn_dim);
     matmul(d, &L->w_up, n, d->xn, c->dim, d->h2, c->ffn_dim);
     dfl_swiglu(d->h1, d->h1, d->h2, n * c->ffn_dim);
     matmul(d, &L->w_down, n, d->h1, c->ffn_dim, d->ctx, c->dim);
-    for (size_t i = 0; i < (size_t)n * c->dim; i++) x[i] += d->ctx[i];
+    for (size_t i = 0; i < (size_t)n * c->dim; i++) d->x[i] += d->ctx[i];
+    return n;
+}
+
+/* Draft works: blocks [anchor, mask x (B-1)] of every work stacked, the
+ * layers, then the kept rows through the final norm and the target's lm_head
+ * in chunks (one read of its weights per LOGIT_ROWS rows of all works). */
+static void draft_pass(dfl_drafter *d, dfl_dwork **w, int k) {
+    const dfl_config *c = &d->c;
+    int R = 0, vocab = c->vocab;
+    for (int i = 0; i < k; i++) {
+        w[i]->row = R;
+        d->tok[R] = w[i]->anchor;
+        for (int r = 1; r < w[i]->B; r++) d->tok[R + r] = d->mask_id;
+        rope_rows(d, R, w[i]->B, w[i]->s->len);
+        R += w[i]->B;
+    }
+    dfl_target_embed(d->t, d->tok, R, d->x);
+    for (int l = 0; l < c->n_layers; l++) R = block_layer(d, w, k, l, R);
+    norm_rows(d->xn, d->x, d->out_norm, R, c->dim, c->norm_eps);
+    for (int a = 0, i = 0; a < R; a += LOGIT_ROWS) {
+        int m = R - a < LOGIT_ROWS ? R - a : LOGIT_ROWS;
+        dfl_target_lm_head(d->t, d->xn + (size_t)a * c->dim, m, d->logits, d->qscratch);
+        for (int r = a; r < a + m; r++) {
+            while (r >= w[i]->row + w[i]->n_out) i++;   /* the work row r belongs to */
+            const float *lg = d->logits + (size_t)(r - a) * vocab;
+            int j = r - w[i]->row;
+            w[i]->draft[j] = dfl_argmax(lg, vocab);
+            if (w[i]->logits)
+                memcpy(w[i]->logits + (size_t)j * vocab, lg, sizeof(float) * vocab);
+        }
+    }
+}
+
+/* Context works first (a sequence has at most one work in a pass, so no
+ * draft here reads rows another work of the pass adds). */
+static void run_pass(dfl_drafter *d, dfl_dwork **w, int k) {
+    dfl_dwork *ctx[DFL_MAX_PARALLEL], *blk[DFL_MAX_PARALLEL];
+    int nc = 0, nb = 0;
+    for (int i = 0; i < k; i++) {
+        if (w[i]->B > 0) blk[nb++] = w[i];
+        else ctx[nc++] = w[i];
+    }
+    if (nc) context_pass(d, ctx, nc);
+    if (nb) draft_pass(d, blk, nb);
+}
+
+/* ---- calls: each sequence's work, batched with whatever others do at once ------ */
+
+typedef struct dcall {
+    dfl_side_call side;   /* first: the combiner hands these back */
+    dfl_dwork *w;
+} dcall;
+
+static void side_pass(void *ctx, dfl_side_call **cs, int k) {
+    dfl_dwork *w[DFL_MAX_PARALLEL];
+    for (int i = 0; i < k; i++) w[i] = ((dcall *)cs[i])->w;
+    run_pass(ctx, w, k);
+}
+
+/* Runs w through the target's combiner; charges its store its rows' share of the pass. */
+static void submit(dfl_drafter *d, dfl_dwork *w) {
+    dcall c = {.side = {.fn = side_pass, .ctx = d, .rows = w->B > 0 ? w->B : w->n}, .w = w};
+    dfl_target_side_run(d->t, &c.side, d->max_rows);
+    w->s->spent += c.side.seconds * c.side.rows / (c.side.pass_rows > 0 ? c.side.pass_rows : 1);
+}
+
+/* Rows that no later block's window reaches are never projected. */
+static void set_skip(dfl_dwork *w) {
+    int skip = w->s->window ? w->n - w->s->window : 0;
+    w->skip = skip < 0 ? 0 : skip > w->n ? w->n : skip;
+}
+
+int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, int n,
+                            dfl_error *err) {
+    if (d->mtp)
+        return dfl_fail(err, DFL_EARG, "the MTP head's context needs tokens: "
+                        "dfl_mtp_add_context");
+    if (n < 0 || s->len + n > s->cap - d->max_rows)
+        return dfl_fail(err, DFL_ECTX, "drafter context full: %d + %d rows exceed %d", s->len,
+                        n, s->cap - d->max_rows);
+    /* Rows that no later block's window reaches are never projected. */
+    int skip_to = s->window ? s->len + n - s->window : 0;
+    for (int a = 0; a < n; a += d->max_rows) {
+        int m = n - a < d->max_rows ? n - a : d->max_rows;
+        int skip = skip_to - s->len;
+        dfl_dwork w = {.s = s, .feat = feat + (size_t)a * d->fc.cols, .n = m,
+                       .skip = skip < 0 ? 0 : skip > m ? m : skip};
+        submit(d, &w);
+    }
+    return 0;
+}
+
+static int check_block(const dfl_drafter *d, const dfl_dstore *s, int32_t anchor, int B,
+                       int n_out, dfl_error *err) {
+    if (B < 2 || B > d->max_rows)
+        return dfl_fail(err, DFL_EARG, "draft block %d outside 2..%d", B, d->max_rows);
+    if (n_out < 1 || n_out > B - 1)
+        return dfl_fail(err, DFL_EARG, "draft outputs %d outside 1..%d", n_out, B - 1);
+    if (s->len + B > s->cap)
+        return dfl_fail(err, DFL_ECTX, "drafter store full: block at %d + %d rows exceeds %d",
+                        s->len, B, s->cap);
+    if (anchor < 0 || anchor >= d->c.vocab)
+        return dfl_fail(err, DFL_EARG, "anchor token %d outside the vocabulary", anchor);
+    return 0;
 }
 
 int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
@@ -777,32 +894,42 @@ int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, floa
 int dfl_drafter_draft_n(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, int n_out,
                         float *logits, int32_t *draft, dfl_error *err) {
     if (d->mtp) return dfl_mtp_draft(d, s, anchor, n_out, logits, draft, err);
-    const dfl_config *c = &d->c;
-    int pos0 = s->len, vocab = c->vocab;
-    if (B < 2 || B > d->max_rows)
-        return dfl_fail(err, DFL_EARG, "draft block %d outside 2..%d", B, d->max_rows);
-    if (n_out < 1 || n_out > B - 1)
-        return dfl_fail(err, DFL_EARG, "draft outputs %d outside 1..%d", n_out, B - 1);
-    if (pos0 + B > s->cap)
-        return dfl_fail(err, DFL_ECTX, "drafter store full: block at %d + %d rows exceeds %d",
-                        pos0, B, s->cap);
-    if (anchor < 0 || anchor >= vocab)
-        return dfl_fail(err, DFL_EARG, "anchor token %d outside the vocabulary", anchor);
-    dfl_target_side_begin(d->t);
-    d->tok[0] = anchor;
-    for (int i = 1; i < B; i++) d->tok[i] = d->mask_id;
-    dfl_target_embed(d->t, d->tok, B, d->x);
-    rope_rows(d, B, pos0);
-    for (int l = 0; l < c->n_layers - 1; l++) block_layer(d, s, l, B, pos0, 0, B);
-    block_layer(d, s, c->n_layers - 1, B, pos0, 1, n_out + 1);
-    /* Rows 1..n_out through the final norm and the target's lm_head, in chunks. */
-    norm_rows(d->xn, d->x + c->dim, d->out_norm, n_out, c->dim, c->norm_eps);
-    for (int a = 0; a < n_out; a += LOGIT_ROWS) {
-        int m = n_out - a < LOGIT_ROWS ? n_out - a : LOGIT_ROWS;
-        float *lg = logits ? logits + (size_t)a * vocab : d->logits;
-        dfl_target_lm_head(d->t, d->xn + (size_t)a * c->dim, m, lg, d->qscratch);
-        for (int r = 0; r < m; r++) draft[a + r] = dfl_argmax(lg + (size_t)r * vocab, vocab);
+    int rc = check_block(d, s, anchor, B, n_out, err);
+    if (rc) return rc;
+    dfl_dwork w = {.s = s, .anchor = anchor, .B = B, .n_out = n_out, .logits = logits,
+                   .draft = draft};
+    submit(d, &w);
+    return 0;
+}
+
+int dfl_drafter_pass(dfl_drafter *d, dfl_dwork *w, int k, dfl_error *err) {
+    dfl_dwork *ws[DFL_MAX_PARALLEL];
+    int ctx_rows = 0, blk_rows = 0, rc = 0;
+    if (k < 1 || k > DFL_MAX_PARALLEL)
+        return dfl_fail(err, DFL_EARG, "drafter pass of %d works outside 1..%d", k,
+                        DFL_MAX_PARALLEL);
+    for (int i = 0; i < k && !rc; i++) {
+        for (int j = 0; j < i; j++)
+            if (w[j].s == w[i].s)
+                return dfl_fail(err, DFL_EARG, "drafter pass: works %d and %d share a store", j, i);
+        if (w[i].B > 0) {
+            rc = check_block(d, w[i].s, w[i].anchor, w[i].B, w[i].n_out, err);
+            blk_rows += w[i].B;
+        } else if (w[i].n < 0 || w[i].s->len + w[i].n > w[i].s->cap - d->max_rows) {
+            rc = dfl_fail(err, DFL_ECTX, "drafter pass: work %d's %d context rows do not fit", i,
+                          w[i].n);
+        } else {
+            set_skip(&w[i]);
+            ctx_rows += w[i].n;
+        }
+        ws[i] = &w[i];
     }
-    dfl_target_side_end(d->t);
+    if (rc) return rc;
+    if (ctx_rows > d->max_rows || blk_rows > d->max_rows)
+        return dfl_fail(err, DFL_EARG, "drafter pass of %d context and %d block rows: more than "
+                        "%d", ctx_rows, blk_rows, d->max_rows);
+    dfl_ticket_lock(&d->t->lock);
+    run_pass(d, ws, k);
+    dfl_ticket_unlock(&d->t->lock);
     return 0;
 }

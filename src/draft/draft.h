@@ -72,7 +72,8 @@ typedef struct dfl_drafter {
                                   any later block's window are never projected */
     /* scratch, (max_rows, ...) each */
     float *x, *xn, *q, *k, *v, *att, *h1, *h2, *ctx; /* per row buffers */
-    float *feat_n;             /* (max_rows, n_cap*target_dim) aux-normed features (Laguna) */
+    float *feat_n;             /* (max_rows, n_cap*target_dim) a pass's feature rows: aux-normed
+                                  (Laguna) or gathered from several sequences */
     float *gate;               /* (max_rows, n_heads*hd) output gate logits (Laguna) */
     float *logits;             /* (16, vocab) lm_head rows, chunked */
     int32_t *tok;              /* (max_rows) block tokens */
@@ -95,6 +96,8 @@ typedef struct dfl_dstore {
                                   it holds len - 1 rows (len once a draft fused the anchor) */
     float *hid;                /* MTP: (cap, hid_dim) the target's last layer output per row */
     int hid_dim;               /* MTP: the target's dim */
+    double spent;              /* seconds of drafter passes charged to this store: its rows'
+                                  share of each (a pass carries several sequences) */
 } dfl_dstore;
 
 /* path: a z-lab or Laguna DFlash folder (config.json + safetensors) or a
@@ -129,6 +132,25 @@ int dfl_dstore_copy_prefix(dfl_dstore *dst, const dfl_dstore *src, int n);
  * s->len .. s->len+n-1 -> fc, hidden_norm, per-layer K/V into the store. */
 int dfl_drafter_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, int n,
                             dfl_error *err);
+/* One sequence's drafter work in a pass: n context rows for its store, or
+ * (B > 0) a block drafted after anchor. Concurrent callers of the calls
+ * below are run as one pass through the target's combiner (every matrix and
+ * the lm_head read once for all); each row's numbers are those it gets alone. */
+typedef struct dfl_dwork {
+    dfl_dstore *s;
+    const float *feat;         /* context: (n, n_cap*target_dim) for positions s->len .. */
+    int n;
+    int32_t anchor;            /* block: [anchor, mask x (B-1)] at s->len .. */
+    int B, n_out;              /* outputs for the first n_out mask rows (1..B-1) */
+    float *logits;             /* (n_out, vocab), or NULL */
+    int32_t *draft;            /* (n_out) */
+    int skip, row;             /* the pass's: rows the window skips; first scratch row */
+} dfl_dwork;
+
+/* Runs w[0..k) (distinct stores; context rows and block rows each at most
+ * max_rows in all) as one pass, as the combiner does with concurrent calls. */
+int dfl_drafter_pass(dfl_drafter *d, dfl_dwork *w, int k, dfl_error *err);
+
 /* Drafts a block of B rows [anchor, mask x (B-1)] at positions s->len .. ;
  * logits (B-1, vocab) of rows 1..B-1 when not NULL; draft[i] = argmax of row
  * i+1 (B-1 tokens). The store is left at its context length. */

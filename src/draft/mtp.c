@@ -246,6 +246,69 @@ static void target_hidden(const dfl_drafter *d, const dfl_dstore *s, int i, floa
     dfl_rmsnorm(out, s->hid + (size_t)i * D, d->t->out_norm, D, d->c.norm_eps);
 }
 
+/* The head's work goes through the target's combiner as a side call, as the
+ * DFlash drafter's passes do: it runs with the machine held, and a gathering
+ * forward leader waits for it. Calls of several sequences run one after
+ * another (the head's scratch is used by one at a time). */
+typedef struct mcall mcall;
+struct mcall {
+    dfl_side_call side;       /* first: the combiner hands back &side */
+    void (*body)(mcall *m);
+    dfl_drafter *d;
+    dfl_dstore *s;
+    const int32_t *tok;       /* context: the new rows' tokens, from row old */
+    int old;
+    int32_t anchor;           /* draft */
+    int n_out;
+    float *logits;
+    int32_t *draft;
+};
+
+static void mtp_pass(void *ctx, dfl_side_call **cs, int k) {
+    (void)ctx;
+    for (int i = 0; i < k; i++) ((mcall *)cs[i])->body((mcall *)cs[i]);
+}
+
+/* Runs m; charges its store its rows' share of the pass's time. */
+static void run_call(mcall *m, int rows) {
+    m->side = (dfl_side_call){.fn = mtp_pass, .ctx = m->d, .rows = rows};
+    dfl_target_side_run(m->d->t, &m->side, m->d->max_rows);
+    m->s->spent += m->side.seconds * m->side.rows /
+                   (m->side.pass_rows > 0 ? m->side.pass_rows : 1);
+}
+
+/* Rows mkv->len .. len-2 now know their next token: tok[i + 1 - old]. */
+static void fuse_context(mcall *c) {
+    dfl_drafter *d = c->d;
+    dfl_dstore *s = c->s;
+    int D = d->c.dim;
+    for (int i = s->mkv->len; i < s->len - 1;) {
+        int m = s->len - 1 - i < d->max_rows ? s->len - 1 - i : d->max_rows;
+        for (int r = 0; r < m; r++) {
+            d->tok[r] = c->tok[i + r + 1 - c->old];
+            target_hidden(d, s, i + r, d->h2 + (size_t)r * D);
+        }
+        fuse_rows(d, s, d->tok, d->h2, m, NULL);
+        i += m;
+    }
+}
+
+/* The anchor fused with h_{pos-1}, then each draft with the head's own normed output. */
+static void chain_drafts(mcall *c) {
+    dfl_drafter *d = c->d;
+    dfl_dstore *s = c->s;
+    int V = d->c.vocab, D = d->c.dim;
+    d->tok[0] = c->anchor;
+    target_hidden(d, s, s->len - 1, d->h2);
+    for (int j = 0; j < c->n_out; j++) {
+        float *lg = c->logits ? c->logits + (size_t)j * V : d->logits;
+        fuse_rows(d, s, d->tok, d->h2, 1, lg);
+        c->draft[j] = dfl_argmax(lg, V);
+        d->tok[0] = c->draft[j];
+        dfl_rmsnorm(d->h2, d->h1, d->mtp->norm, D, d->c.norm_eps);
+    }
+}
+
 int dfl_mtp_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, const int32_t *tok,
                         int n, dfl_error *err) {
     int D = d->c.dim, old = s->len;
@@ -259,18 +322,8 @@ int dfl_mtp_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, const 
                         s->mkv->len, old);
     memcpy(s->hid + (size_t)old * D, feat, (size_t)n * D * sizeof(float));
     s->len += n;
-    /* rows mkv->len .. len-2 now know their next token: tok[i + 1 - old] */
-    dfl_target_side_begin(d->t);
-    for (int i = s->mkv->len; i < s->len - 1;) {
-        int m = s->len - 1 - i < d->max_rows ? s->len - 1 - i : d->max_rows;
-        for (int r = 0; r < m; r++) {
-            d->tok[r] = tok[i + r + 1 - old];
-            target_hidden(d, s, i + r, d->h2 + (size_t)r * D);
-        }
-        fuse_rows(d, s, d->tok, d->h2, m, NULL);
-        i += m;
-    }
-    dfl_target_side_end(d->t);
+    mcall m = {.body = fuse_context, .d = d, .s = s, .tok = tok, .old = old};
+    run_call(&m, n < d->max_rows ? (n > 0 ? n : 1) : d->max_rows);
     return 0;
 }
 
@@ -279,7 +332,7 @@ int dfl_mtp_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, const 
  * when not NULL. The head's cache ends at pos (the anchor is committed). */
 int dfl_mtp_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int n_out, float *logits,
                   int32_t *draft, dfl_error *err) {
-    int pos = s->len, V = d->c.vocab, D = d->c.dim;
+    int pos = s->len, V = d->c.vocab;
     if (n_out < 1 || n_out > d->max_rows - 1)
         return dfl_fail(err, DFL_EARG, "MTP drafts %d outside 1..%d", n_out, d->max_rows - 1);
     if (anchor < 0 || anchor >= V)
@@ -296,17 +349,9 @@ int dfl_mtp_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int n_out, floa
         return 0;
     }
     dfl_kv_truncate(s->mkv, pos - 1);
-    dfl_target_side_begin(d->t);
-    d->tok[0] = anchor;
-    target_hidden(d, s, pos - 1, d->h2);
-    for (int j = 0; j < n_out; j++) {
-        float *lg = logits ? logits + (size_t)j * V : d->logits;
-        fuse_rows(d, s, d->tok, d->h2, 1, lg);
-        draft[j] = dfl_argmax(lg, V);
-        d->tok[0] = draft[j];
-        dfl_rmsnorm(d->h2, d->h1, d->mtp->norm, D, d->c.norm_eps);
-    }
-    dfl_target_side_end(d->t);
+    mcall m = {.body = chain_drafts, .d = d, .s = s, .anchor = anchor, .n_out = n_out,
+               .logits = logits, .draft = draft};
+    run_call(&m, 1);
     dfl_kv_truncate(s->mkv, pos);
     return 0;
 }

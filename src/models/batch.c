@@ -9,7 +9,12 @@
  * or committing meanwhile, and a forward without them would leave them for
  * the next one), then runs every queued call that fits batch_rows as one
  * forward. Rows are batch invariant, so which calls meet never changes a
- * result: only how fast it comes. */
+ * result: only how fast it comes.
+ *
+ * The drafter's passes (context rows into a side store, a block drafted)
+ * meet the same way in a queue of their own: one pass carries every
+ * sequence that drafts in a tick, and reads the drafter's weights and the
+ * lm_head once for all, where sequences taking turns read them once each. */
 #include <errno.h>
 #include <string.h>
 #include <time.h>
@@ -20,6 +25,10 @@
  * enough for a drafter pass or a commit, short enough that a sequence stuck
  * elsewhere costs the others little. */
 enum { DFL_GATHER_US = 20000 };
+/* How long a side leader (a drafter pass) waits for joined sequences that are
+ * neither queued for a forward nor for the drafter: they are committing
+ * tokens (the server streams them out) and draft next; shorter than a pass. */
+enum { DFL_SIDE_GATHER_US = 3000 };
 
 typedef struct waiter {
     dfl_fwd *f;
@@ -37,6 +46,10 @@ struct dfl_combiner {
     double side_end;           /* when the last such work ended: its sequence queues next */
     double *tick;              /* (batch_rows + 1) seconds per forward by its rows */
     int max_rows;
+    dfl_side_call *side_q[DFL_MAX_PARALLEL];   /* sequences waiting for a drafter pass */
+    int n_side_q;
+    int side_busy;             /* a side leader is running a pass */
+    double fwd_end;            /* when the last forward ended: its sequences draft next */
 };
 
 dfl_combiner *dfl_combiner_new(int batch_rows) {
@@ -69,22 +82,6 @@ void dfl_target_leave(dfl_target *t) {
     pthread_mutex_unlock(&t->comb->mu);
 }
 
-void dfl_target_side_begin(dfl_target *t) {
-    pthread_mutex_lock(&t->comb->mu);
-    t->comb->n_side++;
-    pthread_mutex_unlock(&t->comb->mu);
-    dfl_ticket_lock(&t->lock);
-}
-
-void dfl_target_side_end(dfl_target *t) {
-    dfl_ticket_unlock(&t->lock);
-    pthread_mutex_lock(&t->comb->mu);
-    t->comb->n_side--;
-    t->comb->side_end = dfl_now();
-    pthread_cond_broadcast(&t->comb->cv);
-    pthread_mutex_unlock(&t->comb->mu);
-}
-
 double dfl_target_tick_cost(const dfl_target *t, int rows) {
     dfl_combiner *c = t->comb;
     if (rows <= 0) return 0;
@@ -102,6 +99,80 @@ static struct timespec deadline(double from_now_s) {
     ts.tv_sec += (time_t)(ns / 1e9);
     ts.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
     return ts;
+}
+
+/* ---- side passes: the drafter's work of several sequences as one ---------------- */
+
+/* Takes the head's queued side calls (same pass function) that fit max_rows rows. */
+static int side_take(dfl_combiner *c, dfl_side_call **out, int max_rows) {
+    int k = 0, rows = 0, w = 0;
+    for (int i = 0; i < c->n_side_q; i++) {
+        dfl_side_call *x = c->side_q[i];
+        if (k == 0 || (x->fn == out[0]->fn && x->ctx == out[0]->ctx && rows + x->rows <= max_rows)) {
+            out[k++] = x;
+            rows += x->rows;
+        } else {
+            c->side_q[w++] = x;
+        }
+    }
+    c->n_side_q = w;
+    return k;
+}
+
+/* Runs the taken calls as one pass holding the machine; called with c->mu held. */
+static void side_lead(dfl_target *t, int max_rows) {
+    dfl_combiner *c = t->comb;
+    dfl_side_call *cs[DFL_MAX_PARALLEL];
+    int k = side_take(c, cs, max_rows);
+    c->side_busy = 1;
+    c->n_side += k;
+    pthread_mutex_unlock(&c->mu);
+    int rows = 0;
+    for (int i = 0; i < k; i++) rows += cs[i]->rows;
+    dfl_ticket_lock(&t->lock);
+    double t0 = dfl_now();
+    cs[0]->fn(cs[0]->ctx, cs, k);
+    double dt = dfl_now() - t0;
+    dfl_ticket_unlock(&t->lock);
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < k; i++) {
+        cs[i]->done = 1;
+        cs[i]->pass_rows = rows;
+        cs[i]->seconds = dt;
+    }
+    c->n_side -= k;
+    c->side_busy = 0;
+    c->side_end = dfl_now();
+    pthread_cond_broadcast(&c->cv);
+}
+
+/* The head leads once every joined sequence waits here or for a forward (no
+ * other drafter work can come), or after a short grace: one pass then carries
+ * every sequence that drafts in this tick. */
+void dfl_target_side_run(dfl_target *t, dfl_side_call *call, int max_rows) {
+    dfl_combiner *c = t->comb;
+    call->done = 0;
+    pthread_mutex_lock(&c->mu);
+    while (c->n_side_q == DFL_MAX_PARALLEL) pthread_cond_wait(&c->cv, &c->mu);
+    c->side_q[c->n_side_q++] = call;
+    pthread_cond_broadcast(&c->cv);
+    double since = dfl_now();
+    while (!call->done) {
+        /* the sequences of a running forward draft next: wait for it, and give
+         * them their grace from its end */
+        int head = !c->side_busy && !c->busy && c->side_q[0] == call;
+        double waited = dfl_now() - (since > c->fwd_end ? since : c->fwd_end);
+        if (head && (c->n_side_q + c->n_queued >= c->n_active ||
+                     waited * 1e6 >= DFL_SIDE_GATHER_US)) {
+            side_lead(t, max_rows);
+        } else if (head) {
+            struct timespec ts = deadline(DFL_SIDE_GATHER_US * 1e-6 - waited);
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        } else {
+            pthread_cond_wait(&c->cv, &c->mu);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* Takes the queued calls that fit (the head always does) out of the queue. */
@@ -152,6 +223,7 @@ static void lead(dfl_target *t) {
     c->tick[rows] = c->tick[rows] > 0 ? 0.9 * c->tick[rows] + 0.1 * dt : dt;
     for (int i = 0; i < k; i++) ws[i]->done = 1;
     c->busy = 0;
+    c->fwd_end = dfl_now();
     pthread_cond_broadcast(&c->cv);
 }
 

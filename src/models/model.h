@@ -253,10 +253,22 @@ int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err);
  * rows of joined sequences (up to DFL_GATHER_US) before it runs a forward. */
 void dfl_target_join(dfl_target *t);
 dfl_combiner *dfl_combiner_new(int batch_rows);
-/* A sequence's side work on the shared machine (its drafter's passes): takes
- * t->lock, and a gathering leader waits for the sequence instead of timing out. */
-void dfl_target_side_begin(dfl_target *t);
-void dfl_target_side_end(dfl_target *t);
+/* A sequence's side work on the shared machine (its drafter's passes). Calls
+ * that sequences make at once run as one pass: fn(ctx, calls, k) with t->lock
+ * held, k calls of one fn and ctx whose rows sum to at most max_rows (the
+ * drafter reads its weights once for all). A gathering forward leader waits
+ * for a sequence in such a pass instead of timing out. */
+typedef struct dfl_side_call dfl_side_call;
+struct dfl_side_call {
+    void (*fn)(void *ctx, dfl_side_call **calls, int k);
+    void *ctx;
+    int rows;             /* scratch rows the call takes (<= max_rows) */
+    /* filled by the combiner */
+    int done;
+    int pass_rows;        /* rows of every call in the pass that ran it */
+    double seconds;       /* that pass's time */
+};
+void dfl_target_side_run(dfl_target *t, dfl_side_call *call, int max_rows);
 void dfl_combiner_free(dfl_combiner *c);
 void dfl_target_leave(dfl_target *t);
 /* Moving average of a forward's seconds by its total rows (0 when unmeasured):

@@ -608,6 +608,7 @@ static int parse_logprobs(srv_job *j, const cJSON *root, srv_err *e) {
         j->top_logprobs = (int)k;
     }
     j->gp.n_top_logprobs = j->top_logprobs;
+    j->gp.no_logprob = !j->logprobs;   /* a token's logprob is a pass over the vocabulary */
     return 0;
 }
 
