@@ -69,6 +69,10 @@ typedef struct dfl_engine_opts {
                                  on distinct sessions); their rows share forwards. 0: 1 */
     int draft_window;         /* > 0: a draft block attends to the last W context rows only
                                  (an approximation); 0: all. The CLI: DFLASH_DRAFT_WINDOW=W */
+    const char *isa;          /* kernel path: NULL/"auto" (the best this CPU has), "generic"
+                                 (the plain-C twins), "avx2" or "avx512"; a path the CPU lacks
+                                 is an error. Process-wide: the last engine loaded sets it.
+                                 Every path gives the same bits. The CLI: DFLASH_ISA=... */
     dfl_progress_fn progress;
     void *progress_ud;
 } dfl_engine_opts;
@@ -93,7 +97,8 @@ typedef struct dfl_model_info {
     int draft_layers;
     int n_threads;
     uint64_t n_params;     /* target parameters (matrices, embeddings, norms, biases) */
-    char simd[16];         /* kernel path in use: "avx2" or "generic" (the plain-C twins) */
+    char simd[16];         /* kernel path in use: "avx512", "avx2" or "generic" (the plain-C
+                              twins) */
 } dfl_model_info;
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);

@@ -83,6 +83,21 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
                         DFL_MAX_PARALLEL);
     if (o->max_block < 0 || o->max_block > DFL_MAX_BLOCK)
         return dfl_fail(err, DFL_EARG, "max block %d outside 1..%d", o->max_block, DFL_MAX_BLOCK);
+    if (o->isa && strcmp(o->isa, "auto")) {
+        int isa = dfl_isa_from_name(o->isa);
+        if (isa < 0)
+            return dfl_fail(err, DFL_EARG, "kernel path (isa) '%s': not one of auto, generic, "
+                            "avx2, avx512", o->isa);
+        if (dfl_kernels_set_isa((dfl_isa)isa)) {
+            char feat[256];
+            dfl_cpu_features(feat, sizeof feat);
+            return dfl_fail(err, DFL_EUNSUP, "kernel path (isa) '%s': this CPU cannot run it "
+                            "(best: %s; features: %s)", o->isa, dfl_isa_name(dfl_cpu_isa()),
+                            feat[0] ? feat : "none");
+        }
+    } else {
+        dfl_kernels_force_ref(0); /* auto: the CPU's best */
+    }
     dfl_engine *e = xcalloc(1, sizeof *e);
     e->opts = *o;
     pthread_mutex_init(&e->mu, NULL);
@@ -146,7 +161,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->rec_snapshots = e->t->n_snap;
     info->n_threads = dfl_pool_size(e->pool);
     info->n_params = dfl_target_params(e->t);
-    snprintf(info->simd, sizeof info->simd, "%s", dfl_kernels_simd() ? "avx2" : "generic");
+    snprintf(info->simd, sizeof info->simd, "%s", dfl_isa_name(dfl_kernels_isa()));
     if (e->d) {
         info->has_draft = 1;
         info->draft_block = e->d->block_size;

@@ -710,6 +710,7 @@ static void model_json(bench *b) {
     cJSON_AddNumberToObject(m, "vocab", b->mi.vocab);
     cJSON_AddNumberToObject(m, "row_gflop", b->flops / 1e9);
     cJSON_AddNumberToObject(m, "threads", b->mi.n_threads);
+    cJSON_AddStringToObject(m, "kernels", b->mi.simd);
     if (b->mi.has_draft) cJSON_AddNumberToObject(m, "draft_layers", b->mi.draft_layers);
 }
 
@@ -741,9 +742,10 @@ int cmd_bench(int argc, char **argv) {
              first && o.eo.draft_path && (o.sections & (SEC_SPEC | SEC_RULES)));
         if (first) {
             model_json(&b);
-            printf("model %s: %s, %d layers, dim %d, ffn %d, vocab %d; %.2f GFLOP per row\n\n",
+            printf("model %s: %s, %d layers, dim %d, ffn %d, vocab %d; %.2f GFLOP per row; "
+                   "%s kernels, %d threads\n\n",
                    b.mi.name, b.mi.arch, b.mi.n_layers, b.mi.dim, b.mi.ffn_dim, b.mi.vocab,
-                   b.flops / 1e9);
+                   b.flops / 1e9, b.mi.simd, b.mi.n_threads);
             if (o.sections & (SEC_MACHINE | SEC_DECODE | SEC_VERIFY)) sec_machine(&b);
         }
         if (o.sections & SEC_DECODE) {
