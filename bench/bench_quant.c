@@ -154,7 +154,7 @@ static void ab(dfl_type t, const int (*shapes)[2], const dfl_isa isa[2], const f
         printf("\n");
         free_mats(&m);
     }
-    dfl_kernels_force_ref(0);
+    dfl_kernels_set_isa(dfl_cpu_isa());
 }
 
 int main(int argc, char **argv) {

@@ -94,7 +94,7 @@ int main(void) {
         }
         run(model, 2, "auto", "f16", dfl_isa_name((dfl_isa)isa), ids, text);
     }
-    dfl_kernels_force_ref(0);
+    dfl_kernels_set_isa(dfl_cpu_isa());
     dfl_engine_opts eo;
     dfl_engine_opts_default(&eo);
     eo.model_path = model;

@@ -349,7 +349,7 @@ static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, i
         snprintf(wi, sizeof wi, "%s [%s]", what, dfl_isa_name((dfl_isa)isa));
         check_paths(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
     }
-    dfl_kernels_force_ref(0);
+    dfl_kernels_set_isa(dfl_cpu_isa());
 
     if (kind == 0) {
         /* scaled activations: huge, tiny, and below the 2^-100 zero cut */

@@ -96,7 +96,7 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
                             feat[0] ? feat : "none");
         }
     } else {
-        dfl_kernels_force_ref(0); /* auto: the CPU's best */
+        dfl_kernels_set_isa(dfl_cpu_isa()); /* auto: the CPU's best */
     }
     dfl_engine *e = xcalloc(1, sizeof *e);
     e->opts = *o;

@@ -74,16 +74,20 @@ int dfl_isa_from_name(const char *s) {
     return -1;
 }
 
-static int isa = -1; /* -1: not set, the best the CPU has */
+static int isa = -1;      /* -1: not set, the best the CPU has */
+static int saved_isa = -1; /* the path dfl_kernels_force_ref(0) returns to */
 
 int dfl_kernels_set_isa(dfl_isa want) {
     if (want < DFL_ISA_GENERIC || want > dfl_cpu_isa()) return -1;
-    isa = want;
+    isa = saved_isa = want;
     return 0;
 }
 
 dfl_isa dfl_kernels_isa(void) { return isa < 0 ? dfl_cpu_isa() : (dfl_isa)isa; }
 
-void dfl_kernels_force_ref(int on) { isa = on ? DFL_ISA_GENERIC : -1; }
+void dfl_kernels_force_ref(int on) {
+    if (on && isa != DFL_ISA_GENERIC) saved_isa = isa;
+    isa = on ? DFL_ISA_GENERIC : saved_isa;
+}
 
 int dfl_kernels_simd(void) { return dfl_kernels_isa() >= DFL_ISA_AVX2; }

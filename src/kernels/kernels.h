@@ -120,7 +120,7 @@ int dfl_isa_from_name(const char *s);      /* -1 if not one of those */
  * changes nothing) when the CPU lacks it. */
 int dfl_kernels_set_isa(dfl_isa isa);
 dfl_isa dfl_kernels_isa(void);             /* the path in use (default: dfl_cpu_isa) */
-void dfl_kernels_force_ref(int on);        /* 1: generic; 0: back to the CPU's best */
+void dfl_kernels_force_ref(int on);        /* 1: generic; 0: back to the path set before */
 int dfl_kernels_simd(void);                /* 1 when an AVX2 or AVX-512 path runs */
 
 #endif
