@@ -295,25 +295,10 @@ INLINE __m256i q4_K_quants(const uint8_t *p, int v) {
     return _mm256_and_si256(v & 1 ? _mm256_srli_epi16(b, 4) : b, _mm256_set1_epi8(0xf));
 }
 
-INLINE __m256i q6_K_quants(const uint8_t *p, int v) {
-    int h = v / 4, g = v % 4;
-    __m256i l = loadu(p + 64 * h + 32 * (g & 1)), hb = loadu(p + 128 + 32 * h);
-    __m256i lo = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0xf));
-    /* bits 2g, 2g+1 of qh to bits 4, 5 */
-    __m256i hi = g == 0 ? _mm256_slli_epi16(hb, 4) : g == 1 ? _mm256_slli_epi16(hb, 2)
-               : g == 2 ? hb : _mm256_srli_epi16(hb, 2);
-    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
-}
-
-/* The multipliers of quant vector v's madd lanes: Q4_K, scale v everywhere;
- * Q6_K, scale 2v in the low 128 bits and 2v+1 in the high. */
+/* The multipliers of Q4_K quant vector v's madd lanes: scale v everywhere
+ * (Q6_K's: quant_rows.h). */
 INLINE __m256i q4_K_scale(__m256i sc2, int v) {
     return _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)(0x0100 + 0x0202 * v)));
-}
-
-INLINE __m256i q6_K_scale(__m128i sc8, int v) {
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-        sc8, _mm_set_epi64x(0x0101010101010101ll * (2 * v + 1), 0x0101010101010101ll * (2 * v))));
 }
 
 INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *wn, int nb,

@@ -46,6 +46,25 @@ DFL_QINLINE __m128i q4_K_scales(const uint8_t *p, __m256i *mins) {
     return _mm_cvtepu8_epi16(all);
 }
 
+/* Quant vector v (elements 32v..32v+31, unsigned 0..63) of a Q6_K super-block. */
+DFL_QINLINE __m256i q6_K_quants(const uint8_t *p, int v) {
+    int h = v / 4, g = v % 4;
+    __m256i l = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (g & 1)));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    __m256i lo = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0xf));
+    /* bits 2g, 2g+1 of qh to bits 4, 5 */
+    __m256i hi = g == 0 ? _mm256_slli_epi16(hb, 4) : g == 1 ? _mm256_slli_epi16(hb, 2)
+               : g == 2 ? hb : _mm256_srli_epi16(hb, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+
+/* The multipliers of Q6_K quant vector v's madd lanes: scale 2v in the low
+ * 128 bits, 2v+1 in the high. */
+DFL_QINLINE __m256i q6_K_scale(__m128i sc8, int v) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+        sc8, _mm_set_epi64x(0x0101010101010101ll * (2 * v + 1), 0x0101010101010101ll * (2 * v))));
+}
+
 enum { DFL_QTILE = 8, DFL_QGROUP_BYTES = 96 << 10 };
 
 /* name(W, a, n, o0, o1, Y, ldy) with attribute ATTR runs
