@@ -78,6 +78,11 @@ typedef struct dfl_engine_opts {
 } dfl_engine_opts;
 
 void dfl_engine_opts_default(dfl_engine_opts *o);
+/* Switches the kernel path process-wide ("generic", "avx2", "avx512"; NULL or
+ * "auto": the CPU's best), as dfl_engine_opts.isa does at load; dflash bench
+ * uses it to time two paths on one engine (every path gives the same bits).
+ * Returns 0, or an error when the name is unknown or the CPU lacks the path. */
+int dfl_set_isa(const char *isa, dfl_error *err);
 int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err);
 void dfl_engine_free(dfl_engine *e);
 
