@@ -6,7 +6,11 @@
  * relative to one. Weight copies are cycled (256 MiB in all) so they come
  * from memory, as in decode and verify, not from L3.
  *
- *   bench_quant [threads] [seconds per measurement] [type|all] [0.6b|1.7b]
+ *   bench_quant [threads] [seconds per measurement] [type|all] [0.6b|1.7b] [ISA,ISA]
+ *
+ * With two kernel paths (e.g. avx2,avx512) it times both in this process, call
+ * by call alternating, for 1/4/8/16 rows and prints the first's time over the
+ * second's (the speedup of the second).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -126,11 +130,55 @@ static double time_qmatmul(mats *m, int n, const float *X, float *Y, void *scrat
     return best;
 }
 
+/* The A/B of two paths: per shape and n, the best time of each, measured in
+ * alternating rounds so both see the same machine load. */
+static void ab(dfl_type t, const int (*shapes)[2], const dfl_isa isa[2], const float *X, float *Y,
+               void *scratch) {
+    static const int ns[] = {1, 4, 8, 16};
+    printf("\n%s  rows x cols : n: %s ms / %s ms = speedup\n", dfl_type_name(t),
+           dfl_isa_name(isa[0]), dfl_isa_name(isa[1]));
+    for (int s = 0; s < 3; s++) {
+        mats m = make_mats(t, shapes[s][0], shapes[s][1], (size_t)256 << 20);
+        printf("  %4dx%-4d", shapes[s][0], shapes[s][1]);
+        for (int k = 0; k < 4; k++) {
+            double best[2] = {1e9, 1e9};
+            for (int round = 0; round < 3; round++)
+                for (int i = 0; i < 2; i++) {
+                    dfl_kernels_set_isa(isa[i]);
+                    double tt = time_qmatmul(&m, ns[k], X, Y, scratch);
+                    if (tt < best[i]) best[i] = tt;
+                }
+            printf(" | %d: %.3f/%.3f = %.2fx", ns[k], best[0] * 1e3, best[1] * 1e3,
+                   best[0] / best[1]);
+        }
+        printf("\n");
+        free_mats(&m);
+    }
+    dfl_kernels_set_isa(dfl_cpu_isa());
+}
+
 int main(int argc, char **argv) {
     nthreads = argc > 1 ? atoi(argv[1]) : 2;
     if (argc > 2) min_time = atof(argv[2]);
     int only = argc > 3 ? dfl_type_from_name(argv[3]) : -1;
     int big = argc > 4 && strcmp(argv[4], "1.7b") == 0;
+    dfl_isa isa[2];
+    int n_isa = 0;
+    if (argc > 5) {
+        char list[64];
+        snprintf(list, sizeof list, "%s", argv[5]);
+        for (char *tok = strtok(list, ","); tok && n_isa < 2; tok = strtok(NULL, ",")) {
+            int i = dfl_isa_from_name(tok);
+            if (i < 0 || i > (int)dfl_cpu_isa()) {
+                fprintf(stderr, "bench_quant: kernel path '%s' unknown or not on this CPU\n", tok);
+                return 2;
+            }
+            isa[n_isa++] = (dfl_isa)i;
+        }
+    }
+    char feat[256];
+    dfl_cpu_features(feat, sizeof feat);
+    printf("cpu features: %s; kernels %s\n", feat, dfl_isa_name(dfl_kernels_isa()));
     pool = dfl_pool_new(nthreads);
     double bw = read_bandwidth();
     printf("threads %d, read bandwidth %.1f GB/s, pool_run overhead %.1f us\n", nthreads, bw,
@@ -149,6 +197,10 @@ int main(int argc, char **argv) {
                                       dfl_qmatmul_scratch(DFL_Q4_0, 32, maxcols));
     for (int ti = 0; ti < 5; ti++) {
         if (only >= 0 && types[ti] != (dfl_type)only) continue;
+        if (n_isa == 2) {
+            ab(types[ti], shapes, isa, X, Y, scratch);
+            continue;
+        }
         printf("\n%s    rows x cols : n=1 ms (GB/s, %% of bw) | n: ms (GOP/s, x n=1)\n",
                dfl_type_name(types[ti]));
         for (int s = 0; s < 3; s++) {

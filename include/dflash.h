@@ -71,11 +71,20 @@ typedef struct dfl_engine_opts {
                                  on distinct sessions); their rows share forwards. 0: 1 */
     int draft_window;         /* > 0: a draft block attends to the last W context rows only
                                  (an approximation); 0: all. The CLI: DFLASH_DRAFT_WINDOW=W */
+    const char *isa;          /* kernel path: NULL/"auto" (the best this CPU has), "generic"
+                                 (the plain-C twins), "avx2" or "avx512"; a path the CPU lacks
+                                 is an error. Process-wide: the last engine loaded sets it.
+                                 Every path gives the same bits. The CLI: DFLASH_ISA=... */
     dfl_progress_fn progress;
     void *progress_ud;
 } dfl_engine_opts;
 
 void dfl_engine_opts_default(dfl_engine_opts *o);
+/* Switches the kernel path process-wide ("generic", "avx2", "avx512"; NULL or
+ * "auto": the CPU's best), as dfl_engine_opts.isa does at load; dflash bench
+ * uses it to time two paths on one engine (every path gives the same bits).
+ * Returns 0, or an error when the name is unknown or the CPU lacks the path. */
+int dfl_set_isa(const char *isa, dfl_error *err);
 int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err);
 void dfl_engine_free(dfl_engine *e);
 
@@ -98,7 +107,8 @@ typedef struct dfl_model_info {
     int draft_layers;
     int n_threads;
     uint64_t n_params;     /* target parameters (matrices, embeddings, norms, biases) */
-    char simd[16];         /* kernel path in use: "avx2" or "generic" (the plain-C twins) */
+    char simd[16];         /* kernel path in use: "avx512", "avx2" or "generic" (the plain-C
+                              twins) */
 } dfl_model_info;
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);

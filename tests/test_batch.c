@@ -113,7 +113,12 @@ static void test_seam(dfl_engine *e, const char *dtype) {
     size_t V = t->c.vocab, fd = (size_t)NCAP * t->c.dim;
     int32_t tok[NSEQ][LEN];
     ref refs[NSEQ];
-    for (int pass = 0; pass < 2; pass++) {
+    /* The plain-C pass for float weights only: the quantized twins (quant.c,
+     * written as the specification) run 200-400x slower than SIMD at several
+     * rows, and their batch invariance is test_quant's (every batch size
+     * against the twin) and test_isa's (DFLASH_ISA=generic end to end). */
+    int passes = strcmp(dtype, "auto") ? 1 : 2;
+    for (int pass = 0; pass < passes; pass++) {
         dfl_kernels_force_ref(pass);
         uint64_t s0 = 0x9e3779b97f4a7c15ull + pass;
         for (int s = 0; s < NSEQ; s++) {

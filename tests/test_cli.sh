@@ -36,7 +36,7 @@ printf 'Once upon a time' >"$tmp/p.txt"
 
 # the load summary: architecture, parameters, weights, context, threads, kernels, template, drafter
 "$BIN" generate -p hi -n 2 -t 1 >/dev/null 2>"$tmp/err"
-grep -Eq "^dflash generate: target: llama, [0-9.]+ M parameters .*f32 weights .*context 512 of 512.* 1 threads, (avx2|generic) kernels; chat template: ChatML \(the model has none\); DFlash drafter of 2 layers, block 8$" "$tmp/err" &&
+grep -Eq "^dflash generate: target: llama, [0-9.]+ M parameters .*f32 weights .*context 512 of 512.* 1 threads, (avx512|avx2|generic) kernels; chat template: ChatML \(the model has none\); DFlash drafter of 2 layers, block 8$" "$tmp/err" &&
   ok || bad "load summary: $(grep '^dflash generate:' "$tmp/err")"
 
 # dflash chat: each stdin line a turn, the second reusing the first's cache; /exit quits

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/base.h"
+#include "kernels/kernels.h"
 #include "testutil.h"
 
 typedef struct out {
@@ -26,9 +27,10 @@ static int on_tok(void *ud, const dfl_token_info *t) {
 }
 
 static void run(const char *model, int threads, const char *dtype, const char *kv_type,
-                const cJSON *gold_ids, const char *gold_text) {
+                const char *isa, const cJSON *gold_ids, const char *gold_text) {
     dfl_engine_opts eo;
     dfl_engine_opts_default(&eo);
+    eo.isa = isa;
     eo.model_path = model;
     eo.n_threads = threads;
     eo.dtype = dtype;
@@ -61,11 +63,12 @@ static void run(const char *model, int threads, const char *dtype, const char *k
             bad = i;
             break;
         }
-    CHECK(o.n >= ng && bad < 0, "threads=%d dtype=%s kv=%s: ids differ from golden at %d (n=%d)",
-          threads, dtype, kv_type, bad, o.n);
+    CHECK(o.n >= ng && bad < 0,
+          "threads=%d dtype=%s kv=%s isa=%s: ids differ from golden at %d (n=%d)", threads, dtype,
+          kv_type, isa, bad, o.n);
     CHECK(strncmp(o.text, gold_text, strlen(gold_text)) == 0,
-          "threads=%d dtype=%s kv=%s: text differs from golden:\n%s", threads, dtype, kv_type,
-          o.text);
+          "threads=%d dtype=%s kv=%s isa=%s: text differs from golden:\n%s", threads, dtype,
+          kv_type, isa, o.text);
     dfl_session_free(s);
     dfl_engine_free(e);
 }
@@ -80,9 +83,18 @@ int main(void) {
     const char *text = cJSON_GetObjectItem(g, "expected_text_third_party")->valuestring;
     /* llama2.c computes in f32 throughout; the f16 cache (the default) also
      * keeps all 200 tokens on this model. */
-    run(model, 1, "auto", "f32", ids, text);
-    run(model, 2, "auto", "f16", ids, text);
-    run(model, 3, "f32", "f16", ids, text);
+    run(model, 1, "auto", "f32", "auto", ids, text);
+    run(model, 2, "auto", "f16", "auto", ids, text);
+    run(model, 3, "f32", "f16", "auto", ids, text);
+    /* every kernel path this CPU has gives the golden ids (the same bits) */
+    for (int isa = DFL_ISA_GENERIC; isa <= DFL_ISA_AVX512; isa++) {
+        if (isa > (int)dfl_cpu_isa()) {
+            printf("skip: the %s path (this CPU lacks it)\n", dfl_isa_name((dfl_isa)isa));
+            continue;
+        }
+        run(model, 2, "auto", "f16", dfl_isa_name((dfl_isa)isa), ids, text);
+    }
+    dfl_kernels_set_isa(dfl_cpu_isa());
     dfl_engine_opts eo;
     dfl_engine_opts_default(&eo);
     eo.model_path = model;

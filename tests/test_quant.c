@@ -291,6 +291,38 @@ static int check_naive(const qmat *m, int n, const float *X, int ldx, const floa
     return bad;
 }
 
+/* dfl_qmatmul on the current path against the twin's Yref, every batch
+ * size on one thread and some on two and three, and rows alone. */
+static void check_paths(dfl_pool **pools, const qmat *m, const float *X, int ldx, float *Y,
+                        float *Y1, const float *Yref, int ldy, size_t ysz, const char *what) {
+    int rows = m->W.rows;
+    int bad = 0, bad_pad = 0;
+    for (int p = 0; p < 3; p++) {
+        for (int n = 1; n <= MAXN; n++) {
+            if (p > 0 && n % 7 != 1 && n != MAXN) continue; /* fewer sizes on the other pools */
+            for (size_t i = 0; i < ysz; i++) Y[i] = -1234.5f;
+            run(pools[p], m, n, X, ldx, Y, ldy);
+            for (int r = 0; r < n; r++) {
+                if (!rows_equal(Y + (size_t)r * ldy, Yref + (size_t)r * ldy, rows) && !bad++)
+                    fprintf(stderr, "%s: row %d differs (n=%d, %d threads)\n", what, r, n, p + 1);
+                for (int o = rows; o < ldy; o++) bad_pad += Y[(size_t)r * ldy + o] != -1234.5f;
+            }
+            for (int r = n; r < MAXN; r++) bad_pad += Y[(size_t)r * ldy] != -1234.5f;
+        }
+    }
+    CHECK(bad == 0, "%s: %d rows differ from the twin (batch size / threads)", what, bad);
+    CHECK(bad_pad == 0, "%s: %d writes outside Y's rows", what, bad_pad);
+
+    /* each row alone, at its own address */
+    int bad_alone = 0;
+    for (int r = 0; r < MAXN; r += 3) {
+        run(pools[1], m, 1, X + (size_t)r * ldx, ldx, Y1, ldy);
+        bad_alone += !rows_equal(Y1, Yref + (size_t)r * ldy, rows);
+    }
+    CHECK(bad_alone == 0, "%s: %d rows differ when computed alone", what, bad_alone);
+
+}
+
 static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, int kind) {
     char what[128];
     snprintf(what, sizeof what, "%s %dx%d %s", dfl_type_name(t), rows, cols,
@@ -308,32 +340,16 @@ static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, i
     dfl_qmatmul_ref(&m.W, MAXN, X, ldx, Yref, ldy);
     if (kind == 0) check_naive(&m, MAXN, X, ldx, Yref, ldy, what);
 
-    /* the AVX2 path, every thread count, every batch size: the twin's bits
-     * (the twin computed all 32 rows at once on one thread) */
-    int bad = 0, bad_pad = 0;
-    for (int p = 0; p < 3; p++) {
-        for (int n = 1; n <= MAXN; n++) {
-            if (p > 0 && n % 7 != 1 && n != MAXN) continue; /* fewer sizes on the other pools */
-            for (size_t i = 0; i < ysz; i++) Y[i] = -1234.5f;
-            run(pools[p], &m, n, X, ldx, Y, ldy);
-            for (int r = 0; r < n; r++) {
-                if (!rows_equal(Y + (size_t)r * ldy, Yref + (size_t)r * ldy, rows) && !bad++)
-                    fprintf(stderr, "%s: row %d differs (n=%d, %d threads)\n", what, r, n, p + 1);
-                for (int o = rows; o < ldy; o++) bad_pad += Y[(size_t)r * ldy + o] != -1234.5f;
-            }
-            for (int r = n; r < MAXN; r++) bad_pad += Y[(size_t)r * ldy] != -1234.5f;
-        }
+    /* every path this CPU has (generic: the twin's threaded dispatch), every
+     * thread count, every batch size: the twin's bits (the twin computed all
+     * 32 rows at once on one thread) */
+    for (int isa = DFL_ISA_GENERIC; isa <= (int)dfl_cpu_isa(); isa++) {
+        dfl_kernels_set_isa((dfl_isa)isa);
+        char wi[160];
+        snprintf(wi, sizeof wi, "%s [%s]", what, dfl_isa_name((dfl_isa)isa));
+        check_paths(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
     }
-    CHECK(bad == 0, "%s: %d rows differ from the twin (batch size / threads)", what, bad);
-    CHECK(bad_pad == 0, "%s: %d writes outside Y's rows", what, bad_pad);
-
-    /* each row alone, at its own address */
-    int bad_alone = 0;
-    for (int r = 0; r < MAXN; r += 3) {
-        run(pools[1], &m, 1, X + (size_t)r * ldx, ldx, Y1, ldy);
-        bad_alone += !rows_equal(Y1, Yref + (size_t)r * ldy, rows);
-    }
-    CHECK(bad_alone == 0, "%s: %d rows differ when computed alone", what, bad_alone);
+    dfl_kernels_set_isa(dfl_cpu_isa());
 
     if (kind == 0) {
         /* scaled activations: huge, tiny, and below the 2^-100 zero cut */
@@ -389,7 +405,8 @@ static void test_matmul(void) {
 }
 
 int main(void) {
-    if (!dfl_cpu_has_avx2()) printf("note: no AVX2 on this CPU; the twin runs on both sides\n");
+    for (int isa = (int)dfl_cpu_isa() + 1; isa <= DFL_ISA_AVX512; isa++)
+        printf("skip: the %s path (this CPU lacks it)\n", dfl_isa_name((dfl_isa)isa));
     test_known_blocks();
     test_roundtrip();
     test_matmul();

@@ -78,6 +78,23 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     return 0;
 }
 
+/* The kernel path (dfl_engine_opts.isa): process-wide, see kernels.h. */
+int dfl_set_isa(const char *name, dfl_error *err) {
+    if (!name || !strcmp(name, "auto")) return dfl_kernels_set_isa(dfl_cpu_isa()), 0;
+    int isa = dfl_isa_from_name(name);
+    if (isa < 0)
+        return dfl_fail(err, DFL_EARG, "kernel path (isa) '%s': not one of auto, generic, "
+                        "avx2, avx512", name);
+    if (dfl_kernels_set_isa((dfl_isa)isa)) {
+        char feat[256];
+        dfl_cpu_features(feat, sizeof feat);
+        return dfl_fail(err, DFL_EUNSUP, "kernel path (isa) '%s': this CPU cannot run it "
+                        "(best: %s; features: %s)", name, dfl_isa_name(dfl_cpu_isa()),
+                        feat[0] ? feat : "none");
+    }
+    return 0;
+}
+
 int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) {
     *out = NULL;
     if (!o->model_path) return dfl_fail(err, DFL_EARG, "no model given (--model PATH)");
@@ -86,11 +103,12 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
                         DFL_MAX_PARALLEL);
     if (o->max_block < 0 || o->max_block > DFL_MAX_BLOCK)
         return dfl_fail(err, DFL_EARG, "max block %d outside 1..%d", o->max_block, DFL_MAX_BLOCK);
+    int rc = dfl_set_isa(o->isa, err);
+    if (rc) return rc;
     dfl_engine *e = xcalloc(1, sizeof *e);
     e->opts = *o;
     pthread_mutex_init(&e->mu, NULL);
     e->max_block = o->max_block ? o->max_block : 16;
-    int rc;
     if (o->vocab_only) {
         rc = load_vocab_only(e, o->model_path, err);
     } else {
@@ -150,7 +168,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->rec_snapshots = e->t->n_snap;
     info->n_threads = dfl_pool_size(e->pool);
     info->n_params = dfl_target_params(e->t);
-    snprintf(info->simd, sizeof info->simd, "%s", dfl_kernels_simd() ? "avx2" : "generic");
+    snprintf(info->simd, sizeof info->simd, "%s", dfl_isa_name(dfl_kernels_isa()));
     if (e->d) {
         info->has_draft = 1;
         info->draft_mtp = e->d->kind == DFL_DRAFT_MTP;

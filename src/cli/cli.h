@@ -38,7 +38,8 @@ uint64_t cli_u64(const char *flag, const char *v);
 /* The load summary paragraph on stderr (template_src: where a given template came from). */
 void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template_src);
 /* The engine options users set through the environment: DFLASH_ALLOW_INEXACT=1
- * (allow_inexact) and DFLASH_DRAFT_WINDOW=W (draft_window). */
+ * (allow_inexact), DFLASH_DRAFT_WINDOW=W (draft_window) and
+ * DFLASH_ISA=generic|avx2|avx512 (isa, the kernel path). */
 void cli_engine_env(dfl_engine_opts *o);
 /* Reads --ids "1,2,3" into ids; returns the count or exits with a message. */
 int cli_ids(const char *flag, const char *v, int32_t *ids, int cap);

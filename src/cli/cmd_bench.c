@@ -74,6 +74,7 @@ typedef struct opts {
     const char *types[MAXL];
     int n_types;
     int sections;            /* bit set of SEC_* */
+    const char *isa_ab[2];   /* --isa-ab: two kernel paths timed in the verify section */
     int max_block, n_gen, prompt_len, ttft_max, reps, spec_reps, no_draft, rule_block;
     double tau[MAXL], temps[MAXL], typical_d;
     int n_tau, n_temps;
@@ -188,6 +189,12 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--seed"))
             o->seed = (uint64_t)cli_num(a, cli_need(argc, argv, &i), 0, 1e18);
         else if (!strcmp(a, "--json")) o->json = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--isa-ab")) {
+            if (split(a, cli_need(argc, argv, &i), (char **)o->isa_ab) != 2) {
+                fprintf(stderr, "dflash bench: --isa-ab takes two kernel paths, e.g. avx2,avx512\n");
+                exit(2);
+            }
+        }
         else {
             fprintf(stderr, "dflash bench: unknown option '%s' (see --help)\n", a);
             exit(2);
@@ -310,6 +317,34 @@ static double roofline(const bench *b, int B) {
     return tm > tc ? tm : tc;
 }
 
+/* The verify forward on two kernel paths in one process, alternated so both
+ * see the same machine load: the best of three rounds each. */
+static void sec_isa_ab(bench *b, cJSON *v) {
+    static const int Bs[] = {1, 4, 8, 16};
+    const char *const *isa = b->o->isa_ab;
+    dfl_error err = {0};
+    printf("kernel paths, %s (B rows, logits for all; context 128; alternated 3 times):\n"
+           "%4s %9s %9s %8s\n", b->mi.dtype, "B", isa[0], isa[1], "speedup");
+    cJSON *arr = cJSON_AddArrayToObject(v, "isa_ab");
+    for (int k = 0; k < 4 && Bs[k] <= b->o->max_block; k++) {
+        double best[2] = {1e30, 1e30};
+        for (int round = 0; round < 3; round++)
+            for (int i = 0; i < 2; i++) {
+                if (dfl_set_isa(isa[i], &err)) die("--isa-ab", &err);
+                double sec = fwd(b, 128, Bs[k], DFL_BENCH_LOGITS);
+                if (sec < best[i]) best[i] = sec;
+            }
+        printf("%4d %9.2f %9.2f %7.2fx\n", Bs[k], best[0] * 1e3, best[1] * 1e3, best[0] / best[1]);
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "B", Bs[k]);
+        cJSON_AddNumberToObject(r, "ms_a", best[0] * 1e3);
+        cJSON_AddNumberToObject(r, "ms_b", best[1] * 1e3);
+        cJSON_AddItemToArray(arr, r);
+    }
+    printf("\n");
+    if (dfl_set_isa(b->o->eo.isa, &err)) die("--isa-ab", &err);
+}
+
 static void sec_verify(bench *b, cJSON *arr) {
     int bmax = b->o->max_block;
     cJSON *v = cJSON_CreateObject();
@@ -353,6 +388,7 @@ static void sec_verify(bench *b, cJSON *arr) {
            16 / chunk);
     fflush(stdout);
     cJSON_AddNumberToObject(v, "rows16_nologits_ms", chunk * 1e3);
+    if (b->o->isa_ab[0]) sec_isa_ab(b, v);
     cJSON_AddItemToArray(arr, v);
 }
 
@@ -713,6 +749,7 @@ static void model_json(bench *b) {
     cJSON_AddNumberToObject(m, "vocab", b->mi.vocab);
     cJSON_AddNumberToObject(m, "row_gflop", b->flops / 1e9);
     cJSON_AddNumberToObject(m, "threads", b->mi.n_threads);
+    cJSON_AddStringToObject(m, "kernels", b->mi.simd);
     if (b->mi.has_draft) cJSON_AddNumberToObject(m, "draft_layers", b->mi.draft_layers);
 }
 
@@ -744,9 +781,10 @@ int cmd_bench(int argc, char **argv) {
              first && (o.eo.draft_path || o.eo.draft_mtp) && (o.sections & (SEC_SPEC | SEC_RULES)));
         if (first) {
             model_json(&b);
-            printf("model %s: %s, %d layers, dim %d, ffn %d, vocab %d; %.2f GFLOP per row\n\n",
+            printf("model %s: %s, %d layers, dim %d, ffn %d, vocab %d; %.2f GFLOP per row; "
+                   "%s kernels, %d threads\n\n",
                    b.mi.name, b.mi.arch, b.mi.n_layers, b.mi.dim, b.mi.ffn_dim, b.mi.vocab,
-                   b.flops / 1e9);
+                   b.flops / 1e9, b.mi.simd, b.mi.n_threads);
             if (o.sections & (SEC_MACHINE | SEC_DECODE | SEC_VERIFY)) sec_machine(&b);
         }
         if (o.sections & SEC_DECODE) {

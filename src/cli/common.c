@@ -133,6 +133,7 @@ void cli_engine_env(dfl_engine_opts *o) {
     const char *a = getenv("DFLASH_ALLOW_INEXACT"), *w = getenv("DFLASH_DRAFT_WINDOW");
     o->allow_inexact = a && !strcmp(a, "1");
     o->draft_window = w && atoi(w) > 0 ? atoi(w) : 0;
+    o->isa = getenv("DFLASH_ISA");
 }
 
 /* One paragraph on stderr after a load: what runs, and how. */

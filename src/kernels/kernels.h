@@ -104,9 +104,23 @@ void dfl_attention_ref(int n, const float *q, const dfl_kv_view *kv, const int *
 /* Index of the largest value (first on ties). */
 int dfl_argmax(const float *x, int n);
 
-/* CPU features used for dispatch (AVX2+FMA+F16C); 0 forces the twins. */
+/* ---- which path runs ---------------------------------------------------
+ * generic: the plain-C twins; avx2: AVX2+FMA+F16C; avx512: AVX-512 F/BW/VL
+ * with VNNI (the quantized products; kernels without an AVX-512 form run
+ * their AVX2 one). All compute the same bits. */
+typedef enum { DFL_ISA_GENERIC, DFL_ISA_AVX2, DFL_ISA_AVX512 } dfl_isa;
+
 int dfl_cpu_has_avx2(void);
-void dfl_kernels_force_ref(int on);   /* tests: route dfl_matmul etc. to twins */
-int dfl_kernels_simd(void);           /* 1 when the AVX2 kernels run, 0: the twins */
+int dfl_cpu_has_avx512(void);
+dfl_isa dfl_cpu_isa(void);                 /* the best path this CPU can run */
+void dfl_cpu_features(char *out, size_t cap);  /* "avx2 fma ... avx512vnni ..." as found */
+const char *dfl_isa_name(dfl_isa isa);     /* "generic", "avx2", "avx512" */
+int dfl_isa_from_name(const char *s);      /* -1 if not one of those */
+/* Process-wide: the path every kernel takes from now on. Returns -1 (and
+ * changes nothing) when the CPU lacks it. */
+int dfl_kernels_set_isa(dfl_isa isa);
+dfl_isa dfl_kernels_isa(void);             /* the path in use (default: dfl_cpu_isa) */
+void dfl_kernels_force_ref(int on);        /* 1: generic; 0: back to the path set before */
+int dfl_kernels_simd(void);                /* 1 when an AVX2 or AVX-512 path runs */
 
 #endif

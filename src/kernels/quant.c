@@ -602,7 +602,8 @@ void dfl_qmatmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y,
 typedef struct {
     const dfl_mat *W;
     const dfl_qact *a;
-    int n, chunk, simd, ldy;
+    int n, chunk, ldy;
+    dfl_isa isa;
     float *Y;
 } qjob;
 
@@ -610,7 +611,9 @@ static void qjob_run(void *ctx, int i, int ntask) {
     const qjob *j = ctx;
     int o0 = i * j->chunk, o1 = o0 + j->chunk < j->W->rows ? o0 + j->chunk : j->W->rows;
     if (o0 >= o1) return;
-    if (j->simd)
+    if (j->isa == DFL_ISA_AVX512 && dfl_qrows_avx512(j->W, j->a, j->n, o0, o1, j->Y, j->ldy))
+        return;
+    if (j->isa >= DFL_ISA_AVX2)
         dfl_qrows_avx2(j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
     else
         qrows_ref(j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
@@ -622,8 +625,8 @@ void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ld
     check_mat(W);
     dfl_qact a;
     qact_layout(W->type, n, W->cols, scratch, &a);
-    int simd = dfl_cpu_has_avx2();
-    if (simd)
+    dfl_isa isa = dfl_kernels_isa();
+    if (isa >= DFL_ISA_AVX2)
         dfl_qact_quant_avx2(&a, n, X, ldx);
     else
         qact_quant_ref(&a, n, X, ldx);
@@ -631,6 +634,6 @@ void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ld
      * order); rows are in multiples of 8 so register tiles stay whole. */
     int nt = dfl_pool_size(pool), groups = (W->rows + 7) / 8;
     if (nt > groups) nt = groups;
-    qjob j = {W, &a, n, ((groups + nt - 1) / nt) * 8, simd, ldy, Y};
+    qjob j = {W, &a, n, ((groups + nt - 1) / nt) * 8, ldy, isa, Y};
     dfl_pool_run(pool, qjob_run, &j, nt);
 }

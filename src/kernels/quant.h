@@ -94,10 +94,14 @@ static inline int8_t *dfl_qact_q(const dfl_qact *a, int r, int c) {
     return a->q + (size_t)(r / 8 * 8) * a->cols + ((size_t)c * dfl_qact_group(a, r) + r % 8) * 32;
 }
 
-/* Internal to quant.c / quant_avx2.c: the AVX2 kernels, each the twin of a
+/* Internal to quant.c / quant_avx2.c / quant_avx512.c: the SIMD kernels, each the twin of a
  * plain-C function in quant.c with the same arithmetic. */
 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx);
 /* Output rows [o0, o1) of W for all n activation rows. */
 void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, int ldy);
+/* The AVX-512 kernels (quant_avx512.c): returns 1 if it computed the rows,
+ * 0 if W's type or n has no AVX-512 kernel (then the AVX2 one runs). */
+int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
+                     int ldy);
 
 #endif

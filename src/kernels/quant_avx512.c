@@ -1,0 +1,173 @@
+/* quant_avx512.c - AVX-512 (F/BW/VL + VNNI) matmul kernels for Q8_0, Q4_K
+ * and Q6_K weights with several activation rows (verify blocks, MoE expert
+ * groups); each does exactly the arithmetic of its twin in quant.c, as the
+ * AVX2 ones in quant_avx2.c do. Other types, and one row (decode, bound by
+ * memory), run the AVX2 kernels.
+ *
+ * A zmm register holds the 8 lanes of two activation rows: row i in the low
+ * 256 bits, row i+1 in the high. The activation layout already serves this:
+ * within a group of dfl_qact.q the rows' 32 quants of a block follow each
+ * other, so two rows are one 64-byte load. The weight block is decoded once
+ * and broadcast to both halves. Per pair of rows and 32 weights:
+ *   Q8_0: negate x where w < 0 (a masked subtract; AVX-512 has no vpsignb),
+ *         vpdpbusd |w| . x per lane of 4, convert, one FMA;
+ *   Q4_K, Q6_K: vpmaddubsw q . x, vpdpwssd by the sub-block scale into the
+ *         super-block's integer sums (AVX2: maddubs, madd, add).
+ * The integer lane sums are those of maddubs + madd (no saturation can
+ * occur: |w|, |x| <= 128, q <= 63), and the float side is the twin's: one
+ * FMA per lane and block in block order, the same horizontal tree. */
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/quant_rows.h"
+
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define INLINE                                                                                     \
+    static inline                                                                                  \
+        __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"), always_inline))
+
+enum { PAIRS = DFL_QTILE / 2 };
+enum { Q80, Q4K, Q6K }; /* the weight type of a tile */
+
+/* Rows 2p, 2p+1 of a tile's block as one zmm (xb: the tile's [R][32] quants
+ * of the block); an odd last row alone in the low half, zeros above. */
+INLINE __m512i load_pair(const int R, const int8_t *xb, int p) {
+    if (2 * p + 1 < R) return _mm512_loadu_si512(xb + 64 * p);
+    return _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 64 * p)));
+}
+
+/* Row 2p's per-row value of v8 (8 rows) in the low 8 lanes, row 2p+1's in
+ * the high 8: the scale of each lane. */
+INLINE __m512 pair_scale(__m512 v8, int p) {
+    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(2 * p)), v8);
+}
+
+/* y of rows 2p (and 2p+1 if the tile has it): each half's hsum8. */
+INLINE void store_pair(const int R, __m512 acc, int p, float *y, int ldy) {
+    y[(size_t)(2 * p) * ldy] = hsum8(_mm512_castps512_ps256(acc));
+    if (2 * p + 1 < R)
+        y[(size_t)(2 * p + 1) * ldy] =
+            hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+
+/* ---- one block of a tile ---------------------------------------------------
+ * acc[p]: the 8 lanes of rows 2p, 2p+1; xb: the tile's quants of the block
+ * ([R][32] per 32 weights); dxb: the rows' activation scales ([8]). */
+
+/* Q8_0: per pair, negate x where w < 0, vpdpbusd |w| . x, convert, FMA by
+ * dw * dx (8 rows' products by one vmulps, spread to the pairs by vpermps). */
+INLINE void block_q8_0(const int R, const uint8_t *wb, const int8_t *xb, const float *dxb,
+                       __m512 *acc) {
+    __m512i ws = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 2)));
+    __m512i wu = _mm512_abs_epi8(ws);
+    __mmask64 neg = _mm512_movepi8_mask(ws);
+    __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_load(wb)),
+                                                    _mm256_load_ps(dxb)));
+#pragma GCC unroll 4
+    for (int p = 0; p < (R + 1) / 2; p++) {
+        __m512i xv = load_pair(R, xb, p);
+        xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv);
+        acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), pair_scale(s, p), acc[p]);
+    }
+}
+
+/* Q4_K and Q6_K: per pair and 32 quants, vpmaddubsw q . x and vpdpwssd by
+ * the sub-block scale into the integer sums; then, as the twin, the
+ * corrections from the sums of 16 quants (bsb: row 0's 16 of the block, ss
+ * from a row to the next): Q6_K's -32 offset in the integers, Q4_K's mins
+ * as a second FMA after the scaled sum. */
+INLINE void block_k(const int q6, const int R, const uint8_t *wb, const int8_t *xb,
+                    const int16_t *bsb, size_t ss, const float *dxb, __m512 *acc) {
+    __m256i mins;
+    __m128i sc8 = _mm_setzero_si128();
+    __m512i sc = _mm512_setzero_si512(), corr;
+    __m256 dx8 = _mm256_load_ps(dxb), dw = _mm256_set1_ps(f16_load(wb + (q6 ? 208 : 0)));
+    __m512 sd = _mm512_castps256_ps512(_mm256_mul_ps(dw, dx8)), sm = sd;
+    if (q6) {
+        sc8 = _mm_loadu_si128((const __m128i *)(wb + 192));
+        corr = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(sc8));
+    } else {
+        sc = _mm512_broadcast_i32x4(q4_K_scales(wb, &mins));
+        corr = _mm512_broadcast_i64x4(mins);
+        sm = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_load(wb + 2)), dx8));
+    }
+    __m512i is[PAIRS];
+#pragma GCC unroll 4
+    for (int p = 0; p < (R + 1) / 2; p++) is[p] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; v++) {
+        __m512i q, scv;
+        if (q6) {
+            q = _mm512_broadcast_i64x4(q6_K_quants(wb, v));
+            scv = _mm512_broadcast_i64x4(q6_K_scale(sc8, v));
+        } else {
+            q = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)(wb + 16 + 32 * (v / 2))));
+            q = _mm512_and_si512(v & 1 ? _mm512_srli_epi16(q, 4) : q, _mm512_set1_epi8(0xf));
+            scv = _mm512_shuffle_epi8(sc, _mm512_set1_epi16((short)(0x0100 + 0x0202 * v)));
+        }
+#pragma GCC unroll 4
+        for (int p = 0; p < (R + 1) / 2; p++) {
+            __m512i m = _mm512_maddubs_epi16(q, load_pair(R, xb + v * R * 32, p));
+            is[p] = _mm512_dpwssd_epi32(is[p], m, scv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < (R + 1) / 2; p++) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)(bsb + 2 * p * ss));
+        __m512i bs = 2 * p + 1 < R
+            ? _mm512_inserti64x4(_mm512_castsi256_si512(b0),
+                                 _mm256_loadu_si256((const __m256i *)(bsb + (2 * p + 1) * ss)), 1)
+            : _mm512_zextsi256_si512(b0);
+        __m512i c = _mm512_madd_epi16(corr, bs);
+        if (q6) is[p] = _mm512_sub_epi32(is[p], _mm512_slli_epi32(c, 5));
+        acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[p]), pair_scale(sd, p), acc[p]);
+        if (!q6) acc[p] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(c), pair_scale(sm, p), acc[p]);
+    }
+}
+
+/* ---- a tile: R rows from r0 (one group of dfl_qact.q) against weight row w */
+
+INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *wn, int nb,
+                 const dfl_qact *a, int r0, float *y, int ldy) {
+    __m512 acc[PAIRS];
+#pragma GCC unroll 4
+    for (int p = 0; p < (R + 1) / 2; p++) acc[p] = _mm512_setzero_ps();
+    const int kq = kind != Q80; /* a K-quant */
+    const size_t ss = (size_t)a->cols / 16;
+    const size_t bb = kind == Q80 ? sizeof(dfl_block_q8_0)
+                    : kind == Q4K ? sizeof(dfl_block_q4_K) : sizeof(dfl_block_q6_K);
+    const int8_t *x = dfl_qact_q(a, r0, 0);          /* [nb][R][blk] */
+    const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
+    const int16_t *bsum = kq ? a->bsum + (size_t)r0 * ss : NULL;
+    const ptrdiff_t ahead = wn - w; /* the next weight row, prefetched as this one runs */
+    for (int b = 0; b < nb; b++, w += bb, x += (kq ? QK_K : 32) * R, dx += 8) {
+        if (kq) {
+            for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)w + ahead + l, _MM_HINT_T0);
+            block_k(kind == Q6K, R, w, x, bsum + 16 * b, ss, dx, acc);
+        } else {
+            if (b % 2 == 0) _mm_prefetch((const char *)w + ahead, _MM_HINT_T0);
+            block_q8_0(R, w, x, dx, acc);
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < (R + 1) / 2; p++) store_pair(R, acc[p], p, y, ldy);
+}
+
+DFL_QROWS(AVX512, rows_q8_0, 32, tile, Q80)
+DFL_QROWS(AVX512, rows_q4_K, QK_K, tile, Q4K)
+DFL_QROWS(AVX512, rows_q6_K, QK_K, tile, Q6K)
+
+int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
+                     int ldy) {
+    if (n < 2) return 0;
+    switch (W->type) {
+    case DFL_Q8_0: rows_q8_0(W, a, n, o0, o1, Y, ldy); return 1;
+    case DFL_Q4_K: rows_q4_K(W, a, n, o0, o1, Y, ldy); return 1;
+    case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); return 1;
+    default: return 0;
+    }
+}

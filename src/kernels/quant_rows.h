@@ -1,0 +1,102 @@
+/* quant_rows.h - internal to quant_avx2.c / quant_avx512.c: what both
+ * instruction sets share, a few block decoders and the loop over output
+ * rows and activation tiles.
+ *
+ * Weight rows go in groups of about DFL_QGROUP_BYTES, and each tile of
+ * activation rows runs over the whole group: the group comes from memory
+ * once (first tile) and stays in L2 for the other tiles, while a tile's
+ * activations (8 rows, one group of dfl_qact.q) stay in L1. Which rows share
+ * a tile never changes a row's arithmetic. */
+#ifndef DFL_QUANT_ROWS_H
+#define DFL_QUANT_ROWS_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+/* AVX2 helpers; an AVX-512 function inlines them too (its target is a superset). */
+#define DFL_QINLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+DFL_QINLINE float f16_load(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)): hsum8 in quant.c. */
+DFL_QINLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* The 8 scales of a Q4_K block as int16 (low 128 bits) and its 8 mins, each
+ * twice, as int16 (the layout of q4k_scales in quant.c). */
+DFL_QINLINE __m128i q4_K_scales(const uint8_t *p, __m256i *mins) {
+    /* words s0 s1 s2 of the 12 bytes (the 4 after them are quants, unused) */
+    __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+    __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));                   /* sc_lo, mn_lo */
+    __m128i s2 = _mm_shuffle_epi32(v, 0xaa);
+    s2 = _mm_blend_epi32(s2, _mm_srli_epi32(s2, 4), 2); /* s2, s2 >> 4 */
+    __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi8(3)), 4);
+    __m128i hi = _mm_or_si128(_mm_and_si128(s2, _mm_set1_epi8(0xf)), top); /* sc_hi, mn_hi */
+    __m128i all = _mm_unpacklo_epi32(lo, hi); /* 8 scales, then 8 mins, as bytes */
+    *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(all, all));
+    return _mm_cvtepu8_epi16(all);
+}
+
+/* Quant vector v (elements 32v..32v+31, unsigned 0..63) of a Q6_K super-block. */
+DFL_QINLINE __m256i q6_K_quants(const uint8_t *p, int v) {
+    int h = v / 4, g = v % 4;
+    __m256i l = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (g & 1)));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    __m256i lo = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0xf));
+    /* bits 2g, 2g+1 of qh to bits 4, 5 */
+    __m256i hi = g == 0 ? _mm256_slli_epi16(hb, 4) : g == 1 ? _mm256_slli_epi16(hb, 2)
+               : g == 2 ? hb : _mm256_srli_epi16(hb, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+
+/* The multipliers of Q6_K quant vector v's madd lanes: scale 2v in the low
+ * 128 bits, 2v+1 in the high. */
+DFL_QINLINE __m256i q6_K_scale(__m128i sc8, int v) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+        sc8, _mm_set_epi64x(0x0101010101010101ll * (2 * v + 1), 0x0101010101010101ll * (2 * v))));
+}
+
+enum { DFL_QTILE = 8, DFL_QGROUP_BYTES = 96 << 10 };
+
+/* name(W, a, n, o0, o1, Y, ldy) with attribute ATTR runs
+ * TILE_FN(Q, R, w, wn, nb, a, r, y, ldy) for each weight row w (wn: the next
+ * one to prefetch) and each tile of R rows from r, R a constant. */
+#define DFL_QROWS(ATTR, name, blk, TILE_FN, Q)                                                     \
+    ATTR static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,    \
+                          int ldy) {                                                               \
+        int nb = W->cols / (blk), g = (int)(DFL_QGROUP_BYTES / W->row_bytes);                      \
+        if (g < 1) g = 1;                                                                          \
+        for (int g0 = o0; g0 < o1; g0 += g) {                                                      \
+            int g1 = g0 + g < o1 ? g0 + g : o1;                                                    \
+            for (int r = 0; r < n;) {                                                              \
+                int rt = n - r < DFL_QTILE ? n - r : DFL_QTILE;                                    \
+                for (int o = g0; o < g1; o++) {                                                    \
+                    const uint8_t *w = W->data + (size_t)o * W->row_bytes;                         \
+                    const uint8_t *wn = o + 1 < o1 ? w + W->row_bytes : w;                         \
+                    float *y = Y + (size_t)r * ldy + o;                                            \
+                    switch (rt) {                                                                  \
+                    case 8: TILE_FN(Q, 8, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 7: TILE_FN(Q, 7, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 6: TILE_FN(Q, 6, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 5: TILE_FN(Q, 5, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 4: TILE_FN(Q, 4, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 3: TILE_FN(Q, 3, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 2: TILE_FN(Q, 2, w, wn, nb, a, r, y, ldy); break;                         \
+                    case 1: TILE_FN(Q, 1, w, wn, nb, a, r, y, ldy); break;                         \
+                    }                                                                              \
+                }                                                                                  \
+                r += rt;                                                                           \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#endif
