@@ -19,7 +19,9 @@ reader and tokenizer code. Quantize the result with `dflash quantize`.
   ssm.inner_size (value heads * value head dim), full_attention_interval
   when layer_types follow one, else attention.recurrent_layers (one bool a
   layer; llama.cpp reads both); Qwen3.5's rope.dimension_sections (its
-  mrope_section padded to 4, [11, 11, 10, 0] when absent); experts:
+  mrope_section padded to 4; when absent, the rotated pairs split over time,
+  height, width as interleaved M-RoPE takes them: [11, 11, 10, 0] for the
+  released models, as llama.cpp's converter writes); experts:
   expert_count, expert_used_count, expert_feed_forward_length,
   expert_shared_feed_forward_length (hybrids), expert_weights_norm
   (norm_topk_prob: dflash reads it, llama.cpp always renormalises);
@@ -67,7 +69,6 @@ import laguna_to_gguf as L  # noqa: E402  (expert stacking)
 ARCH = {"qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe",
         "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next", "qwen3_moe": "qwen3moe"}
 HYBRID = ("qwen35", "qwen35moe", "qwen3next")
-MROPE_DEFAULT = [11, 11, 10, 0]   # Qwen3.5's mrope_section when the config has none
 
 # Hugging Face layer names (after "model.layers.N.") -> llama.cpp's, besides the dense ones
 LAYER = {k: v for k, v in H.LAYER_NAMES.items() if not k.endswith(".bias")}
@@ -111,6 +112,14 @@ def neg_exp(a):
     if EXPF is None:
         return -np.exp(a.astype(np.float64)).astype(np.float32)
     return np.array([-EXPF(float(x)) for x in a.ravel()], dtype=np.float32).reshape(a.shape)
+
+
+def mrope_sections(R):
+    """Interleaved M-RoPE sections over R rotated pairs when the config has none: pair s
+    takes section s % 3 (time, height, width), so each gets the pairs of its residue.
+    Released Qwen3.5 (R = 32) gives [11, 11, 10, 0], what llama.cpp's converter writes;
+    llama.cpp refuses sections wider than the head, so small models get their own."""
+    return [(R + 2) // 3, (R + 1) // 3, R // 3, 0]
 
 
 def text_config(cfg):
@@ -160,7 +169,8 @@ def add_keys(w, cfg, arch, name, mtype):
         w.add_rope_dimension_count(int(hd * float(partial)))
         add_ssm(w, cfg)
     if arch in ("qwen35", "qwen35moe"):
-        sec = list(rp.get("mrope_section") or MROPE_DEFAULT)
+        R = int(hd * float(partial)) // 2
+        sec = list(rp.get("mrope_section") or mrope_sections(R))
         w.add_rope_dimension_sections((sec + [0, 0, 0, 0])[:4])
     add_moe(w, cfg, arch)
 
@@ -267,6 +277,8 @@ def layer_tensors(hf, n, where, arch, lay, mtype):
     if rest in LAYER:
         if plus_one(rest, arch):
             return [(pre + LAYER[rest], shape, QT.F32, lambda: load() + np.float32(1))]
+        if rest in ("mlp.gate.weight", "mlp.shared_expert_gate.weight"):
+            gt = QT.F32   # llama.cpp's converter keeps the routers F32
         return [(pre + LAYER[rest], shape, gt, lambda: lay.retile(rest, load()))]
     if rest == "mlp.experts.gate_up_proj":   # [E, 2I, D]: gate rows first, then up
         E, I2, D = shape
