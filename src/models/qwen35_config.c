@@ -191,6 +191,10 @@ static int gguf_ssm(gkeys *k, dfl_config *c, dfl_error *err) {
     TRY(g_int(k, "ssm.group_count", 1, 1, MAX_HEADS, &c->lin_k_heads, err));
     TRY(g_int(k, "ssm.time_step_rank", 1, 1, MAX_HEADS, &c->lin_v_heads, err));
     TRY(g_int(k, "ssm.inner_size", 1, 1, (int64_t)MAX_HEADS * MAX_HEAD_DIM, &inner, err));
+    if (c->lin_v_heads % c->lin_k_heads)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s.ssm.time_step_rank = %d value heads is not a "
+                        "multiple of ssm.group_count = %d key heads", k->g->tensors.source,
+                        k->arch, c->lin_v_heads, c->lin_k_heads);
     c->lin_v_dim = inner / c->lin_v_heads;
     if (inner % c->lin_v_heads || c->lin_v_dim > MAX_HEAD_DIM)
         return dfl_fail(err, DFL_EFORMAT, "%s: %s = %d is not time_step_rank = %d value heads "
