@@ -277,12 +277,12 @@ GGUF_BAD = [  # (name, {key: value or None to drop}, what the message must name)
 ]
 
 
-def rewrite_gguf(src, dst, changes):
-    """A copy of GGUF src with laguna.<key> set (or dropped for None) as changes says."""
+def rewrite_gguf(src, dst, changes, arch="laguna"):
+    """A copy of GGUF src with <arch>.<key> set (or dropped for None) as changes says."""
     import gguf
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, "laguna")
-    changes = {"laguna." + k: v for k, v in changes.items()}
+    w = gguf.GGUFWriter(dst, arch)
+    changes = {f"{arch}.{k}": v for k, v in changes.items()}
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in changes:
             continue

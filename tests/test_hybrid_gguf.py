@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""test_hybrid_gguf.py - Qwen3.5 (dense, multimodal, MoE), Qwen3-Next and Qwen3-MoE in
+llama.cpp's GGUF layout (tools/hybrid_to_gguf.py), and refusals of malformed metadata.
+
+1. transformers makes test_hf_oracle.py's random checkpoints of these families (value
+   heads twice or three times the key heads, key and value head dims apart, the
+   multimodal class, a dense layer among sparse ones, Qwen3-Next's fused projections);
+   tools/hybrid_to_gguf.py converts each, f32 and bf16; `dflash dump` logits and hidden
+   states from the .gguf must be bit-identical to those from the folder (prefill and
+   decode, f32 cache), 64 greedy ids of `dflash generate` from the .gguf must be the
+   folder's, and `dflash probe` on the .gguf must find 0 bytes differing at B=2..16
+   (recurrent states included);
+2. the 256-wide Qwen3.5: `dflash quantize` of its .gguf to q8_0 computes the bytes of
+   the folder at --dtype q8_0 (the tiled value heads' columns move as whole blocks);
+   to q4_k, whose blocks span several heads, ssm_out stays tiled and the forward
+   writes its input so: the probe still finds 0 bytes differing;
+3. malformed GGUF metadata, each refused with a message naming the key.
+llama.cpp's own reading of these files was checked by hand (docs/models.md).
+Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true.
+"""
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+import test_hf_oracle as O  # noqa: E402
+import test_laguna_gguf as LG  # noqa: E402  (bit comparison, quantize, refusal helpers)
+from testlib import check, finish, missing  # noqa: E402
+
+CASES = ["qwen35-hybrid-untied", "qwen35-multimodal-tied", "qwen35moe-hybrid",
+         "qwen3next-grouped-moe", "qwen35-256-probe", "qwen3moe-sparse"]
+
+
+def convert(d, outtype="auto"):
+    import hybrid_to_gguf
+    path = d + ("" if outtype == "auto" else "-" + outtype) + ".gguf"
+    hybrid_to_gguf.convert(d, path, outtype, quiet=True)
+    return path
+
+
+def same_greedy(binary, name, d, path):
+    try:
+        a, b = O.generate(binary, d, "f32"), O.generate(binary, path, "f32")
+    except RuntimeError as e:
+        return check(False, f"{name} generate: {e}")
+    ok = a == b and len(a[1]) == O.N_GEN
+    check(ok, f"{name}: greedy ids from the GGUF differ from the folder's")
+    print(f"  {name:30s} generate {O.N_GEN} greedy ids GGUF vs folder: "
+          f"{'same' if ok else 'DIFFERENT'}", flush=True)
+
+
+def test_cases(binary, tmp):
+    out = {}
+    for name, cls, kw, seed in [a for a in O.ARCHS if a[0] in CASES]:
+        dirs = O.make_target(tmp, name, cls, kw, seed)
+        text = kw.get("text_config", kw)
+        ggufs = {dt: convert(d) for dt, d in dirs.items()}
+        for dt in dirs:
+            LG.same_bits(f"{name} {dt}", binary, dirs[dt], ggufs[dt], text["hidden_size"],
+                         text["num_hidden_layers"])
+        same_greedy(binary, name, dirs["f32"], ggufs["f32"])
+        O.test_probe(binary, name + ".gguf", ggufs)
+        out[name] = (dirs, ggufs)
+    return out
+
+
+def test_quantized(binary, dirs, ggufs):
+    name = "qwen35-256-probe"
+    LG.quantized_same(binary, name, dirs["f32"], ggufs["f32"], "q8_0")
+    q = ggufs["f32"][:-5] + "-q4_k.gguf"
+    O.run([binary, "quantize", "-m", ggufs["f32"], "--out", q, "--type", "q4_k", "-t", "2"])
+    O.test_probe(binary, name + " q4_k.gguf", {"f32": q, "bf16": q})
+
+
+# ---- 3: refusals -------------------------------------------------------------------------
+
+# (name, source case, {key: value or None to drop}, what the message must name)
+GGUF_BAD = [
+    ("inner_size not whole heads", "qwen35-hybrid-untied", {"ssm.inner_size": 95},
+     "ssm.inner_size"),
+    ("time_step_rank missing", "qwen35-hybrid-untied", {"ssm.time_step_rank": None},
+     "ssm.time_step_rank"),
+    ("value heads vs key heads", "qwen35-hybrid-untied", {"ssm.time_step_rank": 3},
+     "ssm.time_step_rank"),
+    ("conv kernel 0", "qwen35-hybrid-untied", {"ssm.conv_kernel": 0}, "ssm.conv_kernel"),
+    ("group_count vs attn_qkv", "qwen35-hybrid-untied", {"ssm.group_count": 4},
+     "attn_qkv.weight"),
+    ("interval 0", "qwen35-hybrid-untied", {"full_attention_interval": 0},
+     "full_attention_interval"),
+    ("recurrent_layers length", "qwen3next-grouped-moe",
+     {"attention.recurrent_layers": [True, False]}, "attention.recurrent_layers"),
+    ("odd rope dims", "qwen35-hybrid-untied", {"rope.dimension_count": 7},
+     "rope.dimension_count"),
+    ("rope dims > head_dim", "qwen35-hybrid-untied", {"rope.dimension_count": 34},
+     "rope.dimension_count"),
+    ("sections > 4", "qwen35-hybrid-untied", {"rope.dimension_sections": [1, 1, 1, 1, 1]},
+     "rope.dimension_sections"),
+    ("dense without ffn length", "qwen3next-grouped-moe", {"feed_forward_length": None},
+     "feed_forward_length"),
+    ("used > experts", "qwen35moe-hybrid", {"expert_used_count": 7}, "expert_used_count"),
+    ("expert count missing", "qwen35moe-hybrid", {"expert_count": None}, "expert_count"),
+    ("shared length missing", "qwen35moe-hybrid",
+     {"expert_shared_feed_forward_length": None}, "expert_shared_feed_forward_length"),
+    ("sigmoid gating", "qwen35moe-hybrid", {"expert_gating_func": 2}, "expert_gating_func"),
+    ("weights scaled", "qwen3moe-sparse", {"expert_weights_scale": 2.5},
+     "expert_weights_scale"),
+    ("expert length vs stacks", "qwen3moe-sparse", {"expert_feed_forward_length": 40},
+     "ffn_gate_exps.weight"),
+]
+
+
+def arch_of(path):
+    import gguf
+    return bytes(gguf.GGUFReader(path).fields["general.architecture"].parts[-1]).decode()
+
+
+def test_refusals(binary, tmp, made):
+    for i, (name, case, change, want) in enumerate(GGUF_BAD):
+        src = made[case][1]["f32"]
+        bad = os.path.join(tmp, f"bad-{i}.gguf")
+        LG.rewrite_gguf(src, bad, change, arch_of(src))
+        LG.refused(binary, "gguf " + name, bad, want)
+
+
+def main():
+    t0 = time.time()
+    binary = O.find_bin()
+    if not binary:
+        missing("the dflash binary ($DFLASH_BIN)")
+        return finish()
+    if not O.torch_ready():
+        return finish()
+    with tempfile.TemporaryDirectory(prefix="test_hybrid_gguf-") as tmp:
+        made = test_cases(binary, tmp)
+        test_quantized(binary, *made["qwen35-256-probe"])
+        test_refusals(binary, tmp, made)
+    print(f"test_hybrid_gguf: {time.time() - t0:.1f} s")
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
