@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 import test_hf_oracle as O  # noqa: E402
 import test_laguna_gguf as LG  # noqa: E402  (bit comparison, quantize, refusal helpers)
-from testlib import check, finish, missing  # noqa: E402
+from testlib import check, finish  # noqa: E402
 
 CASES = ["qwen35-hybrid-untied", "qwen35-multimodal-tied", "qwen35moe-hybrid",
          "qwen3next-grouped-moe", "qwen35-256-probe", "qwen3moe-sparse"]
@@ -128,12 +128,8 @@ def test_refusals(binary, tmp, made):
 
 
 def main():
-    t0 = time.time()
-    binary = O.find_bin()
+    t0, binary = time.time(), O.ready()
     if not binary:
-        missing("the dflash binary ($DFLASH_BIN)")
-        return finish()
-    if not O.torch_ready():
         return finish()
     with tempfile.TemporaryDirectory(prefix="test_hybrid_gguf-") as tmp:
         made = test_cases(binary, tmp)
