@@ -547,6 +547,16 @@ static void test_gguf_hybrid(void) {
     CHECK(r.head_dim == 8 && r.stride == 32, "rope.dimension_count 8 of 32 rotated (%d)",
           r.head_dim);
     free(r.inv_freq);
+    add_u32(&l, "qwen35.nextn_predict_layers", 1);   /* a 5th block: the MTP head */
+    l.u[1] = 5;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == 0 && c.n_layers == 4 && c.mtp_blocks == 1 && c.layer_kind[3] == DFL_LAYER_FULL,
+          "nextn_predict_layers: the last block is not a layer: %s", e.msg);
+    l.u[18] = 5;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.nextn_predict_layers = 5 (expected 0..4)"),
+          "%s", e.msg);
+    qwen35_gguf(&l);
     rc = gguf_cfg(&l, "qwen35.full_attention_interval", &c, &e);
     CHECK(rc == 0 && c.layer_kind[3] == DFL_LAYER_FULL && c.layer_kind[1] == DFL_LAYER_RECURRENT,
           "no interval: llama.cpp's 4");

@@ -14,7 +14,9 @@ llama.cpp's GGUF layout (tools/hybrid_to_gguf.py), and refusals of malformed met
    the folder at --dtype q8_0 (the tiled value heads' columns move as whole blocks);
    to q4_k, whose blocks span several heads, ssm_out stays tiled and the forward
    writes its input so: the probe still finds 0 bytes differing;
-3. malformed GGUF metadata, each refused with a message naming the key.
+3. a Qwen3.5 GGUF with an MTP head appended as llama.cpp's converter does
+   (nextn_predict_layers more blocks) computes the folder's bits, the head not run;
+4. malformed GGUF metadata, each refused with a message naming the key.
 llama.cpp's own reading of these files was checked by hand (docs/models.md).
 Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true.
 """
@@ -77,6 +79,17 @@ def test_quantized(binary, dirs, ggufs):
     O.test_probe(binary, name + " q4_k.gguf", {"f32": q, "bf16": q})
 
 
+def test_mtp_blocks(binary, tmp, dirs, ggufs):
+    """llama.cpp's converter appends a Qwen3.5 MTP head as nextn_predict_layers more blocks:
+    a file with one (the last layer's tensors again as blk.4) computes the folder's bits."""
+    import gguf
+    src, dst = ggufs["f32"], os.path.join(tmp, "mtp.gguf")
+    more = [(t.name.replace("blk.3.", "blk.4."), np.array(t.data), t.tensor_type)
+            for t in gguf.GGUFReader(src).tensors if t.name.startswith("blk.3.")]
+    LG.rewrite_gguf(src, dst, {"block_count": 5, "nextn_predict_layers": 1}, "qwen35", more)
+    LG.same_bits("qwen35 + MTP blocks", binary, dirs["f32"], dst, 64, 4)
+
+
 # ---- 3: refusals -------------------------------------------------------------------------
 
 # (name, source case, {key: value or None to drop}, what the message must name)
@@ -134,6 +147,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="test_hybrid_gguf-") as tmp:
         made = test_cases(binary, tmp)
         test_quantized(binary, *made["qwen35-256-probe"])
+        test_mtp_blocks(binary, tmp, *made["qwen35-hybrid-untied"])
         test_refusals(binary, tmp, made)
     print(f"test_hybrid_gguf: {time.time() - t0:.1f} s")
     return finish()

@@ -61,6 +61,7 @@ typedef struct dfl_config {
     int router_softmax;       /* 1: router scores softmax(logits) (Qwen); 0: sigmoid (Laguna) */
     int norm_topk;            /* 1: the chosen scores are divided by their sum */
     int norm_offset;          /* 1: RMSNorm weights are stored as w and applied as 1 + w */
+    int mtp_blocks;           /* GGUF blocks after the n_layers run: an MTP head, not run */
     /* gated DeltaNet (DFL_LAYER_RECURRENT) layers: conv kernel, key / value heads and dims */
     int lin_conv, lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
 } dfl_config;

@@ -170,6 +170,11 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
         dfl_w_ignore_prefix(w, "model.visual.");
         dfl_w_ignore_prefix(w, "mtp.");
     }
+    for (int m = 0; l == 0 && t->gguf && m < c->mtp_blocks; m++) {   /* the MTP head's blocks */
+        char b[32];
+        snprintf(b, sizeof b, "blk.%d.", c->n_layers + m);
+        dfl_w_ignore_prefix(w, b);
+    }
     int rc = c->layer_kind[l] == DFL_LAYER_RECURRENT ? load_gdn(t, w, l, err)
                                                      : load_attention(t, w, l, err);
     rc = rc ? rc : vec(t, w, l, n->attn_norm, c->dim, 1, &L->attn_norm, err);

@@ -230,6 +230,10 @@ int dfl_qwen35_config_gguf(gkeys *k, dfl_config *c, dfl_error *err) {
     TRY(g_rot(k, "rope.dimension_count", c->head_dim, &c->rope_partial, err));
     TRY(gguf_sections(k, c, err));
     TRY(gguf_layer_types(k, c, err));
+    /* llama.cpp's converter appends the MTP head as nextn_predict_layers more blocks
+     * (block_count counts them, the layer keys cover them); it is not run here */
+    TRY(g_int(k, "nextn_predict_layers", 0, 0, c->n_layers - 1, &c->mtp_blocks, err));
+    c->n_layers -= c->mtp_blocks;
     int any = 0;
     for (int l = 0; l < c->n_layers; l++) any |= c->layer_kind[l] == DFL_LAYER_RECURRENT;
     if (any) TRY(gguf_ssm(k, c, err));
