@@ -16,7 +16,10 @@ llama.cpp's GGUF layout (tools/hybrid_to_gguf.py), and refusals of malformed met
    writes its input so: the probe still finds 0 bytes differing;
 3. a Qwen3.5 GGUF with an MTP head appended as llama.cpp's converter does
    (nextn_predict_layers more blocks) computes the folder's bits, the head not run;
-4. malformed GGUF metadata, each refused with a message naming the key.
+4. Qwen3.5's pre-tokenizer (letters with their combining marks): the converter names it
+   "qwen35" as llama.cpp does, and `dflash tokenize` on such a vocabulary gives the
+   tokenizers library's ids on texts with marks (where qwen2's split differs);
+5. malformed GGUF metadata, each refused with a message naming the key.
 llama.cpp's own reading of these files was checked by hand (docs/models.md).
 Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true.
 """
@@ -32,7 +35,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 import test_hf_oracle as O  # noqa: E402
 import test_laguna_gguf as LG  # noqa: E402  (bit comparison, quantize, refusal helpers)
-from testlib import check, finish  # noqa: E402
+from testlib import check, finish, missing  # noqa: E402
 
 CASES = ["qwen35-hybrid-untied", "qwen35-multimodal-tied", "qwen35moe-hybrid",
          "qwen3next-grouped-moe", "qwen35-256-probe", "qwen3moe-sparse"]
@@ -90,7 +93,84 @@ def test_mtp_blocks(binary, tmp, dirs, ggufs):
     LG.same_bits("qwen35 + MTP blocks", binary, dirs["f32"], dst, 64, 4)
 
 
-# ---- 3: refusals -------------------------------------------------------------------------
+# ---- Qwen3.5's pre-tokenizer (tokenizer.ggml.pre "qwen35") ----------------------------------
+
+QWEN35_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?"
+                "[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+MARK_TEXTS = [  # Devanagari, decomposed accents, Vietnamese, pointed Hebrew, Zalgo, ASCII, Arabic
+    '\u0915\u094d\u0937\u0924\u094d\u0930\u093f\u092f \u0928\u092e\u0938\u094d\u0924\u0947 '
+    '\u0926\u0941\u0928\u093f\u092f\u093e',
+    'e\u0301t\xe9 cafe\u0301 na\u0308ive',
+    'Ti\u1ebfng Vi\u1ec7t c\xf3 d\u1ea5u',
+    '\u05e9\u05b8\u05c1\u05dc\u05d5\u05b9\u05dd \u05e2\u05d5\u05b9\u05dc\u05b8\u05dd',
+    '\u0105\u0337\u0327 Z\u0324\u0354\u0367\u0311\u0313\xe4\u0356\u032d\u0308\u0307l\u036e'
+    '\u0312\u036b\u01e7\u0317\u035a\u031ao\u0319\u0314\u036e\u0307\u0350\u0307',
+    "hello world, it's 2026!",
+    '\u0645\u0631\u062d\u0628\u064b\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645',
+]
+
+
+def tokenize(binary, vocab, texts):
+    import json
+    import subprocess
+    r = subprocess.run([binary, "tokenize", "-m", vocab, "--jsonl", "-"], capture_output=True,
+                       input="".join(json.dumps(x) + "\n" for x in texts).encode(), timeout=120)
+    if r.returncode:
+        raise RuntimeError(r.stderr.decode(errors="replace")[-300:])
+    return [json.loads(line) for line in r.stdout.decode().splitlines()]   # ids per line
+
+
+def test_qwen35_pretokenizer(binary, tmp):
+    """Qwen3.5's tokenizer.json splits letters with their combining marks (\\p{M}); the
+    converter names that "qwen35", as llama.cpp does, and the engine's split matches the
+    tokenizers library's (Qwen3's vocabulary with Qwen3.5's split regex)."""
+    import json
+    import gguf
+    import hf_to_gguf as H
+    from tokenizers import Tokenizer
+    shared = os.environ.get("DFLASH_SHARED", os.path.join(HERE, "..", "..", "shared"))
+    src = os.path.join(shared, "assets", "tokenizers", "qwen3", "tokenizer.json")
+    if not os.path.exists(src):
+        return missing(f"{src} (the Qwen3 vocabulary)")
+    tok = json.load(open(src))
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = QWEN35_SPLIT
+    d = os.path.join(tmp, "qwen35-vocab")
+    os.makedirs(d)
+    json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
+    hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    vocabs = {}
+    for pre in ("qwen35", "qwen2"):
+        path = os.path.join(d, pre + ".gguf")
+        w = gguf.GGUFWriter(path, "qwen35")
+        name = H.pre_tokenizer_name
+        if pre == "qwen2":   # the split without marks: the texts must tell the two apart
+            H.pre_tokenizer_name = lambda t: "qwen2"
+        try:
+            H.add_tokenizer(w, d, {}, hf.get_vocab_size())
+        finally:
+            H.pre_tokenizer_name = name
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()
+        vocabs[pre] = path
+    meta = gguf.GGUFReader(vocabs["qwen35"]).fields["tokenizer.ggml.pre"].contents()
+    check(meta == "qwen35", f"converter's tokenizer.ggml.pre for Qwen3.5's split: {meta!r}")
+    want = [hf.encode(x, add_special_tokens=False).ids for x in MARK_TEXTS]
+    try:
+        got, other = tokenize(binary, vocabs["qwen35"], MARK_TEXTS), \
+            tokenize(binary, vocabs["qwen2"], MARK_TEXTS)
+    except RuntimeError as e:
+        return check(False, f"dflash tokenize: {e}")
+    same = sum(g == w for g, w in zip(got, want))
+    check(same == len(MARK_TEXTS), f"qwen35 pre-tokenizer: {same} of {len(MARK_TEXTS)} texts "
+                                   "as tokenizers splits them")
+    check(other != want, "the texts do not tell qwen35's split from qwen2's")
+    print(f"  qwen35 pre-tokenizer: {same} of {len(MARK_TEXTS)} texts as tokenizers; qwen2's "
+          f"split differs on {sum(o != w for o, w in zip(other, want))}", flush=True)
+
+
+# ---- 4: refusals -------------------------------------------------------------------------
 
 # (name, source case, {key: value or None to drop}, what the message must name)
 GGUF_BAD = [
@@ -148,6 +228,7 @@ def main():
         made = test_cases(binary, tmp)
         test_quantized(binary, *made["qwen35-256-probe"])
         test_mtp_blocks(binary, tmp, *made["qwen35-hybrid-untied"])
+        test_qwen35_pretokenizer(binary, tmp)
         test_refusals(binary, tmp, made)
     print(f"test_hybrid_gguf: {time.time() - t0:.1f} s")
     return finish()
