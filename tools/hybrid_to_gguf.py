@@ -45,8 +45,9 @@ reader and tokenizer code. Quantize the result with `dflash quantize`.
   k * r + j) to llama.cpp's tiled one (j * n_k + k) in v's rows of attn_qkv
   and its conv channels, attn_gate, ssm_beta, ssm_alpha, ssm_dt, ssm_a, and
   ssm_out's columns; dflash reads them back to grouped;
-- 1-D tensors and the conv F32, matrices and expert stacks --outtype (the
-  router too, unlike llama.cpp's F32, so the weights keep the folder's bits);
+- 1-D tensors, the conv and the routers (ffn_gate_inp, ffn_gate_inp_shexp) F32, as
+  llama.cpp's converter writes them (the engine computes the same bits from them as from
+  the folder's type); other matrices and expert stacks --outtype;
 - a multimodal checkpoint's vision tower and the MTP head are not written.
 llama.cpp itself cannot load files whose key and value head dims differ, or
 Qwen3-Next / Qwen3-MoE files with dense layers among the sparse ones; dflash
