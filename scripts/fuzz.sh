@@ -103,6 +103,33 @@ lag_t = [("token_embd.weight", [32, 4], 0, b"\1" * 512), ("blk.0.attn_gate.weigh
 open(f"{seeds}/gguf/laguna.gguf", "wb").write(gguf(lag, lag_t))
 lag2 = [kv for kv in lag if "pattern" not in kv[0]] + [u32("laguna.attention.sliding_window_pattern", 2)]
 open(f"{seeds}/gguf/laguna_period.gguf", "wb").write(gguf(lag2, lag_t[:1]))
+# Qwen3.5-MoE / Qwen3-Next / Qwen3-MoE as llama.cpp lays them out: the DeltaNet's ssm.*
+# keys, recurrent layers as a bool per layer or an interval, M-RoPE sections, experts
+# with a shared one; sparse layers are those with a router tensor
+def qwen(a, extra):
+    return [("general.architecture", 8, s(a)), u32(f"{a}.block_count", 2),
+            u32(f"{a}.embedding_length", 32), u32(f"{a}.attention.head_count", 4),
+            u32(f"{a}.attention.head_count_kv", 2), u32(f"{a}.attention.key_length", 8),
+            u32(f"{a}.attention.value_length", 8), u32(f"{a}.context_length", 128),
+            f32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6), f32(f"{a}.rope.freq_base", 1e7),
+            u32(f"{a}.expert_count", 4), u32(f"{a}.expert_used_count", 2),
+            u32(f"{a}.expert_feed_forward_length", 16), ("tokenizer.ggml.tokens", 9, arr_str)] + extra
+hyb = [u32("qwen35moe.rope.dimension_count", 4), ("qwen35moe.rope.dimension_sections", 9,
+       arr(5, "<i", [1, 1, 0, 0])), u32("qwen35moe.ssm.conv_kernel", 4),
+       u32("qwen35moe.ssm.state_size", 8), u32("qwen35moe.ssm.group_count", 2),
+       u32("qwen35moe.ssm.time_step_rank", 4), u32("qwen35moe.ssm.inner_size", 32),
+       ("qwen35moe.attention.recurrent_layers", 9, arr(7, "<B", [1, 0])),
+       u32("qwen35moe.expert_shared_feed_forward_length", 16),
+       ("qwen35moe.expert_weights_norm", 7, b"\1"), u32("qwen35moe.feed_forward_length", 64)]
+q_t = [("token_embd.weight", [32, 4], 0, b"\1" * 512), ("blk.0.ffn_gate_inp.weight", [32, 4], 0,
+        b"\2" * 512), ("blk.0.ssm_a", [4], 0, b"\3" * 16)]
+open(f"{seeds}/gguf/qwen35moe.gguf", "wb").write(gguf(qwen("qwen35moe", hyb), q_t))
+nxt = [(k.replace("qwen35moe", "qwen3next"), t, v) for k, t, v in hyb
+       if "recurrent_layers" not in k and "sections" not in k]
+open(f"{seeds}/gguf/qwen3next.gguf", "wb").write(
+    gguf(qwen("qwen3next", nxt + [u32("qwen3next.full_attention_interval", 2)]), q_t))
+open(f"{seeds}/gguf/qwen3moe.gguf", "wb").write(
+    gguf(qwen("qwen3moe", [u32("qwen3moe.feed_forward_length", 64)]), q_t[:2]))
 open(f"{seeds}/gguf/empty.gguf", "wb").write(gguf([], []))
 p = f"{shared}/assets/stories260K/stories260K.gguf"
 if os.path.exists(p):

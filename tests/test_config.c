@@ -506,6 +506,108 @@ static void test_gguf_meta(void) {
     CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen3.block_count has type 6"), "%s", e.msg);
 }
 
+/* Qwen3.5 as llama.cpp writes it (metadata only: every MLP dense without router tensors). */
+static void qwen35_gguf(kvlist *l) {
+    memset(l, 0, sizeof *l);
+    add_str(l, "general.architecture", "qwen35");
+    add_u32(l, "qwen35.block_count", 4);
+    add_u32(l, "qwen35.embedding_length", 64);
+    add_u32(l, "qwen35.attention.head_count", 4);
+    add_u32(l, "qwen35.attention.head_count_kv", 2);
+    add_u32(l, "qwen35.attention.key_length", 32);
+    add_u32(l, "qwen35.attention.value_length", 32);
+    add_u32(l, "qwen35.feed_forward_length", 96);
+    add_u32(l, "qwen35.context_length", 256);
+    add_f32(l, "qwen35.attention.layer_norm_rms_epsilon", 1e-6f);
+    add_f32(l, "qwen35.rope.freq_base", 1e7f);
+    add_u32(l, "qwen35.rope.dimension_count", 8);   /* [11] */
+    add_u32(l, "qwen35.ssm.conv_kernel", 4);
+    add_u32(l, "qwen35.ssm.state_size", 16);
+    add_u32(l, "qwen35.ssm.group_count", 2);
+    add_u32(l, "qwen35.ssm.time_step_rank", 4);     /* [15] */
+    add_u32(l, "qwen35.ssm.inner_size", 96);         /* [16] 4 heads of 24 */
+    add_u32(l, "qwen35.full_attention_interval", 2); /* [17] */
+}
+
+static void test_gguf_hybrid(void) {
+    kvlist l;
+    dfl_config c;
+    dfl_error e;
+    qwen35_gguf(&l);
+    int rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == 0 && c.arch == ARCH_QWEN35 && c.lin_conv == 4 && c.lin_k_dim == 16 &&
+              c.lin_k_heads == 2 && c.lin_v_heads == 4 && c.lin_v_dim == 24 && c.qk_norm &&
+              c.gating == DFL_GATE_Q_SIGMOID && c.norm_offset == 0 && c.n_experts == 0,
+          "qwen35 gguf: %s", e.msg);
+    CHECK(c.layer_kind[0] == DFL_LAYER_RECURRENT && c.layer_kind[1] == DFL_LAYER_FULL &&
+              c.layer_kind[2] == DFL_LAYER_RECURRENT && c.layer_kind[3] == DFL_LAYER_FULL,
+          "full_attention_interval 2: every second layer full");
+    dfl_rope r;
+    dfl_rope_init(&r, &c);
+    CHECK(r.head_dim == 8 && r.stride == 32, "rope.dimension_count 8 of 32 rotated (%d)",
+          r.head_dim);
+    free(r.inv_freq);
+    add_u32(&l, "qwen35.nextn_predict_layers", 1);   /* a 5th block: the MTP head */
+    l.u[1] = 5;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == 0 && c.n_layers == 4 && c.mtp_blocks == 1 && c.layer_kind[3] == DFL_LAYER_FULL,
+          "nextn_predict_layers: the last block is not a layer: %s", e.msg);
+    l.u[18] = 5;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.nextn_predict_layers = 5 (expected 0..4)"),
+          "%s", e.msg);
+    qwen35_gguf(&l);
+    rc = gguf_cfg(&l, "qwen35.full_attention_interval", &c, &e);
+    CHECK(rc == 0 && c.layer_kind[3] == DFL_LAYER_FULL && c.layer_kind[1] == DFL_LAYER_RECURRENT,
+          "no interval: llama.cpp's 4");
+    rc = gguf_cfg(&l, "qwen35.ssm.time_step_rank", &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.ssm.time_step_rank is missing"), "%s",
+          e.msg);
+    rc = gguf_cfg(&l, "qwen35.feed_forward_length", &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.feed_forward_length is missing"), "%s",
+          e.msg);
+    l.u[16] = 90;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.ssm.inner_size = 90"), "%s", e.msg);
+    qwen35_gguf(&l);
+    l.u[15] = 3;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "ssm.time_step_rank = 3 value heads"), "%s", e.msg);
+    qwen35_gguf(&l);
+    l.u[11] = 7;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.rope.dimension_count = 7"), "%s", e.msg);
+    qwen35_gguf(&l);
+    l.u[17] = 0;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.full_attention_interval = 0"), "%s", e.msg);
+    /* recurrent layers as one bool per layer, and of the wrong length */
+    static const uint8_t rec[4] = {1, 1, 0, 1};
+    qwen35_gguf(&l);
+    l.kv[17] = (gguf_wkv){"qwen35.attention.recurrent_layers", GGUF_T_ARRAY, GGUF_T_BOOL, 4, rec};
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == 0 && c.layer_kind[1] == DFL_LAYER_RECURRENT && c.layer_kind[2] == DFL_LAYER_FULL,
+          "attention.recurrent_layers: %s", e.msg);
+    l.kv[17].arr_n = 3;
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "attention.recurrent_layers has 3 entries"), "%s",
+          e.msg);
+    /* experts named but no router tensor: every layer dense; softmax gating only */
+    qwen35_gguf(&l);
+    add_u32(&l, "qwen35.expert_count", 4);
+    add_u32(&l, "qwen35.expert_used_count", 5);
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EFORMAT && strstr(e.msg, "qwen35.expert_used_count = 5 (expected 1..4)"),
+          "%s", e.msg);
+    l.u[19] = 2;
+    add_u32(&l, "qwen35.expert_feed_forward_length", 16);
+    add_u32(&l, "qwen35.expert_shared_feed_forward_length", 16);
+    add_u32(&l, "qwen35.expert_gating_func", 2);
+    rc = gguf_cfg(&l, NULL, &c, &e);
+    CHECK(rc == DFL_EUNSUP && strstr(e.msg, "qwen35.expert_gating_func = 2 not supported"), "%s",
+          e.msg);
+}
+
 /* ---- RoPE scaling against transformers' definitions --------------------- */
 
 /* _compute_llama3_parameters(theta 500000, hd 128, factor 8, low 1, high 4, old 8192) */
@@ -589,6 +691,7 @@ int main(void) {
     test_hf_file();
     test_gguf_stories();
     test_gguf_meta();
+    test_gguf_hybrid();
     test_rope();
     return test_summary();
 }

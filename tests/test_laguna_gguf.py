@@ -277,12 +277,13 @@ GGUF_BAD = [  # (name, {key: value or None to drop}, what the message must name)
 ]
 
 
-def rewrite_gguf(src, dst, changes):
-    """A copy of GGUF src with laguna.<key> set (or dropped for None) as changes says."""
+def rewrite_gguf(src, dst, changes, arch="laguna", more=()):
+    """A copy of GGUF src with <arch>.<key> set (or dropped for None) as changes says, and
+    the tensors more [(name, array, ggml type)] after its own."""
     import gguf
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, "laguna")
-    changes = {"laguna." + k: v for k, v in changes.items()}
+    w = gguf.GGUFWriter(dst, arch)
+    changes = {f"{arch}.{k}": v for k, v in changes.items()}
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in changes:
             continue
@@ -300,6 +301,8 @@ def rewrite_gguf(src, dst, changes):
                             gguf.GGUFValueType.UINT32)
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    for name, data, typ in more:
+        w.add_tensor(name, data, raw_dtype=typ)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -101,6 +101,8 @@ def pre_tokenizer_name(tok):
     text = json.dumps(tok.get("pre_tokenizer"))
     if "\\\\p{N}{1,3}" in text:
         return "llama-bpe"
+    if "\\\\p{M}" in text:   # Qwen3.5's: letters with their combining marks
+        return "qwen35"
     if "\\\\p{N}" in text:
         return "qwen2"
     return "default"

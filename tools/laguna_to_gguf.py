@@ -202,17 +202,20 @@ def layer_tensors(hf, where, mtype):
     fail(f"tensor {hf} has no GGUF name")
 
 
-def expert_stacks(where, mtype, n_experts):
-    """Per-expert tensors (mlp.experts.{e}.{gate,up,down}_proj.weight) stacked per layer."""
-    out, layers = [], sorted({int(k.split(".")[2]) for k in where if ".mlp.experts.0." in k})
+def expert_stacks(where, mtype, n_experts, names=None):
+    """Per-expert tensors (mlp.experts.{e}.{gate,up,down}_proj.weight) stacked per layer.
+    names: {name as model.layers.N...: name in where} when the file's names differ."""
+    names = names or {k: k for k in where}
+    out, layers = [], sorted({int(k.split(".")[2]) for k in names if ".mlp.experts.0." in k})
     for l in layers:
         for p in ("gate", "up", "down"):
-            names = [f"model.layers.{l}.mlp.experts.{e}.{p}_proj.weight" for e in range(n_experts)]
-            if any(n not in where for n in names):
+            want = [f"model.layers.{l}.mlp.experts.{e}.{p}_proj.weight" for e in range(n_experts)]
+            if any(n not in names for n in want):
                 fail(f"layer {l}: {p}_proj of some of the {n_experts} experts is missing")
-            shape = [n_experts] + list(where[names[0]][2])
+            hfs = [names[n] for n in want]
+            shape = [n_experts] + list(where[hfs[0]][2])
             out.append((f"blk.{l}.ffn_{p}_exps.weight", shape, mtype,
-                        lambda names=names: np.stack([H.load_tensor(where, n) for n in names])))
+                        lambda hfs=hfs: np.stack([H.load_tensor(where, h) for h in hfs])))
     return out
 
 

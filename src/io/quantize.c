@@ -7,7 +7,8 @@
  * "*.weight", or 3-D stack of matrices (MoE experts, [n, rows, cols]), whose
  * row length is a whole number of blocks is converted row by
  * row (dequantized to f32 first when it is not f32 already); 1-D tensors
- * (norms) become f32; token_embd.weight stays as it is unless asked;
+ * (norms) become f32; token_embd.weight stays as it is unless asked, and
+ * a DeltaNet's conv taps (ssm_conv1d, [channels, kernel]) always;
  * anything else is copied unchanged. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@ static dfl_type out_type(const dfl_tensor *t, dfl_type to, int embeddings) {
     if (t->n_dims == 1) return DFL_F32;
     if ((t->n_dims != 2 && t->n_dims != 3) || !ends_with(t->name, ".weight")) return t->type;
     if (!embeddings && !strcmp(t->name, "token_embd.weight")) return t->type;
+    if (ends_with(t->name, ".ssm_conv1d.weight")) return t->type;   /* conv taps, read as floats */
     if (t->shape[t->n_dims - 1] % dfl_type_block(to)) return t->type;
     return to;
 }

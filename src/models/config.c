@@ -419,6 +419,16 @@ int dfl_config_from_hf(const char *path, dfl_config *c, dfl_error *err) {
 
 /* ---- GGUF metadata ------------------------------------------------------ */
 
+/* general.architecture as llama.cpp names it; the key prefix is that name. */
+static const struct {
+    const char *name;
+    int arch;
+} gguf_archs[] = {
+    {"llama", ARCH_LLAMA}, {"qwen2", ARCH_QWEN2}, {"qwen3", ARCH_QWEN3},
+    {"laguna", ARCH_LAGUNA}, {"qwen35", ARCH_QWEN35}, {"qwen35moe", ARCH_QWEN35},
+    {"qwen3next", ARCH_QWEN3_NEXT}, {"qwen3moe", ARCH_QWEN3_MOE},
+};
+
 const char *akey(gkeys *k, const char *suffix) {
     snprintf(k->key, sizeof k->key, "%s.%s", k->arch, suffix);
     return k->key;
@@ -441,6 +451,36 @@ int g_int(gkeys *k, const char *suffix, int required, int64_t lo, int64_t hi, in
 
 int g_float(gkeys *k, const char *suffix, float *out, dfl_error *err) {
     return dfl_gguf_f32(k->g, akey(k, suffix), out, err);
+}
+
+/* Rotated dims as a partial factor in the middle of the dims' interval, so
+ * config.c's int(head_dim * factor) gives them back whatever the rounding. */
+int g_rot(gkeys *k, const char *suffix, int hd, float *partial, dfl_error *err) {
+    int rd = hd;
+    TRY(g_int(k, suffix, 0, 2, hd, &rd, err));
+    if (rd % 2)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %d (expected an even number)",
+                        k->g->tensors.source, k->key, rd);
+    *partial = (rd + 0.5f) / hd;
+    return 0;
+}
+
+int g_bools(gkeys *k, const char *suffix, int n, int no, int yes, unsigned char *out,
+            dfl_error *err) {
+    const char *src = k->g->tensors.source, *key = akey(k, suffix);
+    const gguf_kv *kv = dfl_gguf_find(k->g, key);
+    if (!kv || kv->type != GGUF_T_ARRAY) return 1;
+    if (!dfl_gguf_arr(k->g, key, GGUF_T_BOOL, err)) return DFL_EFORMAT;
+    if (kv->arr_n != (uint64_t)n)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s has %llu entries (expected block_count = %d)",
+                        src, key, (unsigned long long)kv->arr_n, n);
+    for (int l = 0; l < n; l++) {
+        if (kv->val[l] > 1)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %s[%d] = %u (expected a bool)", src, key, l,
+                            kv->val[l]);
+        out[l] = (unsigned char)(kv->val[l] ? yes : no);
+    }
+    return 0;
 }
 
 static int g_token(const gguf_file *g, const char *key, int *out, dfl_error *err) {
@@ -478,7 +518,8 @@ static int gguf_rope(gkeys *k, dfl_config *c, dfl_error *err) {
     const char *src = k->g->tensors.source;
     int rd = c->head_dim;
     TRY(g_int(k, "rope.dimension_count", 0, 0, MAX_HEAD_DIM, &rd, err));
-    if (rd != c->head_dim && c->arch != ARCH_LAGUNA) /* Laguna: laguna_config.c reads it */
+    /* Laguna and the hybrids rotate part of a head: their readers read it */
+    if (rd != c->head_dim && c->arch != ARCH_LAGUNA && !DFL_ARCH_HYBRID(c->arch))
         return dfl_fail(err, DFL_EUNSUP, "%s: %s = %d but head_dim = %d (partial RoPE not "
                         "supported)", src, k->key, rd, c->head_dim);
     c->rope_theta = 10000;
@@ -544,20 +585,24 @@ int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err) {
     if (rc == 1) return dfl_fail(err, DFL_EFORMAT, "%s: general.architecture is missing", src);
     if (rc) return rc;
     c->arch = -1;
-    for (int i = ARCH_LLAMA; i <= ARCH_LAGUNA; i++)
-        if (a.len == strlen(dfl_arch_name(i)) && !memcmp(a.s, dfl_arch_name(i), a.len))
-            c->arch = i;
+    const char *name = NULL;
+    for (size_t i = 0; i < sizeof gguf_archs / sizeof gguf_archs[0]; i++)
+        if (a.len == strlen(gguf_archs[i].name) && !memcmp(a.s, gguf_archs[i].name, a.len))
+            c->arch = gguf_archs[i].arch, name = gguf_archs[i].name;
     if (c->arch < 0)
         return dfl_fail(err, DFL_EUNSUP,
                         "%s: general.architecture = \"%.*s\" not supported (llama, qwen2, qwen3, "
-                        "laguna are)", src, (int)(a.len < 60 ? a.len : 60), a.s);
-    gkeys k = {.g = g, .arch = dfl_arch_name(c->arch)};
+                        "laguna, qwen35, qwen35moe, qwen3next, qwen3moe are)", src,
+                        (int)(a.len < 60 ? a.len : 60), a.s);
+    gkeys k = {.g = g, .arch = name};
     TRY(g_int(&k, "block_count", 1, 1, MAX_LAYERS, &c->n_layers, err));
     TRY(g_int(&k, "embedding_length", 1, 1, MAX_DIM, &c->dim, err));
     TRY(g_heads(&k, c, err));
     c->n_kv_heads = c->n_heads;
     TRY(g_int(&k, "attention.head_count_kv", 0, 1, MAX_HEADS, &c->n_kv_heads, err));
-    TRY(g_int(&k, "feed_forward_length", 1, 1, MAX_FFN, &c->ffn_dim, err));
+    /* (the MoE families' readers check that dense layers have it) */
+    int moe = DFL_ARCH_HYBRID(c->arch) || c->arch == ARCH_QWEN3_MOE;
+    TRY(g_int(&k, "feed_forward_length", !moe, 1, MAX_FFN, &c->ffn_dim, err));
     TRY(g_int(&k, "context_length", 1, 1, MAX_CTX, &c->max_ctx, err));
     rc = g_int(&k, "attention.key_length", 0, 2, MAX_HEAD_DIM, &c->head_dim, err);
     if (rc < 0) return rc;
@@ -581,12 +626,14 @@ int dfl_config_from_gguf(const gguf_file *g, dfl_config *c, dfl_error *err) {
     c->rope_neox = c->arch != ARCH_LLAMA;
     dfl_tensors *ts = (dfl_tensors *)&g->tensors;
     c->qkv_bias = c->arch == ARCH_QWEN2 || dfl_tensors_find(ts, "blk.0.attn_q.bias") != NULL;
-    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
     c->tied_embed = ts->n > 0 && !dfl_tensors_find(ts, "output.weight");
     c->bos_id = c->eos_id = -1;
     TRY(g_token(g, "tokenizer.ggml.bos_token_id", &c->bos_id, err));
     TRY(g_token(g, "tokenizer.ggml.eos_token_id", &c->eos_id, err));
     if (c->arch == ARCH_LAGUNA) TRY(dfl_laguna_config_gguf(&k, c, err));
+    if (DFL_ARCH_HYBRID(c->arch)) TRY(dfl_qwen35_config_gguf(&k, c, err));
+    if (c->arch == ARCH_QWEN3_MOE) TRY(dfl_qwen_moe_config_gguf(&k, c, err));
     return dfl_config_validate(c, src, err);
 }
 

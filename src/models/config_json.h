@@ -58,6 +58,16 @@ const char *akey(gkeys *k, const char *suffix);
 int g_int(gkeys *k, const char *suffix, int required, int64_t lo, int64_t hi, int *out,
           dfl_error *err);
 int g_float(gkeys *k, const char *suffix, float *out, dfl_error *err);
+/* Rotated dims (suffix, default hd: even, 2..hd) as a partial factor in the
+ * middle of the dims' interval, so config.c's int(head_dim * factor) gives
+ * them back whatever the rounding. */
+/* suffix as one bool per layer (n entries) into out (no / yes); 1 when
+ * absent or not an array (the caller may read another form). */
+#define g_bools dfl_cfg_g_bools
+int g_bools(gkeys *k, const char *suffix, int n, int no, int yes, unsigned char *out,
+            dfl_error *err);
+#define g_rot dfl_cfg_g_rot
+int g_rot(gkeys *k, const char *suffix, int hd, float *partial, dfl_error *err);
 
 /* Laguna's own fields (laguna_config.c), after the common ones: from
  * config.json, and from GGUF metadata as llama.cpp's converter writes it. */
@@ -72,6 +82,10 @@ int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const cha
  * mlp_only_layers and decoder_sparse_step, norm_topk_prob), Qwen3.5-MoE (every layer,
  * renormalised); a softmax router, the hybrids' shared expert. Absent num_experts: dense. */
 int dfl_qwen_moe_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
+/* The same from GGUF metadata in llama.cpp's layout (qwen35, qwen35moe,
+ * qwen3next; qwen3moe), after the common keys. */
+int dfl_qwen35_config_gguf(gkeys *k, dfl_config *c, dfl_error *err);
+int dfl_qwen_moe_config_gguf(gkeys *k, dfl_config *c, dfl_error *err);
 /* Laguna's own fields (laguna.c), after the common ones. */
 int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error *err);
 int dfl_laguna_config_gguf(gkeys *k, dfl_config *c, dfl_error *err);

@@ -32,6 +32,9 @@ extern const char *const dfl_mtp_prefixes[];
 int dfl_load_moe(dfl_weights *w, const dfl_config *c, const char *lfmt, int l, dfl_layer *L,
                  dfl_error *err);
 
+/* The same from a GGUF in llama.cpp's names (blk.N.ffn_*_exps, *_shexp). */
+int dfl_load_moe_gguf(dfl_weights *w, const dfl_config *c, int l, dfl_layer *L, dfl_error *err);
+
 /* "model.layers.%d.xxx" with l filled in, into buf (256 bytes). */
 const char *dfl_lname(char *buf, const char *fmt, int l);
 

@@ -6,7 +6,8 @@
  *          last K - 1 inputs of every channel);
  *   q, k   L2-normalised per key head (eps 1e-6), q times 1/sqrt(k_dim);
  *          value head h reads key head h / (v_heads / k_heads);
- *   gates  beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias);
+ *   gates  beta = sigmoid(b), g = A * softplus(a + dt_bias), A = -exp(A_log)
+ *          (computed at load from Hugging Face's A_log; GGUF stores A);
  *   delta  S = e^g S;  u = S^T k;  S += k (beta (v - u))^T;  o = S^T q,
  *          S a (k_dim, v_dim) f32 matrix per value head;
  *   out    rmsnorm(o) * w * silu(z) per value head, then out_proj.
@@ -76,8 +77,9 @@ static void head_task(void *ctx, int h, int n) {
     const float *q = s->x + (size_t)kh * dk, *k = s->x + Kd + (size_t)kh * dk;
     const float *v = s->x + 2 * Kd + (size_t)h * dv;
     float beta = sigmoid(s->ba[h]);
-    float g = -expf(s->G->a_log[h]) * softplus(s->ba[H + h] + s->G->dt_bias[h]);
-    float decay = expf(g), *S = s->S + (size_t)h * dk * dv, *o = s->o + (size_t)h * dv;
+    float g = s->G->decay[h] * softplus(s->ba[H + h] + s->G->dt_bias[h]);
+    int r = H / c->lin_k_heads, oh = s->G->out_tiled ? (h % r) * c->lin_k_heads + h / r : h;
+    float decay = expf(g), *S = s->S + (size_t)h * dk * dv, *o = s->o + (size_t)oh * dv;
     float u[DFL_MAX_HEAD_DIM];
     for (int j = 0; j < dv; j++) u[j] = 0;
     for (int i = 0; i < dk; i++) {   /* u = (e^g S)^T k */
@@ -119,9 +121,9 @@ static void row_step(dfl_target *t, const dfl_gdn *G, int l, dfl_kv *kv, int r, 
         memcpy(dfl_kv_snap(kv, l, i + 1), win, sizeof(float) * kv->rec_floats);
 }
 
-/* Qwen3-Next's grouped projections, per key head [q | k | v | z] and
- * [b | a], into the separate layout: lin_x = q | k | v, lin_z, lin_ba. */
-static void split_grouped(dfl_target *t, const dfl_gdn *G, int n) {
+/* Qwen3-Next's grouped in_proj_qkvz, per key head [q | k | v | z], into
+ * the separate layout: lin_x = q | k | v, lin_z. */
+static void split_qkvz(dfl_target *t, const dfl_gdn *G, int n) {
     const dfl_config *c = &t->c;
     int dk = c->lin_k_dim, H = c->lin_v_heads, Hk = c->lin_k_heads, r = H / Hk;
     int Kd = Hk * dk, rv = r * c->lin_v_dim, C = dfl_gdn_channels(c), Vd = H * c->lin_v_dim;
@@ -137,6 +139,14 @@ static void split_grouped(dfl_target *t, const dfl_gdn *G, int n) {
             memcpy(z + (size_t)h * rv, g + 2 * dk + rv, rv * fl);
         }
     }
+}
+
+/* Qwen3-Next's grouped in_proj_ba (GGUF ssm_ba too), per key head
+ * [b | a], into lin_ba = b | a. */
+static void split_ba(dfl_target *t, const dfl_gdn *G, int n) {
+    const dfl_config *c = &t->c;
+    int H = c->lin_v_heads, Hk = c->lin_k_heads, r = H / Hk;
+    size_t fl = sizeof(float);
     dfl_matmul(t->pool, &G->b, n, t->xn, c->dim, t->lin_g, 2 * H, t->qscratch);
     for (int row = 0; row < n; row++) {
         const float *g = t->lin_g + (size_t)row * 2 * H;
@@ -154,11 +164,15 @@ void dfl_gdn_layer(dfl_target *t, const dfl_layer *L, int l, dfl_fwd *f, const i
     const dfl_gdn *G = L->gdn;
     int n = off[n_seq], H = c->lin_v_heads, Vd = H * c->lin_v_dim;
     if (G->grouped) {
-        split_grouped(t, G, n);
+        split_qkvz(t, G, n);
     } else {
         dfl_matmul(t->pool, &G->qkv, n, t->xn, c->dim, t->lin_x, dfl_gdn_channels(c),
                    t->qscratch);
         dfl_matmul(t->pool, &G->z, n, t->xn, c->dim, t->lin_z, Vd, t->qscratch);
+    }
+    if (G->ba_grouped) {
+        split_ba(t, G, n);
+    } else {
         dfl_matmul(t->pool, &G->b, n, t->xn, c->dim, t->lin_ba, 2 * H, t->qscratch);
         dfl_matmul(t->pool, &G->a, n, t->xn, c->dim, t->lin_ba + H, 2 * H, t->qscratch);
     }

@@ -56,35 +56,6 @@ static int pvec(dfl_weights *w, const char *pre, int l, const char *sfx, int n, 
     return dfl_w_vec(w, lname(b, pre, sfx, l), n, v, err);
 }
 
-static int pstack(dfl_weights *w, const char *pre, int l, const char *sfx, int n, int rows,
-                  int cols, dfl_mat *m, dfl_error *err) {
-    char b[256];
-    return dfl_w_stack(w, lname(b, pre, sfx, l), n, rows, cols, m, err);
-}
-
-/* GGUF: router ffn_gate_inp, selection bias exp_probs_b, experts stacked
- * [n_experts, rows, cols] in ffn_{gate,up,down}_exps, shared ffn_*_shexp. */
-static int load_moe_gguf(dfl_weights *w, const dfl_config *c, int l, dfl_layer *L,
-                         dfl_error *err) {
-    const char *G = gguf_names.pre;
-    int E = c->n_experts, I = c->moe_ffn, D = c->dim, S = c->shared_ffn;
-    dfl_moe *M = L->moe = xcalloc(1, sizeof *M);
-    M->gate = xcalloc(E, sizeof(dfl_mat));
-    M->up = xcalloc(E, sizeof(dfl_mat));
-    M->down = xcalloc(E, sizeof(dfl_mat));
-    char b[256];
-    int rc = pmat(w, G, l, "ffn_gate_inp.weight", E, D, &M->router, err);
-    if (!rc && dfl_w_has(w, lname(b, G, "exp_probs_b.bias", l)))
-        rc = pvec(w, G, l, "exp_probs_b.bias", E, &M->sel_bias, err);
-    rc = rc ? rc : pstack(w, G, l, "ffn_gate_exps.weight", E, I, D, M->gate, err);
-    rc = rc ? rc : pstack(w, G, l, "ffn_up_exps.weight", E, I, D, M->up, err);
-    rc = rc ? rc : pstack(w, G, l, "ffn_down_exps.weight", E, D, I, M->down, err);
-    if (rc || !S) return rc;
-    rc = pmat(w, G, l, "ffn_gate_shexp.weight", S, D, &M->sh_gate, err);
-    rc = rc ? rc : pmat(w, G, l, "ffn_up_shexp.weight", S, D, &M->sh_up, err);
-    return rc ? rc : pmat(w, G, l, "ffn_down_shexp.weight", D, S, &M->sh_down, err);
-}
-
 static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     const dfl_config *c = &t->c;
     const names *n = t->gguf ? &gguf_names : &hf_names;
@@ -106,7 +77,7 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     rc = rc ? rc : pvec(w, pre, l, n->ffn_norm, c->dim, &L->ffn_norm, err);
     if (rc) return rc;
     if (c->mlp_kind[l] == DFL_MLP_MOE)
-        return t->gguf ? load_moe_gguf(w, c, l, L, err) : dfl_load_moe(w, c, P, l, L, err);
+        return t->gguf ? dfl_load_moe_gguf(w, c, l, L, err) : dfl_load_moe(w, c, P, l, L, err);
     rc = pmat(w, pre, l, n->gate, c->ffn_dim, c->dim, &L->w_gate, err);
     rc = rc ? rc : pmat(w, pre, l, n->up, c->ffn_dim, c->dim, &L->w_up, err);
     return rc ? rc : pmat(w, pre, l, n->down, c->dim, c->ffn_dim, &L->w_down, err);

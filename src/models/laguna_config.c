@@ -176,21 +176,9 @@ int dfl_laguna_config(const cJSON *j, dfl_config *c, const char *file, dfl_error
  * l full when l % p == 0, llama.cpp's reading; 4 when absent, as it
  * assumes) or one bool per layer (true: sliding). */
 static int gguf_swa_layers(gkeys *k, dfl_config *c, dfl_error *err) {
-    const char *src = k->g->tensors.source, *key = akey(k, "attention.sliding_window_pattern");
-    const gguf_kv *kv = dfl_gguf_find(k->g, key);
-    if (kv && kv->type == GGUF_T_ARRAY) {
-        if (!dfl_gguf_arr(k->g, key, GGUF_T_BOOL, err)) return DFL_EFORMAT;
-        if (kv->arr_n != (uint64_t)c->n_layers)
-            return dfl_fail(err, DFL_EFORMAT, "%s: %s has %llu entries (expected block_count = "
-                            "%d)", src, key, (unsigned long long)kv->arr_n, c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            if (kv->val[l] > 1)
-                return dfl_fail(err, DFL_EFORMAT, "%s: %s[%d] = %u (expected a bool)", src, key,
-                                l, kv->val[l]);
-            c->layer_kind[l] = kv->val[l] ? DFL_LAYER_SLIDING : DFL_LAYER_FULL;
-        }
-        return 0;
-    }
+    int rc = g_bools(k, "attention.sliding_window_pattern", c->n_layers, DFL_LAYER_FULL,
+                     DFL_LAYER_SLIDING, c->layer_kind, err);
+    if (rc <= 0) return rc;
     int period = 4;
     TRY(g_int(k, "attention.sliding_window_pattern", 0, 0, MAX_LAYERS, &period, err));
     for (int l = 0; l < c->n_layers; l++)
@@ -198,22 +186,10 @@ static int gguf_swa_layers(gkeys *k, dfl_config *c, dfl_error *err) {
     return 0;
 }
 
-/* Rotated dims as a partial factor in the middle of the dims' interval, so
- * config.c's int(head_dim * factor) gives them back whatever the rounding. */
-static int gguf_rot(gkeys *k, const char *suffix, int hd, float *partial, dfl_error *err) {
-    int rd = hd;
-    TRY(g_int(k, suffix, 0, 2, hd, &rd, err));
-    if (rd % 2)
-        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %d (expected an even number)",
-                        k->g->tensors.source, k->key, rd);
-    *partial = (rd + 0.5f) / hd;
-    return 0;
-}
-
 /* The sliding window, its layers and their plain RoPE (base and dims of
  * their own), when the file has a window. */
 static int gguf_swa(gkeys *k, dfl_config *c, dfl_error *err) {
-    TRY(gguf_rot(k, "rope.dimension_count", c->head_dim, &c->rope_partial, err));
+    TRY(g_rot(k, "rope.dimension_count", c->head_dim, &c->rope_partial, err));
     TRY(g_int(k, "attention.sliding_window", 0, 0, MAX_WINDOW, &c->sliding_window, err));
     if (!c->sliding_window) return 0;
     TRY(gguf_swa_layers(k, c, err));
@@ -223,7 +199,7 @@ static int gguf_swa(gkeys *k, dfl_config *c, dfl_error *err) {
         return dfl_fail(err, DFL_EFORMAT, "%s: %s = %g (expected > 0)", k->g->tensors.source,
                         k->key, c->swa_rope_theta);
     c->swa_rope_partial = c->rope_partial;
-    return gguf_rot(k, "rope.dimension_count_swa", c->head_dim, &c->swa_rope_partial, err);
+    return g_rot(k, "rope.dimension_count_swa", c->head_dim, &c->swa_rope_partial, err);
 }
 
 /* Experts: counts, sizes, scoring; the weights always sum-normalised. */

@@ -2,7 +2,7 @@
  * bias), Qwen3 (per-head q/k RMSNorm); every layer attention (full or
  * sliding, as the config says) and a dense SwiGLU MLP, or Qwen3-MoE's
  * mixture of experts on its sparse layers (moe.c). Hugging Face or GGUF
- * names. */
+ * names (llama.cpp's qwen3moe for the experts). */
 #include <string.h>
 
 #include "models/family.h"
@@ -44,7 +44,8 @@ static int load_layer(dfl_target *t, dfl_weights *w, int l, dfl_error *err) {
     rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wv, l), kvd, c->dim, &L->wv, err);
     rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->wo, l), c->dim, qd, &L->wo, err);
     if (c->mlp_kind[l] == DFL_MLP_MOE) {
-        rc = rc ? rc : dfl_load_moe(w, c, "model.layers.%d.", l, L, err);
+        rc = rc ? rc : t->gguf ? dfl_load_moe_gguf(w, c, l, L, err)
+                               : dfl_load_moe(w, c, "model.layers.%d.", l, L, err);
     } else {
         rc = rc ? rc : dfl_w_mat(w, dfl_lname(b, nm->gate, l), c->ffn_dim, c->dim, &L->w_gate,
                                  err);

@@ -61,6 +61,7 @@ typedef struct dfl_config {
     int router_softmax;       /* 1: router scores softmax(logits) (Qwen); 0: sigmoid (Laguna) */
     int norm_topk;            /* 1: the chosen scores are divided by their sum */
     int norm_offset;          /* 1: RMSNorm weights are stored as w and applied as 1 + w */
+    int mtp_blocks;           /* GGUF blocks after the n_layers run: an MTP head, not run */
     /* gated DeltaNet (DFL_LAYER_RECURRENT) layers: conv kernel, key / value heads and dims */
     int lin_conv, lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
 } dfl_config;
@@ -105,16 +106,20 @@ typedef struct dfl_moe {
  * C = 2 * Kd + Vd channels, r = v_heads / k_heads. Qwen3.5 has separate
  * projections; Qwen3-Next (grouped) two, whose rows go per key head. */
 typedef struct dfl_gdn {
-    int grouped;          /* 1: qkv is in_proj_qkvz, b is in_proj_ba (Qwen3-Next) */
+    int grouped;          /* 1: qkv is in_proj_qkvz (Qwen3-Next from Hugging Face) */
+    int ba_grouped;       /* 1: b is in_proj_ba / ssm_ba (Qwen3-Next, either source) */
+    int out_tiled;        /* 1: out's columns are llama.cpp's tiled value heads (head j of
+                             key head k at j * k_heads + k): a GGUF whose block type cannot
+                             move a head's columns; the forward writes o in that order */
     dfl_mat qkv;          /* (C, dim) q | k | v before the conv; grouped: (C + Vd, dim),
                              per key head [q (k_dim) | k (k_dim) | v (r v_dim) | z (r v_dim)] */
     dfl_mat z;            /* (Vd, dim) output gate; grouped: rows 0 (in qkv) */
-    dfl_mat b, a;         /* (v_heads, dim) beta and decay inputs; grouped: b (2 v_heads, dim),
+    dfl_mat b, a;         /* (v_heads, dim) beta and decay inputs; ba_grouped: b (2 v_heads, dim),
                              per key head [b (r) | a (r)], a rows 0 */
     dfl_mat out;          /* (dim, Vd) */
     const float *conv;    /* (C, lin_conv) depthwise causal conv taps, oldest input first */
     const float *dt_bias; /* (v_heads) */
-    const float *a_log;   /* (v_heads) */
+    const float *decay;   /* (v_heads) decay rate A = -exp(A_log) */
     const float *norm;    /* (v_dim) gated RMSNorm weight (plain w, no offset) */
 } dfl_gdn;
 

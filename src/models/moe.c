@@ -1,10 +1,11 @@
 /* moe.c - a mixture-of-experts MLP's tensors, shared by the families that
- * have one (Laguna, Qwen3.5-MoE): the router, its optional selection bias,
+ * have one (Laguna, Qwen3.5-MoE, Qwen3-Next, Qwen3-MoE): from Hugging Face
+ * names, the router, its optional selection bias,
  * the experts fused (transformers' in-memory layout: gate_up_proj [E, 2I, D],
  * down_proj [E, D, I]) or one tensor each (experts.{e}.{gate,up,down}_proj,
  * as published and as save_pretrained writes), the shared expert
  * (shared_expert or shared_experts) and its optional sigmoid gate
- * (shared_expert_gate). */
+ * (shared_expert_gate); and from llama.cpp's GGUF names. */
 #include <string.h>
 
 #include "models/family.h"
@@ -80,5 +81,31 @@ int dfl_load_moe(dfl_weights *w, const dfl_config *c, const char *lfmt, int l, d
     rc = rc ? rc : mat(w, lfmt, l, s, c->dim, c->shared_ffn, &M->sh_down, err);
     if (!rc && has(w, lfmt, l, "mlp.shared_expert_gate.weight"))
         rc = mat(w, lfmt, l, "mlp.shared_expert_gate.weight", 1, c->dim, &M->sh_scale, err);
+    return rc;
+}
+
+/* GGUF (llama.cpp's names): router ffn_gate_inp, selection bias exp_probs_b,
+ * experts stacked [n_experts, rows, cols] in ffn_{gate,up,down}_exps, the
+ * shared expert ffn_*_shexp and its sigmoid gate ffn_gate_inp_shexp [1, dim]. */
+int dfl_load_moe_gguf(dfl_weights *w, const dfl_config *c, int l, dfl_layer *L, dfl_error *err) {
+    const char *G = "blk.%d.";
+    int E = c->n_experts, I = c->moe_ffn, D = c->dim, S = c->shared_ffn;
+    dfl_moe *M = L->moe = xcalloc(1, sizeof *M);
+    M->gate = xcalloc(E, sizeof(dfl_mat));
+    M->up = xcalloc(E, sizeof(dfl_mat));
+    M->down = xcalloc(E, sizeof(dfl_mat));
+    char b[256];
+    int rc = mat(w, G, l, "ffn_gate_inp.weight", E, D, &M->router, err);
+    if (!rc && has(w, G, l, "exp_probs_b.bias"))
+        rc = dfl_w_vec(w, name(b, G, l, "exp_probs_b.bias"), E, &M->sel_bias, err);
+    rc = rc ? rc : dfl_w_stack(w, name(b, G, l, "ffn_gate_exps.weight"), E, I, D, M->gate, err);
+    rc = rc ? rc : dfl_w_stack(w, name(b, G, l, "ffn_up_exps.weight"), E, I, D, M->up, err);
+    rc = rc ? rc : dfl_w_stack(w, name(b, G, l, "ffn_down_exps.weight"), E, D, I, M->down, err);
+    if (rc || !S) return rc;
+    rc = mat(w, G, l, "ffn_gate_shexp.weight", S, D, &M->sh_gate, err);
+    rc = rc ? rc : mat(w, G, l, "ffn_up_shexp.weight", S, D, &M->sh_up, err);
+    rc = rc ? rc : mat(w, G, l, "ffn_down_shexp.weight", D, S, &M->sh_down, err);
+    if (!rc && has(w, G, l, "ffn_gate_inp_shexp.weight"))
+        rc = mat(w, G, l, "ffn_gate_inp_shexp.weight", 1, D, &M->sh_scale, err);
     return rc;
 }

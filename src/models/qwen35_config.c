@@ -109,3 +109,133 @@ int dfl_qwen35_config(const cJSON *j, const cJSON *top, dfl_config *c, const cha
     TRY(opt_int(j, "linear_value_head_dim", 1, MAX_HEAD_DIM, &c->lin_v_dim, file, err));
     return dfl_qwen_moe_config(j, c, file, err);
 }
+
+
+/* ---- GGUF metadata (llama.cpp's qwen35, qwen35moe, qwen3next, qwen3moe) ---- */
+
+static int tensor_exists(gkeys *k, const char *fmt, int l) {
+    char name[64];
+    snprintf(name, sizeof name, fmt, l);
+    return dfl_tensors_find((dfl_tensors *)&k->g->tensors, name) != NULL;
+}
+
+/* Which layers are sparse: those with a router (blk.N.ffn_gate_inp), as
+ * llama.cpp's layout says it; the dense ones need feed_forward_length. */
+static int gguf_sparse_layers(gkeys *k, dfl_config *c, dfl_error *err) {
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        c->mlp_kind[l] = tensor_exists(k, "blk.%d.ffn_gate_inp.weight", l);
+        any |= c->mlp_kind[l];
+        if (!c->mlp_kind[l] && !c->ffn_dim)
+            return dfl_fail(err, DFL_EFORMAT, "%s: layer %d is dense (no blk.%d.ffn_gate_inp) "
+                            "but %s.feed_forward_length is missing", k->g->tensors.source, l, l,
+                            k->arch);
+    }
+    if (any && !c->n_experts)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s is missing (the file has expert routers)",
+                        k->g->tensors.source, akey(k, "expert_count"));
+    return 0;
+}
+
+/* Experts, softmax-routed (llama.cpp's default gating for these archs):
+ * counts, sizes, the shared expert (hybrids), the top-k renormalisation. */
+int dfl_qwen_moe_config_gguf(gkeys *k, dfl_config *c, dfl_error *err) {
+    const char *src = k->g->tensors.source;
+    TRY(g_int(k, "expert_count", 0, 1, MAX_EXPERTS, &c->n_experts, err));
+    if (c->n_experts) {
+        TRY(g_int(k, "expert_used_count", 1, 1, c->n_experts, &c->top_k, err));
+        TRY(g_int(k, "expert_feed_forward_length", 1, 1, MAX_FFN, &c->moe_ffn, err));
+        if (c->arch != ARCH_QWEN3_MOE)
+            TRY(g_int(k, "expert_shared_feed_forward_length", 1, 1, MAX_FFN, &c->shared_ffn,
+                      err));
+        int gating = 1;   /* llama.cpp's SOFTMAX */
+        TRY(g_int(k, "expert_gating_func", 0, 0, 1000, &gating, err));
+        if (gating != 1)
+            return dfl_fail(err, DFL_EUNSUP, "%s: %s = %d not supported (1, softmax, is)", src,
+                            k->key, gating);
+        float scale = 1;
+        TRY(g_float(k, "expert_weights_scale", &scale, err));
+        if (scale != 1 && scale != 0)   /* 0: llama.cpp's "none" */
+            return dfl_fail(err, DFL_EUNSUP, "%s: %s = %g not supported (the routed weights "
+                            "are not scaled)", src, k->key, scale);
+        /* transformers' norm_topk_prob; llama.cpp always renormalises these archs */
+        c->norm_topk = 1;
+        TRY(dfl_gguf_bool(k->g, akey(k, "expert_weights_norm"), &c->norm_topk, err));
+        c->router_softmax = 1, c->routed_scale = 1;
+    }
+    TRY(gguf_sparse_layers(k, c, err));
+    if (!c->ffn_dim) c->ffn_dim = c->moe_ffn;   /* no dense layer uses it */
+    return 0;
+}
+
+/* attention.recurrent_layers (one bool per layer), else every
+ * full_attention_interval-th layer full attention (4 when absent), as
+ * llama.cpp reads them. */
+static int gguf_layer_types(gkeys *k, dfl_config *c, dfl_error *err) {
+    int rc = g_bools(k, "attention.recurrent_layers", c->n_layers, DFL_LAYER_FULL,
+                     DFL_LAYER_RECURRENT, c->layer_kind, err);
+    if (rc <= 0) return rc;
+    int every = 4;
+    TRY(g_int(k, "full_attention_interval", 0, 1, MAX_LAYERS, &every, err));
+    for (int l = 0; l < c->n_layers; l++)
+        c->layer_kind[l] = (l + 1) % every ? DFL_LAYER_RECURRENT : DFL_LAYER_FULL;
+    return 0;
+}
+
+/* The DeltaNet shapes: ssm.group_count key heads of ssm.state_size,
+ * ssm.time_step_rank value heads sharing ssm.inner_size. */
+static int gguf_ssm(gkeys *k, dfl_config *c, dfl_error *err) {
+    int inner = 0;
+    TRY(g_int(k, "ssm.conv_kernel", 1, 1, MAX_CONV, &c->lin_conv, err));
+    TRY(g_int(k, "ssm.state_size", 1, 1, MAX_HEAD_DIM, &c->lin_k_dim, err));
+    TRY(g_int(k, "ssm.group_count", 1, 1, MAX_HEADS, &c->lin_k_heads, err));
+    TRY(g_int(k, "ssm.time_step_rank", 1, 1, MAX_HEADS, &c->lin_v_heads, err));
+    TRY(g_int(k, "ssm.inner_size", 1, 1, (int64_t)MAX_HEADS * MAX_HEAD_DIM, &inner, err));
+    if (c->lin_v_heads % c->lin_k_heads)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s.ssm.time_step_rank = %d value heads is not a "
+                        "multiple of ssm.group_count = %d key heads", k->g->tensors.source,
+                        k->arch, c->lin_v_heads, c->lin_k_heads);
+    c->lin_v_dim = inner / c->lin_v_heads;
+    if (inner % c->lin_v_heads || c->lin_v_dim > MAX_HEAD_DIM)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s = %d is not time_step_rank = %d value heads "
+                        "of at most %d", k->g->tensors.source, akey(k, "ssm.inner_size"), inner,
+                        c->lin_v_heads, MAX_HEAD_DIM);
+    return 0;
+}
+
+/* rope.dimension_sections: Qwen3.5's multimodal RoPE, which on text (every
+ * section at the same position) is the plain partial rotary; checked only. */
+static int gguf_sections(gkeys *k, const dfl_config *c, dfl_error *err) {
+    const char *key = akey(k, "rope.dimension_sections");
+    const gguf_kv *kv = dfl_gguf_find(k->g, key);
+    if (!kv) return 0;
+    if (!dfl_gguf_arr(k->g, key, GGUF_T_I32, err)) return DFL_EFORMAT;
+    if (kv->arr_n > 4)
+        return dfl_fail(err, DFL_EFORMAT, "%s: %s has %llu entries (expected up to 4)",
+                        k->g->tensors.source, key, (unsigned long long)kv->arr_n);
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        int64_t v = dfl_gguf_arr_i64(kv, i);
+        if (v < 0 || v > c->head_dim)
+            return dfl_fail(err, DFL_EFORMAT, "%s: %s[%llu] = %lld (expected 0..%d)",
+                            k->g->tensors.source, key, (unsigned long long)i, (long long)v,
+                            c->head_dim);
+    }
+    return 0;
+}
+
+int dfl_qwen35_config_gguf(gkeys *k, dfl_config *c, dfl_error *err) {
+    c->qk_norm = 1;
+    c->gating = DFL_GATE_Q_SIGMOID;
+    c->norm_offset = 0;   /* llama.cpp's converter folded the 1 into the norms */
+    TRY(g_rot(k, "rope.dimension_count", c->head_dim, &c->rope_partial, err));
+    TRY(gguf_sections(k, c, err));
+    TRY(gguf_layer_types(k, c, err));
+    /* llama.cpp's converter appends the MTP head as nextn_predict_layers more blocks
+     * (block_count counts them, the layer keys cover them); it is not run here */
+    TRY(g_int(k, "nextn_predict_layers", 0, 0, c->n_layers - 1, &c->mtp_blocks, err));
+    c->n_layers -= c->mtp_blocks;
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) any |= c->layer_kind[l] == DFL_LAYER_RECURRENT;
+    if (any) TRY(gguf_ssm(k, c, err));
+    return dfl_qwen_moe_config_gguf(k, c, err);
+}

@@ -59,11 +59,11 @@ static dfl_tensor *find(dfl_weights *w, const char *name, dfl_error *err) {
     return t;
 }
 
-static int convert_mat(dfl_weights *w, const dfl_tensor *t, dfl_mat *m, dfl_error *err) {
+static int convert_mat(dfl_weights *w, const char *name, dfl_mat *m, dfl_error *err) {
     size_t rb = dfl_type_row_bytes(w->type, m->cols);
     if (!rb)
         return dfl_fail(err, DFL_EARG, "%s: tensor %s has %d columns, not a multiple of %s's block of %d",
-                        w->ts->source, t->name, m->cols, dfl_type_name(w->type),
+                        w->ts->source, name, m->cols, dfl_type_name(w->type),
                         dfl_type_block(w->type));
     uint8_t *dst = own(w, rb * m->rows, err);
     if (!dst) return DFL_ENOMEM;
@@ -97,7 +97,7 @@ int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, 
         return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: %llu bytes do not fit [%d, %d] %s",
                         w->ts->source, name, (unsigned long long)t->nbytes, rows, cols,
                         dfl_type_name(t->type));
-    if (w->convert && m->type != w->type) return convert_mat(w, t, m, err);
+    if (w->convert && m->type != w->type) return convert_mat(w, name, m, err);
     return 0;
 }
 
@@ -118,7 +118,7 @@ int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl
     for (int i = 0; i < n; i++) {
         m[i] = (dfl_mat){.type = t->type, .rows = rows, .cols = cols,
                          .data = (const uint8_t *)t->data + (size_t)i * rows * rb, .row_bytes = rb};
-        int rc = w->convert && m[i].type != w->type ? convert_mat(w, t, &m[i], err) : 0;
+        int rc = w->convert && m[i].type != w->type ? convert_mat(w, name, &m[i], err) : 0;
         if (rc) return rc;
     }
     return 0;
@@ -201,6 +201,65 @@ int dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim, dfl_e
                 memcpy(dst + to * m->row_bytes, m->data + from * m->row_bytes, m->row_bytes);
             }
     m->data = dst;
+    return 0;
+}
+
+float *dfl_w_own_floats(dfl_weights *w, size_t n, dfl_error *err) {
+    return own(w, n * sizeof(float), err);
+}
+
+/* ---- llama.cpp's tiled value heads ------------------------------------------ */
+
+void dfl_untile(uint8_t *dst, const uint8_t *src, const dfl_tiling *g, size_t seg) {
+    for (int k = 0; k < g->n_k; k++)
+        for (int j = 0; j < g->per_k; j++)
+            memcpy(dst + ((size_t)k * g->per_k + j) * seg,
+                   src + ((size_t)j * g->n_k + k) * seg, seg);
+}
+
+int dfl_w_untile_rows(dfl_weights *w, dfl_mat *m, int first, const dfl_tiling *g,
+                      dfl_error *err) {
+    uint8_t *dst = own(w, m->row_bytes * m->rows, err);
+    if (!dst) return DFL_ENOMEM;
+    size_t head = first * m->row_bytes, seg = g->seg * m->row_bytes;
+    memcpy(dst, m->data, head);
+    dfl_untile(dst + head, m->data + head, g, seg);
+    m->data = dst;
+    return 0;
+}
+
+/* Columns move in whole blocks of the stored type: done before any
+ * conversion, so --dtype sees the grouped rows Hugging Face's file has. */
+int dfl_w_mat_untile_cols(dfl_weights *w, const char *name, int rows, int cols,
+                          const dfl_tiling *g, dfl_mat *m, dfl_error *err) {
+    int conv = w->convert;
+    w->convert = 0;
+    int rc = dfl_w_mat(w, name, rows, cols, m, err);
+    w->convert = conv;
+    if (rc) return rc;
+    int blk = dfl_type_block(m->type);
+    if (g->seg % blk)
+        return dfl_fail(err, DFL_EUNSUP, "%s: tensor %s: value heads of %d columns do not move "
+                        "as whole %s blocks of %d", w->ts->source, name, g->seg,
+                        dfl_type_name(m->type), blk);
+    uint8_t *dst = own(w, m->row_bytes * m->rows, err);
+    if (!dst) return DFL_ENOMEM;
+    size_t seg = dfl_type_row_bytes(m->type, g->seg);
+    for (int r = 0; r < rows; r++)
+        dfl_untile(dst + (size_t)r * m->row_bytes, m->data + (size_t)r * m->row_bytes, g, seg);
+    m->data = dst;
+    return conv && m->type != w->type ? convert_mat(w, name, m, err) : 0;
+}
+
+int dfl_w_untile_floats(dfl_weights *w, const float **v, int n, int first, const dfl_tiling *g,
+                        int per_seg, dfl_error *err) {
+    float *dst = own(w, sizeof(float) * n, err);
+    if (!dst) return DFL_ENOMEM;
+    size_t head = (size_t)first * per_seg;
+    memcpy(dst, *v, head * sizeof(float));
+    dfl_untile((uint8_t *)(dst + head), (const uint8_t *)(*v + head), g,
+               sizeof(float) * g->seg * per_seg);
+    *v = dst;
     return 0;
 }
 

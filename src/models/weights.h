@@ -40,6 +40,29 @@ int dfl_w_rope_freqs(dfl_weights *w, const char *name, dfl_rope *r, dfl_error *e
  * to Hugging Face's rotate-half halves) in an owned copy, so every model runs
  * one RoPE layout and a GGUF computes the same bits as its HF original. */
 int dfl_w_unpermute(dfl_weights *w, dfl_mat *m, int n_heads, int head_dim, dfl_error *err);
+/* n floats owned by w (freed with the weights), for values derived at load. */
+float *dfl_w_own_floats(dfl_weights *w, size_t n, dfl_error *err);
+
+/* llama.cpp's Qwen3.5 converter stores value heads tiled (head j of key head k
+ * at j * n_k + k) where Hugging Face groups them (k * per_k + j); the engine
+ * runs the grouped order, so every dot product sums in the original order. A
+ * head is seg units (rows, columns or floats). */
+typedef struct dfl_tiling {
+    int n_k, per_k, seg;
+} dfl_tiling;
+/* n_k * per_k segments of seg bytes from tiled src into grouped dst. */
+void dfl_untile(uint8_t *dst, const uint8_t *src, const dfl_tiling *g, size_t seg);
+/* m's rows from first on (g->seg rows a head), in an owned copy. */
+int dfl_w_untile_rows(dfl_weights *w, dfl_mat *m, int first, const dfl_tiling *g,
+                      dfl_error *err);
+/* A [rows, cols] matrix whose columns are tiled heads of g->seg columns,
+ * loaded, untiled, then converted to --dtype. */
+int dfl_w_mat_untile_cols(dfl_weights *w, const char *name, int rows, int cols,
+                          const dfl_tiling *g, dfl_mat *m, dfl_error *err);
+/* *v (n floats) from entry first on, per_seg floats an entry, g->seg entries
+ * a head: into an owned copy. */
+int dfl_w_untile_floats(dfl_weights *w, const float **v, int n, int first, const dfl_tiling *g,
+                        int per_seg, dfl_error *err);
 /* Marks tensors whose name ends with suffix as used (known, ignored). */
 void dfl_w_ignore(dfl_weights *w, const char *suffix);
 /* Marks tensors whose name starts with prefix as used (another model's

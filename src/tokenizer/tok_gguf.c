@@ -74,12 +74,13 @@ static int set_pre(gl *l, const char *pre, size_t n) {
                !strcmp(name, "llama-v3") || !strcmp(name, "smaug-bpe")) {
         re = tok_re_llama3;
         t->ignore_merges = 1;
-    } else if (!strcmp(name, "qwen2")) {
-        re = tok_re_qwen2;
+    } else if (!strcmp(name, "qwen2") || !strcmp(name, "qwen35")) {
+        re = name[4] == '3' ? tok_re_qwen35 : tok_re_qwen2;
         t->norm[t->n_norm++].kind = NORM_NFC; /* as Qwen's tokenizer.json */
     } else {
         return dfl_fail(l->err, DFL_EUNSUP, "%s: tokenizer.ggml.pre = \"%s\" is not supported "
-                        "(known: default, gpt2, llama-bpe, llama3, smaug-bpe, qwen2, smollm)",
+                        "(known: default, gpt2, llama-bpe, llama3, smaug-bpe, qwen2, qwen35, "
+                        "smollm)",
                         l->src, name);
     }
     return add_pre_split(l, re);

@@ -24,6 +24,10 @@ const char *const tok_re_llama3 =
 const char *const tok_re_qwen2 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Qwen3.5's: letters run on with their combining marks (\p{M}) */
+const char *const tok_re_qwen35 =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}"
+    "\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 pcre2_code *tok_regex(const char *pattern, size_t len, int literal, const char *what,
                       dfl_error *err) {

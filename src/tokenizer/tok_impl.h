@@ -212,7 +212,8 @@ void tok_set_rep_split(dfl_tokenizer *t, const char *rep);
 pcre2_code *tok_regex(const char *pattern, size_t len, int literal, const char *what,
                       dfl_error *err);
 /* The regexes GGUF names in tokenizer.ggml.pre. */
-extern const char *const tok_re_gpt2, *const tok_re_llama3, *const tok_re_qwen2;
+extern const char *const tok_re_gpt2, *const tok_re_llama3, *const tok_re_qwen2,
+    *const tok_re_qwen35;
 /* Decoded text of every id from its key: byte-level decode, or metaspace
  * (rep -> ' ') and <0xNN> -> byte. Added tokens decode to their content. */
 int tok_build_pieces(dfl_tokenizer *t, int byte_level_decode, const char *rep,
