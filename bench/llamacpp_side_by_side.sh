@@ -59,24 +59,30 @@ record() {
 
 # ---- models (our own tools; nothing downloaded) ---------------------------------
 preset() { case $1 in q06) echo qwen3-0.6b ;; q17) echo qwen3-1.7b ;; *) echo "$1" ;; esac; }
+# 0 when every requested type of pair $1 is there (the bf16 GGUF they come from may be gone)
+have_types() {
+  local t
+  [ -f "$1-bf16.gguf" ] && return 0
+  for t in $TYPES; do [ -f "$1-$t.gguf" ] || return 1; done
+}
 make_models() {
   local p=$1 t tok=${DFLASH_SHARED:-$HERE/../shared}/assets/tokenizers/qwen3/tokenizer.json
   cd "$MODELS"
   case $p in
   lag*) # Laguna-XS-shaped, lagN: N layers (tools/make_laguna.py); no drafter pair yet
     [ -d "$p" ] || $PY "$HERE/tools/make_laguna.py" --tokenizer "$tok" --out "$p" --layers "${p#lag}"
-    [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/laguna_to_gguf.py" "$p" "$p-bf16.gguf" ;;
+    have_types "$p" || $PY "$HERE/tools/laguna_to_gguf.py" "$p" "$p-bf16.gguf" ;;
   q35d|q35m) # Qwen3.5 hybrids (gated DeltaNet 3:1 gated attention), with a DFlash drafter
     [ -d "$p" ] || $PY "$HERE/tools/make_qwen35.py" --tokenizer "$tok" --out "$p" $([ "$p" = q35m ] && echo --moe)
     [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
-    [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/hybrid_to_gguf.py" "$p" "$p-bf16.gguf"
-    [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
+    have_types "$p" || $PY "$HERE/tools/hybrid_to_gguf.py" "$p" "$p-bf16.gguf"
+    [ -f "$p-dflash-q8_0.gguf" ] || [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
     [ -f "$p-dflash-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-dflash-bf16.gguf" -o "$p-dflash-q8_0.gguf" --type q8_0 ;;
   *)
     [ -d "$p" ] || $PY "$HERE/tools/make_checkpoint.py" --preset "$(preset "$p")" --tokenizer "$tok" --out "$p"
     [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
-    [ -f "$p-bf16.gguf" ] || $PY "$HERE/tools/hf_to_gguf.py" "$p" "$p-bf16.gguf"
-    [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
+    have_types "$p" || $PY "$HERE/tools/hf_to_gguf.py" "$p" "$p-bf16.gguf"
+    [ -f "$p-dflash-q8_0.gguf" ] || [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
     [ -f "$p-dflash-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-dflash-bf16.gguf" -o "$p-dflash-q8_0.gguf" --type q8_0 ;;
   esac
   for t in $TYPES; do
