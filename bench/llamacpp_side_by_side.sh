@@ -74,7 +74,8 @@ make_models() {
     have_types "$p" || $PY "$HERE/tools/laguna_to_gguf.py" "$p" "$p-bf16.gguf" ;;
   q35d|q35m) # Qwen3.5 hybrids (gated DeltaNet 3:1 gated attention), with a DFlash drafter
     [ -d "$p" ] || $PY "$HERE/tools/make_qwen35.py" --tokenizer "$tok" --out "$p" $([ "$p" = q35m ] && echo --moe)
-    [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --block-size 16 --out "$p-dflash"
+    # (the MoE config has no dense FFN width: the drafter takes the dense variant's)
+    [ -d "$p-dflash" ] || $PY "$HERE/tools/make_checkpoint.py" --drafter --target "$p" --ffn 6144 --block-size 16 --out "$p-dflash"
     have_types "$p" || $PY "$HERE/tools/hybrid_to_gguf.py" "$p" "$p-bf16.gguf"
     [ -f "$p-dflash-q8_0.gguf" ] || [ -f "$p-dflash-bf16.gguf" ] || $PY "$HERE/tools/drafter_to_gguf.py" "$p-dflash" "$p" "$p-dflash-bf16.gguf"
     [ -f "$p-dflash-q8_0.gguf" ] || "$DFLASH" quantize -m "$p-dflash-bf16.gguf" -o "$p-dflash-q8_0.gguf" --type q8_0 ;;
