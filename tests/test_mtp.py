@@ -132,6 +132,12 @@ def check_replay(binary, d, name):
              "--tau", "1,4,16", "--blocks", "2,5,9", "--max-block", "9", "-n", "32",
              "--prompt-len", "8", "--json", js])
         runs = json.load(open(js))["spec"]["runs"]
+        # the timed sections fill a context with placeholder K/V, past the recurrent layers
+        run([binary, "bench", "-m", d, "-t", "2", "--sections", "decode,verify,ctx", "--reps",
+             "1", "--max-block", "4", "--ctx", "128", "--ttft-max", "0", "--json", js])
+        b = json.load(open(js))
+        check(len(b["verify"][0]["rows"]) == 4 and b["ctx"][0]["decode_ms"] > 0,
+              f"{name}: dflash bench times a hybrid's decode, verify and context ladder")
     full = 0
     for r in runs:
         check(r["matches_classic"] is True, f"{name} replay {r['tau']} {r['mode']}: differs "

@@ -30,12 +30,13 @@ double dfl_bench_row_flops(const dfl_engine *e) {
 
 /* Placeholder K/V for rows [kv->len, n): small values, so softmax stays
  * finite and every page is touched as real rows would be. hist gets -1 so
- * no prompt ever reuses them. */
+ * no prompt ever reuses them. Recurrent layers keep their state (its size
+ * does not depend on the rows). */
 static void fill_cache(dfl_session *s, int n) {
     dfl_kv *kv = s->kv;
     float *k = xmalloc(sizeof(float) * 2 * (size_t)kv->kv_dim), *v = k + kv->kv_dim;
     for (int l = 0; l < kv->n_layers; l++)
-        for (int r = kv->len; r < n; r++) {
+        for (int r = kv->len; r < n && kv->layer[l].kind != DFL_LAYER_RECURRENT; r++) {
             for (int i = 0; i < kv->kv_dim; i++) {
                 k[i] = 0.01f * (float)((r * 7 + i * 3) % 17) - 0.08f;
                 v[i] = 0.01f * (float)((r * 5 + i) % 13) - 0.06f;
