@@ -298,6 +298,71 @@ def test_training_and_resume():
               cfg["num_target_layers"] == 3, "z-lab config.json")
 
 
+def test_loss_vocab_and_keep_best():
+    """--loss-vocab seen: the training softmax over the ids the capture holds,
+    while the eval lines (and inference) rank the whole vocabulary; --keep-best
+    writes the drafter of the best held-out tau~."""
+    import torch
+    import train_dflash as T
+    rng = np.random.default_rng(5)
+    cap = learnable_capture(rng)
+    extra = rng.standard_normal((70, cap.embed.shape[1])).astype(np.float32)  # never occur
+    cap.embed = np.concatenate([cap.embed, extra])
+    cap.lm_head = cap.embed.copy()
+    cap.vocab = len(cap.embed)
+    cap.meta = dict(cap.meta, vocab=cap.vocab)
+    seen = np.unique(cap.tokens)
+    lv = T.loss_vocab(cap, "seen")
+    check(np.array_equal(lv[0], seen) and len(lv[1]) == cap.vocab - len(seen) and
+          not np.isin(lv[1], seen).any(), "loss_vocab: the seen ids and the rest")
+    Ht, lut = T.step_vocab(torch.from_numpy(cap.lm_head), lv, 20, np.random.default_rng(0))
+    ids = np.flatnonzero(lut.numpy() >= 0)
+    check(len(Ht) == len(seen) + 20 and np.isin(seen, ids).all() and
+          np.array_equal(Ht.numpy()[lut.numpy()[ids]], cap.lm_head[ids]),
+          "a step's softmax: every seen id and 20 others, each id mapped to its row")
+    check(T.loss_vocab(cap, "all") is None, "all: the whole vocabulary")
+    with tempfile.TemporaryDirectory() as d:
+        cd, out = os.path.join(d, "cap"), os.path.join(d, "out")
+        write_capture(cd, cap)
+        T.main(["--capture", cd, "--block-size", "4", "--mask-id", "49", "--layers", "1",
+                "--heads", "2", "--batch", "4", "--anchors", "8", "--lr", "1e-2", "--warmup", "5",
+                "--log-every", "10", "--eval-every", "20", "--val-frac", "0.1", "--steps", "160",
+                "--loss-vocab", "seen", "--loss-negatives", "20", "--keep-best", "--out", out])
+        log = open(os.path.join(out, "train_log.txt")).read().splitlines()
+        check(any(f"over the {len(seen)} ids" in x for x in log), "the log names the subset")
+        evals = [x for x in log if x.startswith("eval")]
+        acc0 = float(evals[-1].split("|")[1].split()[1])
+        check(acc0 > 0.8, f"the whole vocabulary's argmax after training on the subset: "
+              f"position 1 accuracy {acc0}")
+        taus = [float(x.split("tau~")[1]) for x in evals]
+        wrote = [int(x.split()[6]) for x in log if x.startswith("# wrote the drafter of step")]
+        best_step = 20 * (1 + max(range(len(taus)), key=lambda i: (taus[i], -i)))
+        check(wrote and wrote[-1] == best_step and os.path.exists(
+              os.path.join(out, "model.safetensors")), f"--keep-best: written at {wrote}, "
+              f"best held-out tau~ at step {best_step} ({taus})")
+
+
+def test_watch():
+    """--watch: a capture that finishes while training runs joins the
+    training sequences; one still being written (no capture.json) waits."""
+    import train_dflash as T
+    rng = np.random.default_rng(8)
+    with tempfile.TemporaryDirectory() as d:
+        caps = [learnable_capture(rng, n_seqs=6) for _ in range(3)]
+        for k, c in enumerate(caps):   # one target: the same tables
+            c.embed, c.lm_head = caps[0].embed, caps[0].lm_head
+            write_capture(os.path.join(d, f"cap{k}"), c)
+        os.remove(os.path.join(d, "cap2", "capture.json"))
+        out = os.path.join(d, "out")
+        T.main(["--capture", os.path.join(d, "cap0"), "--watch", os.path.join(d, "cap*"),
+                "--block-size", "4", "--mask-id", "49", "--layers", "1", "--heads", "2",
+                "--batch", "4", "--anchors", "4", "--steps", "6", "--eval-every", "3",
+                "--log-every", "3", "--val-frac", "0.2", "--out", out])
+        log = open(os.path.join(out, "train_log.txt")).read()
+        check(log.count("# added") == 1 and "cap1: 6 sequences, 240 rows" in log,
+              "the finished capture joined once, the unfinished one did not")
+
+
 # ---- 3. with the engine ---------------------------------------------------------
 
 CORPUS_WORDS = ("the a little dog cat ran saw big red ball tree house and to with she he "
@@ -423,6 +488,8 @@ def main():
     test_loss()
     test_batches()
     test_training_and_resume()
+    test_loss_vocab_and_keep_best()
+    test_watch()
     import dumpcmp
     binary = dumpcmp.find_bin()
     if binary:

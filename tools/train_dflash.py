@@ -28,6 +28,7 @@ Python API (tests): Drafter, load_capture, make_batch, block_mask,
 loss_and_stats, export, load_drafter_dir.
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -92,6 +93,22 @@ class Captures:
         self.index = [(k, i) for k, p in enumerate(parts) for i in range(len(p.seqs))]
         self.seqs = np.concatenate([p.seqs for p in parts])
         self.n_rows = sum(len(p.tokens) for p in parts)
+
+    def add(self, p, layers):
+        """Appends a capture of the same target (one finished while training
+        ran, see --watch) that holds the layers in use; -> its sequences'
+        numbers."""
+        p0 = self.parts[0]
+        if (p.dim, p.vocab) != (p0.dim, p0.vocab) or not np.array_equal(p.embed, p0.embed):
+            raise SystemExit(f"train_dflash: {p.dir} and {p0.dir} capture different targets")
+        if any(x not in p.layers for x in layers):
+            raise SystemExit(f"train_dflash: {p.dir} lacks some of layers {layers}")
+        k, first = len(self.parts), len(self.seqs)
+        self.parts.append(p)
+        self.index += [(k, i) for i in range(len(p.seqs))]
+        self.seqs = np.concatenate([self.seqs, p.seqs])
+        self.n_rows += len(p.tokens)
+        return np.arange(first, len(self.seqs))
 
 
 def load_capture(dirs):
@@ -402,9 +419,13 @@ class Log:
         self.f.flush()
 
 
+def has_anchor(cap, i):
+    return cap.seqs[i, 1] - max(1, cap.seqs[i, 2]) >= 2
+
+
 def split(cap, val_frac, seed):
     """Sequences with at least one anchor, shuffled once by seed: (train, val)."""
-    ok = [i for i in range(len(cap.seqs)) if cap.seqs[i, 1] - max(1, cap.seqs[i, 2]) >= 2]
+    ok = [i for i in range(len(cap.seqs)) if has_anchor(cap, i)]
     rng = np.random.default_rng(seed + 1)
     ok = rng.permutation(ok)
     nv = int(len(ok) * val_frac)
@@ -447,21 +468,52 @@ def evaluate(model, cap, val, a, E, Hd, layers):
     return tot / max(n, 1), torch.stack(accs).mean(0), float(np.mean(accepts)) if accepts else 0.0
 
 
-def loss_vocab(cap, Hd, which):
-    """-> (lm_head rows the training softmax runs over, map from token id to
-    their row, or None for the whole vocabulary). "seen": the ids occurring
-    anywhere in the capture, which holds every label; the drafter still has
-    to rank the rest below them at inference, which evaluate() measures."""
+def loss_vocab(cap, which):
+    """-> (ids the training softmax always holds, ids it samples negatives
+    from), or None for the whole vocabulary. "seen": the ids occurring
+    anywhere in the capture, which hold every label; at inference the drafter
+    must still rank the others below them, so each step adds a sample of
+    them as negatives (without any, a row never trained against can win the
+    argmax: test_train shows it)."""
     if which == "all":
-        return Hd, None
+        return None
     seen = np.unique(np.concatenate([p.tokens for p in getattr(cap, "parts", [cap])]))
-    lut = torch.full((cap.vocab,), -1, dtype=torch.long)
-    lut[torch.from_numpy(seen).long()] = torch.arange(len(seen))
-    return Hd[torch.from_numpy(seen).long()].contiguous(), lut
+    rest = np.setdiff1d(np.arange(cap.vocab), seen)
+    return seen, rest
 
 
-def save_checkpoint(path, model, opt, step, rng, a):
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+def step_vocab(Hd, lv, n_neg, rng):
+    """-> (lm_head rows of this step's softmax, map from token id to its row)."""
+    seen, rest = lv
+    neg = rest if len(rest) <= n_neg else np.sort(rng.choice(rest, n_neg, replace=False))
+    ids = torch.from_numpy(np.concatenate([seen, neg])).long()
+    lut = torch.full((Hd.shape[0],), -1, dtype=torch.long)
+    lut[ids] = torch.arange(len(ids))
+    return Hd[ids], lut
+
+
+def watch(cap, pattern, layers, log):
+    """Captures matching pattern that finished since the last look (their
+    capture.json is written last) join the training sequences: a capture can
+    run beside the trainer. -> the new sequence numbers with an anchor."""
+    have = {os.path.realpath(p.dir) for p in cap.parts}
+    new = []
+    for d in sorted(glob.glob(pattern)):
+        if os.path.realpath(d) in have or not os.path.exists(os.path.join(d, "capture.json")):
+            continue
+        try:
+            p = Capture(d)
+        except (SystemExit, ValueError, OSError):
+            continue   # still being written: next time
+        seqs = cap.add(p, layers)
+        ok = [i for i in seqs if has_anchor(cap, i)]
+        log(f"# added {d}: {len(p.seqs)} sequences, {len(p.tokens)} rows")
+        new += ok
+    return np.array(new, dtype=np.int64)
+
+
+def save_checkpoint(path, model, opt, step, rng, a, best=-1.0):
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best,
                 "np_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                 "args": vars(a)}, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -506,6 +558,13 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--ckpt-every", type=int, default=500)
+    ap.add_argument("--keep-best", action="store_true",
+                    help="write the drafter only when the held-out tau~ improves (the data is "
+                         "small enough to overfit: the last step is then not the best)")
+    ap.add_argument("--watch", metavar="GLOB",
+                    help="capture folders matching GLOB that finish while training runs join "
+                         "the training sequences (checked at each eval); the held-out ones stay "
+                         "those of --capture")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     ap.add_argument("--stop-at", type=int, help="save a checkpoint and stop after this step "
                     "(continue later with --resume)")
@@ -517,6 +576,9 @@ def main(argv=None):
                     help="training softmax over the whole vocabulary, or over the ids that occur "
                          "in the capture (no label lies outside them): about 4x faster for a "
                          "large vocabulary; evaluation always uses the whole vocabulary")
+    ap.add_argument("--loss-negatives", type=int, default=4096,
+                    help="with --loss-vocab seen: ids sampled each step from the rest of the "
+                         "vocabulary into the softmax, so inference never prefers them")
     ap.add_argument("--amp", choices=["off", "bf16"], default="off",
                     help="bf16: matrix products of the forward in bfloat16 (autocast)")
     a = ap.parse_args(argv)
@@ -538,7 +600,7 @@ def main(argv=None):
     model = Drafter(cfg)
     E = torch.from_numpy(np.ascontiguousarray(cap.embed))
     Hd = E if cap.tied else torch.from_numpy(np.ascontiguousarray(cap.lm_head))
-    Ht, lut = loss_vocab(cap, Hd, a.loss_vocab)
+    lv = loss_vocab(cap, a.loss_vocab)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -548,12 +610,12 @@ def main(argv=None):
     rng = np.random.default_rng(a.seed)
     os.makedirs(a.out, exist_ok=True)
     ckpt = os.path.join(a.out, "checkpoint.pt")
-    step = 0
+    step, best = 0, -1.0   # best: the held-out tau~ - 1 of the drafter written (--keep-best)
     if a.resume and os.path.exists(ckpt):
         s = torch.load(ckpt)
         model.load_state_dict(s["model"])
         opt.load_state_dict(s["opt"])
-        step = s["step"]
+        step, best = s["step"], s.get("best", -1.0)
         rng.bit_generator.state = s["np_rng"]
         torch.set_rng_state(s["torch_rng"])
     log = Log(os.path.join(a.out, "train_log.txt"), append=a.resume and step > 0)
@@ -563,9 +625,10 @@ def main(argv=None):
         log(f"# capture {', '.join(a.capture)}: {cap.meta['mode']} mode, {len(cap.seqs)} "
             f"sequences, {cap.n_rows} rows, target {os.path.basename(cap.meta['model'])} "
             f"({cap.meta['n_layers']} layers, dim {cap.dim}, vocab {cap.vocab})")
-        if lut is not None:
-            log(f"# training softmax over the {len(Ht)} ids the capture holds (of {cap.vocab}); "
-                "eval lines use the whole vocabulary")
+        if lv is not None:
+            log(f"# training softmax over the {len(lv[0])} ids the capture holds (of "
+                f"{cap.vocab}) and {min(a.loss_negatives, len(lv[1]))} others sampled each "
+                "step; eval lines use the whole vocabulary")
         log(f"# drafter {json.dumps(cfg)}: {nparam} parameters; train {len(train)} / "
             f"val {len(val)} sequences; torch {torch.__version__}, {a.threads} threads")
     else:
@@ -577,6 +640,7 @@ def main(argv=None):
         idx = rng.choice(train, size=min(a.batch, len(train)), replace=False)
         b = make_batch(cap, idx, a.anchors, a.block_size, rng, a.max_len, layers,
                        mix=a.block_mix)
+        Ht, lut = (Hd, None) if lv is None else step_vocab(Hd, lv, a.loss_negatives, rng)
         with amp(a):
             lg = model(b["feat"], b["ids"], b["anchors"], E, Ht, a.mask_id, a.block_size,
                        b["blen"] if a.block_mix > 0 else None)
@@ -594,19 +658,31 @@ def main(argv=None):
             log(f"step {step:6d} loss {loss.item():.4f} lr {lr_at(step - 1, a):.2e} gnorm "
                 f"{gn.item():.2f} | acc/pos {fmt_acc(acc)} | tau~ {1 + acc_len:.2f} | "
                 f"{seen / max(el, 1e-9):.0f} labels/s {el:.0f}s")
+        if a.watch and step % a.eval_every == 0:
+            new = watch(cap, a.watch, layers, log)
+            if len(new):
+                train = np.concatenate([train, new])
+                lv = loss_vocab(cap, a.loss_vocab)
         if (step % a.eval_every == 0 or step == a.steps) and len(val):
             vl, vacc, vlen = evaluate(model, cap, val, a, E, Hd, layers)
             log(f"eval {step:6d} loss {vl:.4f} | acc/pos {fmt_acc(vacc)} | tau~ {1 + vlen:.2f}")
+            if a.keep_best and vlen > best:
+                best = vlen
+                export(model, cap, a.out, a.dtype)
+                log(f"# wrote the drafter of step {step} (best held-out tau~ so far)")
         stop = a.stop_at and a.stop_at <= step < a.steps
         if step % a.ckpt_every == 0 or step == a.steps or stop:
-            save_checkpoint(ckpt, model, opt, step, rng, a)
-            export(model, cap, a.out, a.dtype)  # OUT always holds a usable drafter
+            save_checkpoint(ckpt, model, opt, step, rng, a, best)
+            if not a.keep_best:
+                export(model, cap, a.out, a.dtype)  # OUT always holds a usable drafter
         if stop:
             log(f"# stopped at step {step} (--stop-at) and wrote the drafter so far; --resume "
                 "continues")
             return
-    export(model, cap, a.out, a.dtype)
-    log(f"# wrote {a.out} (config.json, model.safetensors)")
+    if not a.keep_best or best < 0:   # (no held-out sequences: the last step)
+        export(model, cap, a.out, a.dtype)
+    log(f"# wrote {a.out} (config.json, model.safetensors)"
+        + (f": the drafter of the best held-out tau~ {1 + best:.2f}" if a.keep_best else ""))
 
 
 if __name__ == "__main__":
