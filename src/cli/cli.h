@@ -41,6 +41,13 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
  * (allow_inexact), DFLASH_DRAFT_WINDOW=W (draft_window) and
  * DFLASH_ISA=generic|avx2|avx512 (isa, the kernel path). */
 void cli_engine_env(dfl_engine_opts *o);
+/* The engine flags generate, probe and bench share (-m/--model, --draft,
+ * --draft-mtp, --dtype, --kv-type, -c/--ctx-size, -t/--threads): 1 when argv[*i]
+ * is one (its value taken), else 0. */
+int cli_engine_flag(dfl_engine_opts *o, int argc, char **argv, int *i);
+/* After parsing: --draft none (sets *no_draft), and the built-in pair when no
+ * --model was given (exits with a message when it is absent). */
+void cli_engine_model(const char *cmd, dfl_engine_opts *o, int *no_draft);
 /* Reads --ids "1,2,3" into ids; returns the count or exits with a message. */
 int cli_ids(const char *flag, const char *v, int32_t *ids, int cap);
 

@@ -149,15 +149,13 @@ static void parse(opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            o->eo.model_path = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--draft-mtp")) o->eo.draft_mtp = 1;
-        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--dtype") || !strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            fprintf(stderr, "dflash bench: %s: bench loads each weight type and context it "
+                            "measures; use --types and --ctx\n", a);
+            exit(2);
+        } else if (cli_engine_flag(&o->eo, argc, argv, &i)) continue;
         else if (!strcmp(a, "--types"))
             o->n_types = split(a, cli_need(argc, argv, &i), (char **)o->types);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
         else if (!strcmp(a, "--sections")) o->sections = sections(cli_need(argc, argv, &i));
         else if (!strcmp(a, "--max-block"))
             o->max_block = cli_int(a, cli_need(argc, argv, &i), 1, 64);
@@ -200,16 +198,7 @@ static void parse(opts *o, int argc, char **argv) {
             exit(2);
         }
     }
-    if (o->eo.draft_path && !strcmp(o->eo.draft_path, "none")) o->eo.draft_path = NULL, o->no_draft = 1;
-    if (!o->eo.model_path) {
-        o->eo.model_path = cli_default_model();
-        if (!o->eo.model_path) {
-            fprintf(stderr, "dflash bench: no --model given and no built-in model found\n");
-            exit(2);
-        }
-        if (!o->eo.draft_path && !o->no_draft && !o->eo.draft_mtp)
-            o->eo.draft_path = cli_default_draft();
-    }
+    cli_engine_model("bench", &o->eo, &o->no_draft);
 }
 
 /* ---- helpers ------------------------------------------------------------------ */

@@ -87,16 +87,7 @@ static void parse(opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            o->eo.model_path = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--draft-mtp")) o->eo.draft_mtp = 1;
-        else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
-            o->eo.ctx_size = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 24);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
+        else if (cli_engine_flag(&o->eo, argc, argv, &i)) continue;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_need(argc, argv, &i);
         else if (!strcmp(a, "-f") || !strcmp(a, "--prompt-file"))
             o->prompt_file = cli_need(argc, argv, &i);
@@ -145,17 +136,7 @@ static void parse(opts *o, int argc, char **argv) {
             exit(2);
         }
     }
-    if (o->eo.draft_path && !strcmp(o->eo.draft_path, "none")) o->eo.draft_path = NULL, o->no_draft = 1;
-    if (!o->eo.model_path) {
-        o->eo.model_path = cli_default_model();
-        if (!o->eo.model_path) {
-            fprintf(stderr, "dflash generate: no --model given and the built-in model "
-                            "(models/default) was not found next to the binary\n");
-            exit(2);
-        }
-        if (!o->eo.draft_path && !o->no_draft && !o->eo.draft_mtp)
-            o->eo.draft_path = cli_default_draft();
-    }
+    cli_engine_model("generate", &o->eo, &o->no_draft);
     if (o->prompt && o->prompt_file) {
         fprintf(stderr, "dflash generate: give --prompt or --prompt-file, not both\n");
         exit(2);

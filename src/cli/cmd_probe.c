@@ -51,36 +51,18 @@ static void parse(opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) help(), exit(0);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            o->eo.model_path = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--draft")) o->eo.draft_path = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--draft-mtp")) o->eo.draft_mtp = 1;
-        else if (!strcmp(a, "--dtype")) o->eo.dtype = cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--kv-type")) o->eo.kv_type = cli_need(argc, argv, &i);
+        else if (cli_engine_flag(&o->eo, argc, argv, &i)) continue;
         else if (!strcmp(a, "--block-size"))
             o->block = cli_int(a, cli_need(argc, argv, &i), 1, DFL_MAX_BLOCK);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--ids")) o->ids = cli_need(argc, argv, &i);
         else if (!strcmp(a, "-n")) o->n_gen = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
-            o->eo.ctx_size = cli_int(a, cli_need(argc, argv, &i), 1, 1 << 24);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->eo.n_threads = cli_int(a, cli_need(argc, argv, &i), 1, 256);
         else {
             fprintf(stderr, "dflash probe: unknown option '%s' (see --help)\n", a);
             exit(2);
         }
     }
-    if (o->eo.draft_path && !strcmp(o->eo.draft_path, "none")) o->eo.draft_path = NULL, o->no_draft = 1;
-    if (!o->eo.model_path) {
-        o->eo.model_path = cli_default_model();
-        if (!o->eo.model_path) {
-            fprintf(stderr, "dflash probe: no --model given and no built-in model found\n");
-            exit(2);
-        }
-        if (!o->eo.draft_path && !o->no_draft && !o->eo.draft_mtp)
-            o->eo.draft_path = cli_default_draft();
-    }
+    cli_engine_model("probe", &o->eo, &o->no_draft);
     if (o->prompt && o->ids) {
         fprintf(stderr, "dflash probe: give --prompt or --ids, not both\n");
         exit(2);

@@ -136,6 +136,33 @@ void cli_engine_env(dfl_engine_opts *o) {
     o->isa = getenv("DFLASH_ISA");
 }
 
+int cli_engine_flag(dfl_engine_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_path = cli_need(argc, argv, i);
+    else if (!strcmp(a, "--draft")) o->draft_path = cli_need(argc, argv, i);
+    else if (!strcmp(a, "--draft-mtp")) o->draft_mtp = 1;
+    else if (!strcmp(a, "--dtype")) o->dtype = cli_need(argc, argv, i);
+    else if (!strcmp(a, "--kv-type")) o->kv_type = cli_need(argc, argv, i);
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
+        o->ctx_size = cli_int(a, cli_need(argc, argv, i), 1, 1 << 24);
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+        o->n_threads = cli_int(a, cli_need(argc, argv, i), 1, 256);
+    else return 0;
+    return 1;
+}
+
+void cli_engine_model(const char *cmd, dfl_engine_opts *o, int *no_draft) {
+    if (o->draft_path && !strcmp(o->draft_path, "none")) o->draft_path = NULL, *no_draft = 1;
+    if (o->model_path) return;
+    o->model_path = cli_default_model();
+    if (!o->model_path) {
+        fprintf(stderr, "dflash %s: no --model given and the built-in model (models/default) "
+                        "was not found next to the binary\n", cmd);
+        exit(2);
+    }
+    if (!o->draft_path && !*no_draft && !o->draft_mtp) o->draft_path = cli_default_draft();
+}
+
 /* One paragraph on stderr after a load: what runs, and how. */
 void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template_src) {
     dfl_model_info mi;
