@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 from testlib import check, finish, missing
 
@@ -79,6 +80,7 @@ def cli_checks(tmp):
 
 
 def start_server(log):
+    """serve with the pair on a free port: (process, its URL once loaded, or None)."""
     p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--draft", DRAFT, "--host", "127.0.0.1",
                           "--port", "0", "-t", "2"], stdout=log, stderr=subprocess.STDOUT)
     url = None
@@ -91,24 +93,23 @@ def start_server(log):
         if p.poll() is not None:
             break
         time.sleep(0.1)
+    for _ in range(600 if url else 0):   # listening; loaded once /health answers 200
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
     return p, url
 
 
 def server_checks(tmp):
     import openai
-    import urllib.request
     with open(os.path.join(tmp, "serve.log"), "w") as log:
         p, url = start_server(log)
         try:
             check(url, "serve reports its address")
             if not url:
                 return
-            for _ in range(600):
-                try:
-                    if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
-                        break
-                except OSError:
-                    time.sleep(0.1)
             c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
             want, _ = gen(QUESTION, None, "1", 64)
             model = c.models.list().data[0].id
