@@ -1,12 +1,14 @@
 /* bench_quant.c - quantized matmul speed against this machine's read
  * bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K weights on
  * Qwen3-0.6B shapes (or 1.7B's: dim 2048, ffn 6144, where w_down's 8-row
- * activation tiles overflow L1): ms per call for 1..32 rows, GB/s of weights
+ * activation tiles overflow L1; or Laguna-XS's: an expert's gate/up 512 x 2048
+ * and down 2048 x 512, attention's q 6144 x 2048): ms per call for 1..32 rows,
+ * GB/s of weights
  * at one row, GOP/s (2 * rows * cols * n / time), and the cost of n rows
  * relative to one. Weight copies are cycled (256 MiB in all) so they come
  * from memory, as in decode and verify, not from L3.
  *
- *   bench_quant [threads] [seconds per measurement] [type|all] [0.6b|1.7b] [ISA,ISA]
+ *   bench_quant [threads] [seconds per measurement] [type|all] [0.6b|1.7b|lag] [ISA,ISA]
  *
  * With two kernel paths (e.g. avx2,avx512) it times both in this process, call
  * by call alternating, for 1/4/8/16 rows and prints the first's time over the
@@ -162,6 +164,7 @@ int main(int argc, char **argv) {
     if (argc > 2) min_time = atof(argv[2]);
     int only = argc > 3 ? dfl_type_from_name(argv[3]) : -1;
     int big = argc > 4 && strcmp(argv[4], "1.7b") == 0;
+    int lag = argc > 4 && strcmp(argv[4], "lag") == 0;
     dfl_isa isa[2];
     int n_isa = 0;
     if (argc > 5) {
@@ -185,8 +188,9 @@ int main(int argc, char **argv) {
            pool_overhead() * 1e6);
     static const int shapes06[][2] = {{1024, 1024}, {3072, 1024}, {1024, 3072}};
     static const int shapes17[][2] = {{2048, 2048}, {6144, 2048}, {2048, 6144}};
-    const int(*shapes)[2] = big ? shapes17 : shapes06;
-    const int maxcols = big ? 6144 : 3072;
+    static const int shapes_lag[][2] = {{512, 2048}, {2048, 512}, {6144, 2048}};
+    const int(*shapes)[2] = big ? shapes17 : lag ? shapes_lag : shapes06;
+    const int maxcols = big || lag ? 6144 : 3072; /* the largest dimension (X and Y) */
     static const int ns[] = {1, 2, 4, 8, 16, 32};
     static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_1, DFL_Q4_K, DFL_Q6_K};
     float *X = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);

@@ -1,7 +1,9 @@
 /* test_quant.c - the GGUF quantized formats (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K):
  * hand-built blocks against values worked out from the published layouts,
- * quantize/dequantize round trips within per-type bounds, the AVX2 matmul
- * against its plain-C twin (memcmp), against a double-precision dot product
+ * quantize/dequantize round trips within per-type bounds, every SIMD matmul
+ * path the CPU has (AVX2; AVX-512 for Q8_0 / Q4_1 / Q4_K / Q6_K from 2 rows)
+ * against its plain-C twin (memcmp) at every batch size 1..32 (tiles of 8,
+ * odd and even tails) and one row alone, against a double-precision dot product
  * of the dequantized weights (within the activation-quantization bound), and
  * bitwise batch / thread invariance. tests/test_quant_formats.py checks the
  * dequantization and the Q8_0 / Q4_0 / Q4_1 quantizers bit for bit against

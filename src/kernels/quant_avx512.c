@@ -1,16 +1,21 @@
-/* quant_avx512.c - AVX-512 (F/BW/VL + VNNI) matmul kernels for Q8_0, Q4_K
- * and Q6_K weights with several activation rows (verify blocks, MoE expert
- * groups); each does exactly the arithmetic of its twin in quant.c, as the
- * AVX2 ones in quant_avx2.c do. Other types, and one row (decode, bound by
- * memory), run the AVX2 kernels.
+/* quant_avx512.c - AVX-512 (F/BW/VL + VNNI) matmul kernels for Q8_0, Q4_1,
+ * Q4_K and Q6_K weights with several activation rows (verify blocks, MoE
+ * expert groups); each does exactly the arithmetic of its twin in quant.c,
+ * as the AVX2 ones in quant_avx2.c do. Q4_0, and one row (decode, bound by
+ * memory) of every type, run the AVX2 kernels: measured against them
+ * (bench_quant, docs/benchmarks.md), Q4_0 done as Q8_0 here (w = q - 8
+ * negated into x) ran 0.9x, and a one-row Q4_K kernel (two sub-blocks per
+ * zmm, vpdpwssd) 0.94-1.0x: the AVX2 one already reads at the bandwidth.
  *
  * A zmm register holds the 8 lanes of two activation rows: row i in the low
  * 256 bits, row i+1 in the high. The activation layout already serves this:
  * within a group of dfl_qact.q the rows' 32 quants of a block follow each
  * other, so two rows are one 64-byte load. The weight block is decoded once
  * and broadcast to both halves. Per pair of rows and 32 weights:
- *   Q8_0: negate x where w < 0 (a masked subtract; AVX-512 has no vpsignb),
- *         vpdpbusd |w| . x per lane of 4, convert, one FMA;
+ *   Q8_0: negate x where w < 0 (a masked subtract; AVX-512 has no
+ *         vpsignb), vpdpbusd |w| . x per lane of 4, convert, one FMA;
+ *   Q4_1: vpdpbusd q . x, the same; its mins one FMA a block for the 8
+ *         rows of a tile (as the AVX2 kernel);
  *   Q4_K, Q6_K: vpmaddubsw q . x, vpdpwssd by the sub-block scale into the
  *         super-block's integer sums (AVX2: maddubs, madd, add).
  * The integer lane sums are those of maddubs + madd (no saturation can
@@ -28,7 +33,7 @@
         __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"), always_inline))
 
 enum { PAIRS = DFL_QTILE / 2 };
-enum { Q80, Q4K, Q6K }; /* the weight type of a tile */
+enum { Q80, Q41, Q4K, Q6K }; /* the weight type of a tile */
 
 /* Rows 2p, 2p+1 of a tile's block as one zmm (xb: the tile's [R][32] quants
  * of the block); an odd last row alone in the low half, zeros above. */
@@ -44,31 +49,53 @@ INLINE __m512 pair_scale(__m512 v8, int p) {
     return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(2 * p)), v8);
 }
 
-/* y of rows 2p (and 2p+1 if the tile has it): each half's hsum8. */
-INLINE void store_pair(const int R, __m512 acc, int p, float *y, int ldy) {
-    y[(size_t)(2 * p) * ldy] = hsum8(_mm512_castps512_ps256(acc));
-    if (2 * p + 1 < R)
-        y[(size_t)(2 * p + 1) * ldy] =
-            hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+/* y of rows 2p (and 2p+1 if the tile has it): each half's hsum8, plus the
+ * rows' sums of the mins m (Q4_1; else NULL). */
+INLINE void store_pair(const int R, __m512 acc, int p, const float *m, float *y, int ldy) {
+    /* no + 0 without mins: it would turn a -0 into +0 */
+    float y0 = hsum8(_mm512_castps512_ps256(acc));
+    y[(size_t)(2 * p) * ldy] = m ? y0 + m[0] : y0;
+    if (2 * p + 1 < R) {
+        float y1 = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+        y[(size_t)(2 * p + 1) * ldy] = m ? y1 + m[1] : y1;
+    }
 }
 
 /* ---- one block of a tile ---------------------------------------------------
  * acc[p]: the 8 lanes of rows 2p, 2p+1; xb: the tile's quants of the block
  * ([R][32] per 32 weights); dxb: the rows' activation scales ([8]). */
 
-/* Q8_0: per pair, negate x where w < 0, vpdpbusd |w| . x, convert, FMA by
- * dw * dx (8 rows' products by one vmulps, spread to the pairs by vpermps). */
-INLINE void block_q8_0(const int R, const uint8_t *wb, const int8_t *xb, const float *dxb,
-                       __m512 *acc) {
-    __m512i ws = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 2)));
-    __m512i wu = _mm512_abs_epi8(ws);
-    __mmask64 neg = _mm512_movepi8_mask(ws);
+/* The 32 weights of a block of 32 as vpdpbusd takes them, in both halves:
+ * wu unsigned (Q8_0's |w|, or Q4_1's nibbles q), neg the lanes where w < 0. */
+INLINE __m512i weights32(const int kind, const uint8_t *wb, __mmask64 *neg) {
+    __m512i ws;
+    if (kind == Q80) {
+        ws = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 2)));
+    } else { /* Q4_1's nibbles: bytes 0-15 low, 16-31 high, in each half */
+        __m128i q = _mm_loadu_si128((const __m128i *)(wb + 4));
+        __m256i q2 = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+        *neg = 0;
+        return _mm512_and_si512(_mm512_broadcast_i64x4(q2), _mm512_set1_epi8(0xf));
+    }
+    *neg = _mm512_movepi8_mask(ws);
+    return _mm512_abs_epi8(ws);
+}
+
+/* Q8_0, Q4_1: per pair, negate x where w < 0, vpdpbusd |w| . x,
+ * convert, FMA by dw * dx (8 rows' products by one vmulps, spread to the
+ * pairs by vpermps); Q4_1's mins: am += m * sx for the 8 rows (sxb). */
+INLINE void block32(const int kind, const int R, const uint8_t *wb, const int8_t *xb,
+                    const float *dxb, const float *sxb, __m256 *am, __m512 *acc) {
+    __mmask64 neg;
+    __m512i wu = weights32(kind, wb, &neg);
     __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_load(wb)),
                                                     _mm256_load_ps(dxb)));
+    if (kind == Q41)
+        *am = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(wb + 2)), _mm256_load_ps(sxb), *am);
 #pragma GCC unroll 4
     for (int p = 0; p < (R + 1) / 2; p++) {
         __m512i xv = load_pair(R, xb, p);
-        xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+        if (kind != Q41) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
         __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv);
         acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), pair_scale(s, p), acc[p]);
     }
@@ -134,30 +161,37 @@ INLINE void block_k(const int q6, const int R, const uint8_t *wb, const int8_t *
 INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *wn, int nb,
                  const dfl_qact *a, int r0, float *y, int ldy) {
     __m512 acc[PAIRS];
+    __m256 am = _mm256_setzero_ps(); /* Q4_1: the rows' sums of the mins, 8 side by side */
 #pragma GCC unroll 4
     for (int p = 0; p < (R + 1) / 2; p++) acc[p] = _mm512_setzero_ps();
-    const int kq = kind != Q80; /* a K-quant */
+    const int kq = kind == Q4K || kind == Q6K;
     const size_t ss = (size_t)a->cols / 16;
     const size_t bb = kind == Q80 ? sizeof(dfl_block_q8_0)
+                    : kind == Q41 ? sizeof(dfl_block_q4_1)
                     : kind == Q4K ? sizeof(dfl_block_q4_K) : sizeof(dfl_block_q6_K);
     const int8_t *x = dfl_qact_q(a, r0, 0);          /* [nb][R][blk] */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
+    const float *sx = kind == Q41 ? a->s + dfl_qact_di(nb, r0, 0) : dx; /* [nb][8], Q4_1 */
     const int16_t *bsum = kq ? a->bsum + (size_t)r0 * ss : NULL;
     const ptrdiff_t ahead = wn - w; /* the next weight row, prefetched as this one runs */
-    for (int b = 0; b < nb; b++, w += bb, x += (kq ? QK_K : 32) * R, dx += 8) {
+    for (int b = 0; b < nb; b++, w += bb, x += (kq ? QK_K : 32) * R, dx += 8, sx += 8) {
         if (kq) {
             for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)w + ahead + l, _MM_HINT_T0);
             block_k(kind == Q6K, R, w, x, bsum + 16 * b, ss, dx, acc);
         } else {
             if (b % 2 == 0) _mm_prefetch((const char *)w + ahead, _MM_HINT_T0);
-            block_q8_0(R, w, x, dx, acc);
+            block32(kind, R, w, x, dx, sx, &am, acc);
         }
     }
+    float M[8] __attribute__((aligned(32)));
+    _mm256_store_ps(M, am);
 #pragma GCC unroll 4
-    for (int p = 0; p < (R + 1) / 2; p++) store_pair(R, acc[p], p, y, ldy);
+    for (int p = 0; p < (R + 1) / 2; p++)
+        store_pair(R, acc[p], p, kind == Q41 ? M + 2 * p : NULL, y, ldy);
 }
 
 DFL_QROWS(AVX512, rows_q8_0, 32, tile, Q80)
+DFL_QROWS(AVX512, rows_q4_1, 32, tile, Q41)
 DFL_QROWS(AVX512, rows_q4_K, QK_K, tile, Q4K)
 DFL_QROWS(AVX512, rows_q6_K, QK_K, tile, Q6K)
 
@@ -166,6 +200,7 @@ int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
     if (n < 2) return 0;
     switch (W->type) {
     case DFL_Q8_0: rows_q8_0(W, a, n, o0, o1, Y, ldy); return 1;
+    case DFL_Q4_1: rows_q4_1(W, a, n, o0, o1, Y, ldy); return 1;
     case DFL_Q4_K: rows_q4_K(W, a, n, o0, o1, Y, ldy); return 1;
     case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); return 1;
     default: return 0;
