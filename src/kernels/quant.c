@@ -607,16 +607,24 @@ typedef struct {
     float *Y;
 } qjob;
 
+/* Output rows o0..o1 on the path isa picks. */
+static void qrows(dfl_isa isa, const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
+                  float *Y, int ldy) {
+    if (isa == DFL_ISA_AVX512 && dfl_qrows_avx512(W, a, n, o0, o1, Y, ldy)) return;
+    if (isa >= DFL_ISA_AVX2) dfl_qrows_avx2(W, a, n, o0, o1, Y, ldy);
+    else qrows_ref(W, a, n, o0, o1, Y, ldy);
+}
+
 static void qjob_run(void *ctx, int i, int ntask) {
     const qjob *j = ctx;
+    (void)ntask;
     int o0 = i * j->chunk, o1 = o0 + j->chunk < j->W->rows ? o0 + j->chunk : j->W->rows;
-    if (o0 >= o1) return;
-    if (j->isa == DFL_ISA_AVX512 && dfl_qrows_avx512(j->W, j->a, j->n, o0, o1, j->Y, j->ldy))
-        return;
-    if (j->isa >= DFL_ISA_AVX2)
-        dfl_qrows_avx2(j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
-    else
-        qrows_ref(j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
+    if (o0 < o1) qrows(j->isa, j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
+}
+
+static void qact_quant(dfl_isa isa, dfl_qact *a, int n, const float *X, int ldx) {
+    if (isa >= DFL_ISA_AVX2) dfl_qact_quant_avx2(a, n, X, ldx);
+    else qact_quant_ref(a, n, X, ldx);
 }
 
 void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
@@ -626,14 +634,68 @@ void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ld
     dfl_qact a;
     qact_layout(W->type, n, W->cols, scratch, &a);
     dfl_isa isa = dfl_kernels_isa();
-    if (isa >= DFL_ISA_AVX2)
-        dfl_qact_quant_avx2(&a, n, X, ldx);
-    else
-        qact_quant_ref(&a, n, X, ldx);
+    qact_quant(isa, &a, n, X, ldx);
     /* One contiguous run of output rows per thread (the weights stream in
      * order); rows are in multiples of 8 so register tiles stay whole. */
     int nt = dfl_pool_size(pool), groups = (W->rows + 7) / 8;
     if (nt > groups) nt = groups;
     qjob j = {W, &a, n, ((groups + nt - 1) / nt) * 8, ldy, isa, Y};
     dfl_pool_run(pool, qjob_run, &j, nt);
+}
+
+/* ---- one-row products of several matrices in one dispatch ------------------ */
+
+enum { QGROUP_MAX = 64 };
+
+typedef struct {
+    const dfl_mat *const *W;
+    const dfl_qact *a[QGROUP_MAX];
+    float *const *Y;
+    int k, per;                    /* matrices; groups of 8 output rows per task */
+    int first[QGROUP_MAX + 1];     /* matrix j's groups start at first[j] */
+    dfl_isa isa;
+} qgroup;
+
+/* Task i: a contiguous run of the matrices' row groups laid end to end. */
+static void qgroup_run(void *ctx, int i, int ntask) {
+    const qgroup *g = ctx;
+    (void)ntask;
+    int g0 = i * g->per, g1 = g0 + g->per;
+    for (int j = 0; j < g->k; j++) {
+        int a = g0 > g->first[j] ? g0 : g->first[j];
+        int b = g1 < g->first[j + 1] ? g1 : g->first[j + 1];
+        if (a >= b) continue;
+        int o0 = (a - g->first[j]) * 8, o1 = (b - g->first[j]) * 8;
+        if (o1 > g->W[j]->rows) o1 = g->W[j]->rows;
+        qrows(g->isa, g->W[j], g->a[j], 1, o0, o1, g->Y[j], g->W[j]->rows);
+    }
+}
+
+void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *const *X,
+                       float *const *Y, int k, void *scratch) {
+    if (k <= 0) return;
+    if (k > QGROUP_MAX) {   /* (no caller asks for more; stay correct if one does) */
+        dfl_qmatmul_group(pool, W, X, Y, QGROUP_MAX, scratch);
+        dfl_qmatmul_group(pool, W + QGROUP_MAX, X + QGROUP_MAX, Y + QGROUP_MAX, k - QGROUP_MAX,
+                          scratch);
+        return;
+    }
+    qgroup g = {.W = W, .Y = Y, .k = k, .isa = dfl_kernels_isa()};
+    dfl_qact acts[QGROUP_MAX];
+    uint8_t *p = scratch;
+    for (int j = 0; j < k; j++) {
+        check_mat(W[j]);
+        g.first[j + 1] = g.first[j] + (W[j]->rows + 7) / 8;
+        if (j && X[j] == X[j - 1] && W[j]->cols == W[j - 1]->cols) {
+            g.a[j] = g.a[j - 1];
+            continue;
+        }
+        p += qact_layout(W[j]->type, 1, W[j]->cols, p, &acts[j]);
+        qact_quant(g.isa, &acts[j], 1, X[j], W[j]->cols);
+        g.a[j] = &acts[j];
+    }
+    int nt = dfl_pool_size(pool);
+    if (nt > g.first[k]) nt = g.first[k];
+    g.per = (g.first[k] + nt - 1) / nt;
+    dfl_pool_run(pool, qgroup_run, &g, nt);
 }

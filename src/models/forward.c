@@ -204,6 +204,36 @@ static void route(dfl_target *t, const dfl_moe *M, int n) {
 
 static uint64_t mat_bytes(const dfl_mat *m) { return (uint64_t)m->rows * m->row_bytes; }
 
+/* One row (a decode step): its top_k experts' products as two dispatches,
+ * gate and up of all, then down of all, where one each would wake the threads
+ * 3 x top_k times for products of a few hundred KB. Same bits as the loop in
+ * moe_mlp: each product is dfl_matmul's, the terms added in expert order. */
+static void experts_one_row(dfl_target *t, const dfl_moe *M) {
+    const dfl_config *c = &t->c;
+    int K = c->top_k, D = c->dim, F = c->moe_ffn;
+    const dfl_mat *W[2 * DFL_MAX_TOPK];
+    const float *X[2 * DFL_MAX_TOPK];
+    float *Y[2 * DFL_MAX_TOPK];
+    const int *ex = t->moe_e;
+    for (int k = 0; k < K; k++) {   /* h2: gate k at 2kF, up k at (2k+1)F */
+        W[2 * k] = &M->gate[ex[k]], W[2 * k + 1] = &M->up[ex[k]];
+        X[2 * k] = X[2 * k + 1] = t->xn;
+        Y[2 * k] = t->h2 + (size_t)2 * k * F, Y[2 * k + 1] = t->h2 + (size_t)(2 * k + 1) * F;
+    }
+    dfl_matmul_group(t->pool, W, X, Y, 2 * K, t->qscratch);
+    for (int k = 0; k < K; k++) {
+        dfl_swiglu(Y[2 * k], Y[2 * k], Y[2 * k + 1], F);
+        W[k] = &M->down[ex[k]], X[k] = Y[2 * k], Y[k] = t->moe_y + (size_t)k * D;
+    }
+    dfl_matmul_group(t->pool, W, X, Y, K, t->qscratch);
+    for (int k = 0; k < K; k++) {
+        float w = t->moe_w[k];
+        for (int d = 0; d < D; d++) t->h1[d] += w * Y[k][d];
+        t->moe_touched++;
+        t->moe_bytes += mat_bytes(W[k]) + mat_bytes(&M->gate[ex[k]]) + mat_bytes(&M->up[ex[k]]);
+    }
+}
+
 /* Experts in ascending order, each over just its rows; a row's terms are
  * added in that order, after the shared expert's output. */
 static void moe_mlp(dfl_target *t, const dfl_moe *M, int n) {
@@ -218,6 +248,10 @@ static void moe_mlp(dfl_target *t, const dfl_moe *M, int n) {
             float g = sigmoid(t->sh_gate[r]), *o = t->h1 + (size_t)r * D;
             for (int d = 0; d < D; d++) o[d] *= g;
         }
+    }
+    if (n == 1 && K <= t->batch_rows && K <= DFL_MAX_TOPK) {   /* (h2, moe_y: K rows fit) */
+        experts_one_row(t, M);
+        return;
     }
     for (int e = 0; e < c->n_experts; e++) {
         int m = 0;

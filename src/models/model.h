@@ -23,7 +23,7 @@ enum { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_LAGUNA, ARCH_QWEN35, ARCH_QW
        ARCH_QWEN3_MOE };
 /* Qwen3.5 and Qwen3-Next: the gated DeltaNet hybrids (one family, qwen35.c). */
 #define DFL_ARCH_HYBRID(a) ((a) == ARCH_QWEN35 || (a) == ARCH_QWEN3_NEXT)
-enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024 };
+enum { DFL_MAX_LAYERS = 1024, DFL_MAX_EXPERTS = 1024, DFL_MAX_TOPK = 32 };
 enum { DFL_MAX_CONV = 64 };   /* the longest gated DeltaNet conv kernel */
 enum { DFL_MLP_DENSE = 0, DFL_MLP_MOE = 1 };
 /* Output gates on attention heads: softplus(g_proj(x)) per head or per element

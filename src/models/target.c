@@ -204,7 +204,9 @@ static void alloc_scratch(dfl_target *t) {
         int n = layer_mats(&t->layers[l], c, ms);
         for (int i = 0; i < n; i++) {
             size_t s = dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols);
+            size_t g = (size_t)2 * c->top_k * dfl_matmul_scratch(ms[i]->type, 1, ms[i]->cols);
             if (s > qs) qs = s;
+            if (g > qs) qs = g;   /* a decode step's experts as one group */
             dfl_mat_transpose(ms[i]);
         }
     }
