@@ -105,21 +105,23 @@ models-default: build models-deps
 # instruction prompts over the training split of the shared corpus and the fortunes
 # (tools/chat_prompts.py); the held-out split gives the 20 evaluation prompts.
 SMOL_PROMPTS = --shared $(SHARED) --train 3000 --eval 20 --seed 0
-SMOL_CAPTURE = --dtype q8_0 --chat --generate 96 --max-docs 250 --draft-layers 2 -c 1024 -t 1 -q
-SMOL_TRAIN = --target-layers 1,27 --block-size 8 --mask-id 16 --layers 2 --heads 9 --kv-heads 3 \
-	--head-dim 64 --ffn 1024 --rope-theta 100000 --eps 1e-5 --steps 900 --batch 8 --anchors 16 \
-	--gamma 5 --lr 2e-3 --warmup 50 --block-mix 0.3 --log-every 10 --eval-every 100 \
-	--ckpt-every 50 --dtype bf16 --threads 2
+SMOL_CAPTURE = --dtype q8_0 --chat --generate 128 --layers 1,8,14,20,27 -c 1024 -t 2 -np 8 -q
+SMOL_CHUNKS = 0 1 2 3 4
+SMOL_TRAIN = --target-layers 1,8,14,20,27 --block-size 8 --mask-id 16 --layers 2 --heads 9 \
+	--kv-heads 3 --head-dim 64 --ffn 1536 --rope-theta 100000 --eps 1e-5 --steps 3000 --batch 4 \
+	--anchors 48 --gamma 5 --lr 2e-3 --warmup 100 --block-mix 0.3 --log-every 20 \
+	--eval-every 200 --ckpt-every 100 --dtype bf16 --amp bf16 --loss-vocab seen --keep-best \
+	--threads 2
 models-smollm2: build models-deps
 	$(PY) tools/chat_prompts.py $(SMOL_PROMPTS) --out-train $(MODELS_TMP)/smol-train.jsonl \
 	  --out-eval $(MODELS_TMP)/smol-eval.jsonl
 	$(PY) -c 'import json,sys; print("<|endoftext|>".join(json.loads(l)["prompt"] for l in open(sys.argv[1])), end="")' \
 	  $(MODELS_TMP)/smol-train.jsonl >$(MODELS_TMP)/smol-train.txt
-	$(BUILD)/dflash capture -m $(SMOLLM2) --corpus $(MODELS_TMP)/smol-train.txt $(SMOL_CAPTURE) \
-	  --out $(MODELS_TMP)/cap-smol-a & \
-	$(BUILD)/dflash capture -m $(SMOLLM2) --corpus $(MODELS_TMP)/smol-train.txt $(SMOL_CAPTURE) \
-	  --first-doc 250 --out $(MODELS_TMP)/cap-smol-b & wait
-	$(PY) tools/train_dflash.py --capture $(MODELS_TMP)/cap-smol-a --capture $(MODELS_TMP)/cap-smol-b \
+	for k in $(SMOL_CHUNKS); do \
+	  $(BUILD)/dflash capture -m $(SMOLLM2) --corpus $(MODELS_TMP)/smol-train.txt $(SMOL_CAPTURE) \
+	    --first-doc $$((k * 300)) --max-docs 300 --out $(MODELS_TMP)/cap-smol-$$k || exit 1; \
+	done
+	$(PY) tools/train_dflash.py $(foreach k,$(SMOL_CHUNKS),--capture $(MODELS_TMP)/cap-smol-$(k)) \
 	  --out $(MODELS_TMP)/smol-draft $(SMOL_TRAIN)
 	mkdir -p $(SMOLLM2_DRAFT)
 	cp $(MODELS_TMP)/smol-draft/config.json $(MODELS_TMP)/smol-draft/model.safetensors \
