@@ -39,7 +39,7 @@ uint64_t cli_u64(const char *flag, const char *v);
 void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template_src);
 /* The engine options users set through the environment: DFLASH_ALLOW_INEXACT=1
  * (allow_inexact), DFLASH_DRAFT_WINDOW=W (draft_window) and
- * DFLASH_ISA=generic|avx2|avx512 (isa, the kernel path). */
+ * DFLASH_ISA=generic|avx2|avx512|neon (isa, the kernel path). */
 void cli_engine_env(dfl_engine_opts *o);
 /* Reads --ids "1,2,3" into ids; returns the count or exits with a message. */
 int cli_ids(const char *flag, const char *v, int32_t *ids, int cap);
