@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps model build run test check-asan fuzz bench clean
+.PHONY: all deps model build run test check-asan check-arm fuzz bench clean
 
 all: build
 
@@ -36,11 +36,33 @@ check-asan: deps
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
 
+# aarch64: cross-built with Debian's toolchain, run under qemu-user. The C unit
+# tests (test_kernels and test_quant: NEON against the twins; test_golden:
+# stories260K's golden ids on generic and NEON), then test_isa (NEON's logits and
+# ids equal generic's, the probe finds NEON exact). Left out: the C tests that
+# make checkpoints with the venv's python (batch, bench, spec_generate) and
+# test_format (no kernels; minutes under emulation). Speed means nothing here.
+ARM_BUILD ?= build-arm
+ARM_TESTS ?= -R '^test_(kernels|quant|config)$$'
+check-arm: deps
+	@dpkg-query -W -f='$${Status}\n' gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user 2>/dev/null | \
+	  grep -c "install ok installed" | grep -q 3 || \
+	  { sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	    $$sudo apt-get update -qq && \
+	    $$sudo apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu \
+	      libc6-dev-arm64-cross qemu-user; }
+	@scripts/arm_sysroot.sh $(ARM_BUILD)/sysroot
+	@DFLASH_ARM_SYSROOT=$(CURDIR)/$(ARM_BUILD)/sysroot cmake -S . -B $(ARM_BUILD) \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake >/dev/null
+	@cmake --build $(ARM_BUILD) -j $(JOBS)
+	cd $(ARM_BUILD) && ctest --output-on-failure -j $(JOBS) $(ARM_TESTS)
+	tests/arm_golden.sh $(ARM_BUILD)
+
 fuzz:
 	@scripts/fuzz.sh
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz
+	rm -rf $(BUILD) build-asan build-fuzz build-arm
 
 # ---- trained models (docs/training.md; models/README.md has the licenses) -----
 # `make models` retrains everything under models/: a DFlash drafter for

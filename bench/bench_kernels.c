@@ -9,7 +9,6 @@
  * A type (or a model) given: only those matmuls, no attention (quicker A/B
  * runs); "attention": attention alone, over f32 and f16 keys.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 

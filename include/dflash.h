@@ -72,7 +72,8 @@ typedef struct dfl_engine_opts {
     int draft_window;         /* > 0: a draft block attends to the last W context rows only
                                  (an approximation); 0: all. The CLI: DFLASH_DRAFT_WINDOW=W */
     const char *isa;          /* kernel path: NULL/"auto" (the best this CPU has), "generic"
-                                 (the plain-C twins), "avx2" or "avx512"; a path the CPU lacks
+                                 (the plain-C twins), "avx2", "avx512" or "neon" (aarch64 with
+                                 dotprod); a path the CPU lacks
                                  is an error. Process-wide: the last engine loaded sets it.
                                  Every path gives the same bits. The CLI: DFLASH_ISA=... */
     dfl_progress_fn progress;
@@ -80,7 +81,7 @@ typedef struct dfl_engine_opts {
 } dfl_engine_opts;
 
 void dfl_engine_opts_default(dfl_engine_opts *o);
-/* Switches the kernel path process-wide ("generic", "avx2", "avx512"; NULL or
+/* Switches the kernel path process-wide ("generic", "avx2", "avx512", "neon"; NULL or
  * "auto": the CPU's best), as dfl_engine_opts.isa does at load; dflash bench
  * uses it to time two paths on one engine (every path gives the same bits).
  * Returns 0, or an error when the name is unknown or the CPU lacks the path. */

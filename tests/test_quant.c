@@ -186,7 +186,11 @@ static void test_roundtrip(void) {
         CHECK(dfl_qquant_row(t, x, q, COLS) == 0, "%s: tiny values", nm);
         dfl_qdequant_row(t, q, y, COLS);
         double emax = 0;
-        for (int i = 0; i < COLS; i++) emax = fmax(emax, fabs((double)x[i] - y[i]));
+        /* a compare, not fmax: gcc 12's aarch64 vectorizer crashes on an fmax reduction */
+        for (int i = 0; i < COLS; i++) {
+            double e = fabs((double)x[i] - y[i]);
+            emax = e > emax ? e : emax;
+        }
         CHECK(emax < 1e-28, "%s: tiny values error %g", nm, emax);
 
         /* refusals: a non-finite value, a partial block */
@@ -345,8 +349,8 @@ static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, i
     /* every path this CPU has (generic: the twin's threaded dispatch), every
      * thread count, every batch size: the twin's bits (the twin computed all
      * 32 rows at once on one thread) */
-    for (int isa = DFL_ISA_GENERIC; isa <= (int)dfl_cpu_isa(); isa++) {
-        dfl_kernels_set_isa((dfl_isa)isa);
+    for (int isa = DFL_ISA_GENERIC; isa < DFL_ISA_COUNT; isa++) {
+        if (dfl_kernels_set_isa((dfl_isa)isa)) continue; /* not on this CPU */
         char wi[160];
         snprintf(wi, sizeof wi, "%s [%s]", what, dfl_isa_name((dfl_isa)isa));
         check_paths(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
@@ -442,8 +446,9 @@ static void test_group(void) {
 }
 
 int main(void) {
-    for (int isa = (int)dfl_cpu_isa() + 1; isa <= DFL_ISA_AVX512; isa++)
-        printf("skip: the %s path (this CPU lacks it)\n", dfl_isa_name((dfl_isa)isa));
+    for (int isa = DFL_ISA_GENERIC; isa < DFL_ISA_COUNT; isa++)
+        if (!dfl_cpu_has_isa((dfl_isa)isa))
+            printf("skip: the %s path (this CPU lacks it)\n", dfl_isa_name((dfl_isa)isa));
     test_known_blocks();
     test_roundtrip();
     test_matmul();

@@ -84,7 +84,7 @@ int dfl_set_isa(const char *name, dfl_error *err) {
     int isa = dfl_isa_from_name(name);
     if (isa < 0)
         return dfl_fail(err, DFL_EARG, "kernel path (isa) '%s': not one of auto, generic, "
-                        "avx2, avx512", name);
+                        "avx2, avx512, neon", name);
     if (dfl_kernels_set_isa((dfl_isa)isa)) {
         char feat[256];
         dfl_cpu_features(feat, sizeof feat);

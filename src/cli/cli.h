@@ -39,7 +39,7 @@ uint64_t cli_u64(const char *flag, const char *v);
 void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template_src);
 /* The engine options users set through the environment: DFLASH_ALLOW_INEXACT=1
  * (allow_inexact), DFLASH_DRAFT_WINDOW=W (draft_window) and
- * DFLASH_ISA=generic|avx2|avx512 (isa, the kernel path). */
+ * DFLASH_ISA=generic|avx2|avx512|neon (isa, the kernel path). */
 void cli_engine_env(dfl_engine_opts *o);
 /* The engine flags generate, probe and bench share (-m/--model, --draft,
  * --draft-mtp, --dtype, --kv-type, -c/--ctx-size, -t/--threads): 1 when argv[*i]

@@ -29,7 +29,7 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         fprintf(f, "  %-11s %s\n", cmds[i].name, cmds[i].help);
     fprintf(f, "\n'dflash <command> --help' describes each command's options.\n"
-               "\nenvironment: DFLASH_ISA=generic|avx2|avx512 picks the kernel path (default:\n"
+               "\nenvironment: DFLASH_ISA=generic|avx2|avx512|neon picks the kernel path (default:\n"
                "the best this CPU has; every path gives the same tokens)\n");
 }
 

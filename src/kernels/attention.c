@@ -118,6 +118,7 @@ static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
     }
 }
 
+#if DFL_X86
 /* ---- AVX2: the same per-unit arithmetic, computed for the task's units
  * together so each K/V block is read once for all of them: scores as a small
  * matmul (units x keys, each in the dot order), values as units x dims tiles
@@ -640,6 +641,10 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
     for (int u = 0; u < nu; u++)
         finish_unit(a, kh * a->g + (u0 + u) % a->g, m[u], l[u], acc[u]);
 }
+
+#else
+#define att_units_avx2 att_units_ref /* never taken: dfl_kernels_simd() is 0 */
+#endif
 
 static void att_task(void *ctx, int i, int ntask) {
     const att_job *a = ctx;

@@ -44,6 +44,7 @@ uint16_t dfl_f32_to_bf16(float f) {
 
 /* ---- rows ----------------------------------------------------------------- */
 
+#if DFL_X86
 DFL_AVX2 static void f16_to_f32_avx2(const uint16_t *s, float *d, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -85,18 +86,22 @@ DFL_AVX2 static void f32_to_bf16_avx2(const float *s, uint16_t *d, int n) {
     for (; i < n; i++) d[i] = dfl_f32_to_bf16(s[i]);
 }
 
+#endif
+
 void dfl_dequant_row(dfl_type t, const void *src, float *dst, int cols) {
     const uint16_t *h = src;
-    int simd = dfl_kernels_simd();
+    int f16 = t == DFL_F16;
     switch (t) {
     case DFL_F32: memcpy(dst, src, (size_t)cols * 4); return;
     case DFL_F16:
-        if (simd) f16_to_f32_avx2(h, dst, cols);
-        else for (int i = 0; i < cols; i++) dst[i] = dfl_f16_to_f32(h[i]);
-        return;
     case DFL_BF16:
-        if (simd) bf16_to_f32_avx2(h, dst, cols);
-        else for (int i = 0; i < cols; i++) dst[i] = dfl_bf16_to_f32(h[i]);
+#if DFL_X86
+        if (dfl_kernels_simd()) {
+            (f16 ? f16_to_f32_avx2 : bf16_to_f32_avx2)(h, dst, cols);
+            return;
+        }
+#endif
+        for (int i = 0; i < cols; i++) dst[i] = f16 ? dfl_f16_to_f32(h[i]) : dfl_bf16_to_f32(h[i]);
         return;
     default: dfl_qdequant_row(t, src, dst, cols); return;
     }
@@ -104,16 +109,18 @@ void dfl_dequant_row(dfl_type t, const void *src, float *dst, int cols) {
 
 int dfl_quant_row(dfl_type t, const float *src, void *dst, int cols) {
     uint16_t *h = dst;
-    int simd = dfl_kernels_simd();
+    int f16 = t == DFL_F16;
     switch (t) {
     case DFL_F32: memcpy(dst, src, (size_t)cols * 4); return 0;
     case DFL_F16:
-        if (simd) f32_to_f16_avx2(src, h, cols);
-        else for (int i = 0; i < cols; i++) h[i] = dfl_f32_to_f16(src[i]);
-        return 0;
     case DFL_BF16:
-        if (simd) f32_to_bf16_avx2(src, h, cols);
-        else for (int i = 0; i < cols; i++) h[i] = dfl_f32_to_bf16(src[i]);
+#if DFL_X86
+        if (dfl_kernels_simd()) {
+            (f16 ? f32_to_f16_avx2 : f32_to_bf16_avx2)(src, h, cols);
+            return 0;
+        }
+#endif
+        for (int i = 0; i < cols; i++) h[i] = f16 ? dfl_f32_to_f16(src[i]) : dfl_f32_to_bf16(src[i]);
         return 0;
     default: return dfl_qquant_row(t, src, dst, cols);
     }

@@ -11,6 +11,14 @@
 
 #include "base/base.h"
 
+/* 1 when built for x86-64, where the AVX2 / AVX-512 kernels exist; other
+ * targets compile only the twins (and, on aarch64, the NEON kernels). */
+#if defined(__x86_64__)
+#define DFL_X86 1
+#else
+#define DFL_X86 0
+#endif
+
 /* A weight matrix: rows outputs of cols inputs, row-major blocks of type. */
 typedef struct dfl_mat {
     dfl_type type;
@@ -115,14 +123,18 @@ int dfl_argmax(const float *x, int n);
 /* ---- which path runs ---------------------------------------------------
  * generic: the plain-C twins; avx2: AVX2+FMA+F16C; avx512: AVX-512 F/BW/VL
  * with VNNI (the quantized products; kernels without an AVX-512 form run
- * their AVX2 one). All compute the same bits. */
-typedef enum { DFL_ISA_GENERIC, DFL_ISA_AVX2, DFL_ISA_AVX512 } dfl_isa;
+ * their AVX2 one); neon: aarch64 Advanced SIMD with the dot-product
+ * extension (the weight products; the other kernels run their twins). All
+ * compute the same bits. */
+typedef enum { DFL_ISA_GENERIC, DFL_ISA_AVX2, DFL_ISA_AVX512, DFL_ISA_NEON, DFL_ISA_COUNT } dfl_isa;
 
 int dfl_cpu_has_avx2(void);
 int dfl_cpu_has_avx512(void);
+int dfl_cpu_has_neon(void);                /* aarch64 with asimd and asimddp (dotprod) */
+int dfl_cpu_has_isa(dfl_isa isa);          /* 1 when this CPU (and build) can run the path */
 dfl_isa dfl_cpu_isa(void);                 /* the best path this CPU can run */
 void dfl_cpu_features(char *out, size_t cap);  /* "avx2 fma ... avx512vnni ..." as found */
-const char *dfl_isa_name(dfl_isa isa);     /* "generic", "avx2", "avx512" */
+const char *dfl_isa_name(dfl_isa isa);     /* "generic", "avx2", "avx512", "neon" */
 int dfl_isa_from_name(const char *s);      /* -1 if not one of those */
 /* Process-wide: the path every kernel takes from now on. Returns -1 (and
  * changes nothing) when the CPU lacks it. */

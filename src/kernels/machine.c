@@ -28,6 +28,7 @@ static void bw_task_ref(void *ctx, int i, int n) {
     j->sink[i & 255] = dfl_hsum8_ref(a);
 }
 
+#if DFL_X86
 DFL_AVX2 static void bw_task(void *ctx, int i, int n) {
     bw_job *j = ctx;
     size_t per = j->n / n;
@@ -42,6 +43,10 @@ DFL_AVX2 static void bw_task(void *ctx, int i, int n) {
     }
     j->sink[i & 255] = dfl_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
+
+#else
+#define bw_task bw_task_ref /* no vector form here: the scalar one measures */
+#endif
 
 double dfl_machine_read_bw(dfl_pool *pool, size_t bytes, int reps) {
     if (!bytes) bytes = (size_t)512 << 20;
@@ -85,6 +90,7 @@ static void fma_task_ref(void *ctx, int i, int n) {
     j->sink[i & 255] = s;
 }
 
+#if DFL_X86
 DFL_AVX2 static void fma_task(void *ctx, int i, int n) {
     (void)n;
     fma_job *j = ctx;
@@ -97,6 +103,10 @@ DFL_AVX2 static void fma_task(void *ctx, int i, int n) {
     for (int k = 1; k < FMA_CHAINS; k++) s = _mm256_add_ps(s, a[k]);
     j->sink[i & 255] = dfl_hsum8(s);
 }
+
+#else
+#define fma_task fma_task_ref
+#endif
 
 double dfl_machine_fma_peak(dfl_pool *pool, double seconds) {
     if (!(seconds > 0)) seconds = 0.3;

@@ -19,7 +19,9 @@
  * 32 at a time so the accumulators stay small. Small matrices (a model that
  * sits in cache, where bandwidth is not the limit) skip the prefetch lists
  * (gemm_small), and those given a transposed copy at load run 8 outputs per
- * vector with no horizontal sums, one row or many (gemm_trans). */
+ * vector with no horizontal sums, one row or many (gemm_trans). On aarch64
+ * the NEON path (quant_neon.c) keeps the same order with two 4-lane
+ * accumulators per element. */
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -68,6 +70,7 @@ void dfl_matmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, 
     matmul_ref_rows(W, 0, W->rows, n, X, ldx, Y, ldy);
 }
 
+#if DFL_X86
 /* ---- AVX2 ------------------------------------------------------------- */
 
 static DFL_AVX2_INLINE __m256 load8(dfl_type t, const uint8_t *p, int k) {
@@ -328,6 +331,8 @@ static void gemm_small(const dfl_mat *W, int o0, int o1, int n, const float *X, 
     }
 }
 
+#endif
+
 /* ---- small matrices, transposed ---------------------------------------------
  * With the weights stored k-major in panels of 24 outputs (panel p holds
  * wt[p * cols * 24 + k * 24 + i] = W[24p + i][k], zeros past rows), lane l
@@ -340,6 +345,7 @@ enum {
     TRANS_COLS = 192  /* columns up to which a matrix is transposed */
 };
 
+#if DFL_X86
 /* a[v] = lane l's chain, b[v] = lane l + 4's, for outputs 8v of the panel. */
 static DFL_AVX2_INLINE void lane_pair(int V, int l, const float *wt, const float *x, int k8,
                                       __m256 *a, __m256 *b) {
@@ -408,6 +414,8 @@ static void gemm_trans(const dfl_mat *W, int o0, int o1, int n, const float *X, 
     }
 }
 
+#endif
+
 int dfl_mat_transpose(dfl_mat *m) {
     size_t np = ((size_t)m->rows + PW - 1) / PW, n = np * PW * (size_t)m->cols;
     /* Longer rows make lane chains too long to hide their latency: measured slower. */
@@ -430,25 +438,42 @@ int dfl_mat_transpose(dfl_mat *m) {
 
 typedef struct {
     const dfl_mat *W;
-    int n, ldx, ldy, simd, chunk;
+    int n, ldx, ldy;
+    dfl_isa isa;
+    int chunk;
     const float *X;
     float *Y;
 } mm_job;
+
+#if DFL_X86
+/* Outputs [o0, o1) of n rows on the AVX2 kernels, by shape. */
+static void avx2_rows(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
+                      float *Y, int ldy) {
+    if (W->wt)
+        gemm_trans(W, o0, o1, n, X, ldx, Y, ldy);
+    else if (n == 1)
+        gemv_rows(W, o0, o1, X, Y);
+    else if (W->type == DFL_F32 && (size_t)W->rows * W->row_bytes <= SMALL_BYTES)
+        gemm_small(W, o0, o1, n, X, ldx, Y, ldy);
+    else
+        gemm_rows(W, o0, o1, n, X, ldx, Y, ldy);
+}
+#endif
 
 static void mm_task(void *ctx, int i, int ntask) {
     const mm_job *j = ctx;
     int o0 = i * j->chunk, o1 = o0 + j->chunk < j->W->rows ? o0 + j->chunk : j->W->rows;
     if (o0 >= o1) return;
-    if (!j->simd)
-        matmul_ref_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
-    else if (j->W->wt)
-        gemm_trans(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
-    else if (j->n == 1)
-        gemv_rows(j->W, o0, o1, j->X, j->Y);
-    else if (j->W->type == DFL_F32 && (size_t)j->W->rows * j->W->row_bytes <= SMALL_BYTES)
-        gemm_small(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
-    else
-        gemm_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy);
+    switch (j->isa) {
+#if DFL_X86
+    case DFL_ISA_AVX2:
+    case DFL_ISA_AVX512: avx2_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy); return;
+#endif
+#if defined(__aarch64__)
+    case DFL_ISA_NEON: dfl_matmul_rows_neon(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy); return;
+#endif
+    default: matmul_ref_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy); return;
+    }
 }
 
 void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
@@ -470,7 +495,7 @@ void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx
         int nt = dfl_pool_size(pool), per = (W->rows + nt - 1) / nt;
         chunk = (per + CHUNK - 1) / CHUNK * CHUNK;
     }
-    mm_job j = {W, n, ldx, ldy, dfl_kernels_simd(), chunk, X, Y};
+    mm_job j = {W, n, ldx, ldy, dfl_kernels_isa(), chunk, X, Y};
     dfl_pool_run(pool, mm_task, &j, (W->rows + chunk - 1) / chunk);
 }
 

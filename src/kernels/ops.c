@@ -14,6 +14,7 @@ static void rmsnorm_ref(float *y, const float *x, const float *w, int n, float e
     for (int i = 0; i < n; i++) y[i] = (x[i] * s) * w[i];
 }
 
+#if DFL_X86
 DFL_AVX2 static void rmsnorm_avx2(float *y, const float *x, const float *w, int n, float eps) {
     float s = 1.0f / sqrtf(dfl_dot(x, x, n) / (float)n + eps);
     __m256 sv = _mm256_set1_ps(s);
@@ -23,6 +24,10 @@ DFL_AVX2 static void rmsnorm_avx2(float *y, const float *x, const float *w, int 
                                               _mm256_loadu_ps(w + i)));
     for (; i < n; i++) y[i] = (x[i] * s) * w[i];
 }
+
+#else
+#define rmsnorm_avx2 rmsnorm_ref /* never taken: dfl_kernels_simd() is 0 */
+#endif
 
 void dfl_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     if (dfl_kernels_simd())
@@ -81,6 +86,7 @@ static void swiglu_ref(float *out, const float *gate, const float *up, int n) {
     }
 }
 
+#if DFL_X86
 DFL_AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int n) {
     const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
     int i = 0;
@@ -99,6 +105,10 @@ DFL_AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up,
         _mm256_maskstore_ps(out + i, mask, _mm256_mul_ps(s, _mm256_maskload_ps(up + i, mask)));
     }
 }
+
+#else
+#define swiglu_avx2 swiglu_ref /* never taken: dfl_kernels_simd() is 0 */
+#endif
 
 void dfl_swiglu(float *out, const float *gate, const float *up, int n) {
     if (dfl_kernels_simd())
@@ -119,6 +129,7 @@ static int argmax_ref(const float *x, int n) {
     return best < 0 ? 0 : best;
 }
 
+#if DFL_X86
 DFL_AVX2 static int argmax_avx2(const float *x, int n) {
     __m256 mv = _mm256_set1_ps(-INFINITY);
     int i = 0;
@@ -139,6 +150,10 @@ DFL_AVX2 static int argmax_avx2(const float *x, int n) {
         if (x[i] == m) return i;
     return 0;
 }
+
+#else
+#define argmax_avx2 argmax_ref /* never taken: dfl_kernels_simd() is 0 */
+#endif
 
 int dfl_argmax(const float *x, int n) {
     return dfl_kernels_simd() ? argmax_avx2(x, n) : argmax_ref(x, n);

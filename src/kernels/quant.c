@@ -94,7 +94,7 @@ static void dequant_q4_1(const uint8_t *p, float *y, int nb) {
  * bytes 0-3 the low 6 bits of scales 0-3, bytes 4-7 of mins 0-3, bytes 8-11
  * the low nibbles of scales 4-7 (low half) and mins 4-7 (high half); the top
  * two bits of bytes 0-3 / 4-7 are the high bits of scales 4-7 / mins 4-7. */
-static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+void dfl_q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     for (int j = 0; j < 4; j++) {
         sc[j] = s[j] & 63;
         mn[j] = s[j + 4] & 63;
@@ -116,7 +116,7 @@ static void dequant_q4_K(const uint8_t *p, float *y, int nb) {
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), y += QK_K) {
         float d = h2f(rd16(p)), dmin = h2f(rd16(p + 2));
         uint8_t sc[8], mn[8], q[QK_K];
-        q4k_scales(p + 4, sc, mn);
+        dfl_q4k_scales(p + 4, sc, mn);
         q4k_quants(p + 16, q);
         for (int j = 0; j < 8; j++) {
             float dj = d * sc[j], mj = dmin * mn[j];
@@ -459,7 +459,7 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
         }
 }
 
-/* ---- the twins of the AVX2 dot products ---------------------------------- */
+/* ---- the twins of the AVX2 / NEON dot products ------------------------- */
 
 /* The fixed lane tree of the SIMD horizontal sum. */
 static float hsum8(const float a[8]) {
@@ -518,7 +518,7 @@ static float dot_q4_K_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, co
     float acc[8] = {0};
     for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_K), bs += 16) {
         uint8_t sc[8], mn[8], q[QK_K];
-        q4k_scales(p + 4, sc, mn);
+        dfl_q4k_scales(p + 4, sc, mn);
         q4k_quants(p + 16, q);
         int isum[8] = {0};
         for (int j = 0; j < 8; j++)
@@ -610,9 +610,18 @@ typedef struct {
 /* Output rows o0..o1 on the path isa picks. */
 static void qrows(dfl_isa isa, const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
                   float *Y, int ldy) {
-    if (isa == DFL_ISA_AVX512 && dfl_qrows_avx512(W, a, n, o0, o1, Y, ldy)) return;
-    if (isa >= DFL_ISA_AVX2) dfl_qrows_avx2(W, a, n, o0, o1, Y, ldy);
-    else qrows_ref(W, a, n, o0, o1, Y, ldy);
+    switch (isa) {
+#if DFL_X86
+    case DFL_ISA_AVX512:
+        if (dfl_qrows_avx512(W, a, n, o0, o1, Y, ldy)) return;
+        /* fall through - no AVX-512 kernel for this type or row count */
+    case DFL_ISA_AVX2: dfl_qrows_avx2(W, a, n, o0, o1, Y, ldy); return;
+#endif
+#if defined(__aarch64__)
+    case DFL_ISA_NEON: dfl_qrows_neon(W, a, n, o0, o1, Y, ldy); return;
+#endif
+    default: qrows_ref(W, a, n, o0, o1, Y, ldy); return;
+    }
 }
 
 static void qjob_run(void *ctx, int i, int ntask) {
@@ -623,8 +632,14 @@ static void qjob_run(void *ctx, int i, int ntask) {
 }
 
 static void qact_quant(dfl_isa isa, dfl_qact *a, int n, const float *X, int ldx) {
-    if (isa >= DFL_ISA_AVX2) dfl_qact_quant_avx2(a, n, X, ldx);
-    else qact_quant_ref(a, n, X, ldx);
+#if DFL_X86
+    if (isa == DFL_ISA_AVX2 || isa == DFL_ISA_AVX512) {
+        dfl_qact_quant_avx2(a, n, X, ldx);
+        return;
+    }
+#endif
+    (void)isa;
+    qact_quant_ref(a, n, X, ldx); /* also NEON's: a pass over X, not over W */
 }
 
 void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,

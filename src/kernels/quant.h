@@ -97,7 +97,7 @@ static inline int8_t *dfl_qact_q(const dfl_qact *a, int r, int c) {
     return a->q + (size_t)(r / 8 * 8) * a->cols + ((size_t)c * dfl_qact_group(a, r) + r % 8) * 32;
 }
 
-/* Internal to quant.c / quant_avx2.c / quant_avx512.c: the SIMD kernels, each the twin of a
+/* Internal to quant.c and quant_avx2.c / quant_avx512.c / quant_neon.c: the SIMD kernels, each the twin of a
  * plain-C function in quant.c with the same arithmetic. */
 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx);
 /* Output rows [o0, o1) of W for all n activation rows. */
@@ -106,5 +106,12 @@ void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, 
  * 0 if W's type or n has no AVX-512 kernel (then the AVX2 one runs). */
 int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                      int ldy);
+/* The NEON kernels (quant_neon.c, aarch64 with dotprod): the quantized rows, and
+ * outputs [o0, o1) of n rows for f32 / f16 / bf16 weights (matmul.c's twin). */
+void dfl_qrows_neon(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, int ldy);
+void dfl_matmul_rows_neon(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
+                          float *Y, int ldy);
+/* The 8 6-bit scales and 8 mins of a Q4_K block from its 12 scale bytes. */
+void dfl_q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]);
 
 #endif

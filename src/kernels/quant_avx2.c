@@ -13,6 +13,8 @@
  * activation scales are stored 8 rows side by side for this); the K-quant
  * kernels spend maddubs + madd (which applies the sub-block scale) and keep
  * integer sums in registers across the whole super-block. */
+#include "kernels/kernels.h"
+#if DFL_X86 /* the whole file: x86-64 only */
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
@@ -378,3 +380,5 @@ AVX2 void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int
     default: break;
     }
 }
+
+#endif

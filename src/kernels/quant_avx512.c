@@ -21,6 +21,8 @@
  * The integer lane sums are those of maddubs + madd (no saturation can
  * occur: |w|, |x| <= 128, q <= 63), and the float side is the twin's: one
  * FMA per lane and block in block order, the same horizontal tree. */
+#include "kernels/kernels.h"
+#if DFL_X86 /* the whole file: x86-64 only */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -206,3 +208,5 @@ int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
     default: return 0;
     }
 }
+
+#endif

@@ -12,13 +12,17 @@
 #ifndef DFL_VEC_H
 #define DFL_VEC_H
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
+
+#if DFL_X86
+#include <immintrin.h>
 #define DFL_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define DFL_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#endif
 
 /* 1 when the AVX2 paths may run (the CPU has them and no test forced the twins). */
 int dfl_kernels_simd(void);
@@ -28,6 +32,7 @@ static inline float dfl_hsum8_ref(const float a[8]) {
     return (s0 + s2) + (s1 + s3);
 }
 
+#if DFL_X86
 static DFL_AVX2_INLINE float dfl_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));          /* s0+s2, s1+s3 */
@@ -46,6 +51,8 @@ static DFL_AVX2_INLINE __m128 dfl_hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d
     return _mm_shuffle_ps(_mm_unpacklo_ps(lo, hi), _mm_unpackhi_ps(lo, hi), 0x44);  /* a b c d */
 }
 
+#endif
+
 static inline float dfl_dot_ref(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int n8 = n & ~7;
@@ -56,6 +63,7 @@ static inline float dfl_dot_ref(const float *a, const float *b, int n) {
     return s;
 }
 
+#if DFL_X86
 static DFL_AVX2_INLINE float dfl_dot(const float *a, const float *b, int n) {
     __m256 acc = _mm256_setzero_ps();
     int n8 = n & ~7;
@@ -65,6 +73,8 @@ static DFL_AVX2_INLINE float dfl_dot(const float *a, const float *b, int n) {
     for (int i = n8; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
+
+#endif
 
 /* Sum of a[0..n) in the dot order with additions: 8 lane sums, the tree,
  * the tail one by one. */
@@ -78,6 +88,7 @@ static inline float dfl_sum_ref(const float *a, int n) {
     return s;
 }
 
+#if DFL_X86
 static DFL_AVX2_INLINE float dfl_sum(const float *a, int n) {
     __m256 acc = _mm256_setzero_ps();
     int n8 = n & ~7;
@@ -86,6 +97,8 @@ static DFL_AVX2_INLINE float dfl_sum(const float *a, int n) {
     for (int i = n8; i < n; i++) s += a[i];
     return s;
 }
+
+#endif
 
 /* exp(x) for f32 in about 1 ulp, identical in both forms: x = n*ln2 + r with
  * |r| <= ln2/2 (ln2 split in two for an exact reduction), e^r by its degree-7
@@ -115,6 +128,7 @@ static inline float dfl_expf_ref(float x) {
     return p * scale;
 }
 
+#if DFL_X86
 static DFL_AVX2_INLINE __m256 dfl_expf8(__m256 x) {
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(DFL_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -130,5 +144,7 @@ static DFL_AVX2_INLINE __m256 dfl_expf8(__m256 x) {
                          _mm256_cmp_ps(x, _mm256_set1_ps(DFL_EXP_HI), _CMP_GE_OQ));
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
+
+#endif
 
 #endif
