@@ -96,14 +96,6 @@ double dfl_curve_at(const double *t, int n, int x, int strict) {
     return t[lo] + slope * (x - lo);
 }
 
-double dfl_curve_scaled(const double *now, const double *first, int n, int x, int ref) {
-    double s = dfl_curve_at(now, n, x, 1);
-    if (ref <= 0) return s;
-    double a = dfl_curve_at(first, n, x, 1), b = dfl_curve_at(first, n, ref, 1);
-    double r = dfl_curve_at(now, n, ref, 1);
-    return a > 0 && b > 0 && r > 0 ? r * a / b : s;
-}
-
 int dfl_ncpu(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;

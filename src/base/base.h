@@ -40,10 +40,6 @@ double dfl_now(void);           /* monotonic seconds */
  * else extended along the slope of the last two. 0 when too little is
  * measured; unless strict, one measured point alone is extended flat. */
 double dfl_curve_at(const double *t, int n, int x, int strict);
-/* A curve measured twice: first[] once at one moment, now[] kept recent. At x,
- * scaled to the level now[] has at ref: now(ref) * first(x) / first(ref); now(x)
- * when ref <= 0 or a value is unknown (strict reads). */
-double dfl_curve_scaled(const double *now, const double *first, int n, int x, int ref);
 int dfl_ncpu(void);
 
 /* Overflow-checked size arithmetic: returns 0 and sets *out, or -1 on overflow. */

@@ -129,7 +129,7 @@ static int park_row(run *r, dfl_error *err) {
  * when other sequences' rows shared it, the tick curve's time for its rows
  * (the round tables hold costs alone; the policy adds the load it joins). */
 static double alone(const dfl_target *t, const dfl_fwd *f, double call) {
-    double s = f->others ? dfl_target_tick_cost(t, f->n, f->n + f->others) : 0;
+    double s = f->others ? dfl_target_tick_cost(t, f->n) : 0;
     return s > 0 ? s : f->others ? f->seconds * f->n / (f->others + f->n) : call;
 }
 
@@ -185,14 +185,11 @@ static int round_step(run *r, dfl_policy *pol, int B, int *accepted, double *cos
     *cost = drafter + (t3 - t2) + alone(t, &f, t2 - t1);
     pol->load.others = f.others;
     pol->load.others_tokens = f.others_expect;
-    pol->load.ref = f.others + f.n;
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
 }
 
-static double tick_of(const void *t, int rows, int ref) {
-    return dfl_target_tick_cost(t, rows, ref);
-}
+static double tick_of(const void *t, int rows) { return dfl_target_tick_cost(t, rows); }
 
 /* The block for the next round: the policy's (or the pinned) size, shrunk
  * so it never passes the cache's end nor max_tokens. */

@@ -123,7 +123,7 @@ static double batch_rate(const dfl_policy *p, int B, int ctx) {
     if (!(t > 0)) return 0;
     const dfl_load *l = &p->load;
     if (l->others <= 0 || !l->tick) return e / t;
-    double solo = l->tick(l->ud, B, l->ref), joined = l->tick(l->ud, l->others + B, l->ref);
+    double solo = l->tick(l->ud, B), joined = l->tick(l->ud, l->others + B);
     if (!(solo > 0 && joined > 0)) return e / t;
     double outside = t > solo ? t - solo : 0;   /* drafting, committing */
     return (l->others_tokens + e) / (outside + joined);

@@ -28,10 +28,8 @@ typedef struct dfl_costs {
 typedef struct dfl_load {
     int others;              /* rows of other sequences in the last forward */
     double others_tokens;    /* tokens they expected to commit from it */
-    int ref;                 /* rows of that forward, all sequences' */
-    double (*tick)(const void *ud, int rows, int ref);   /* seconds a forward of rows
-                                     takes, at the level forwards of ref rows run now; 0
-                                     where not known */
+    double (*tick)(const void *ud, int rows);   /* seconds a forward of rows takes;
+                                                   0 where not known */
     const void *ud;
 } dfl_load;
 

@@ -44,12 +44,7 @@ struct dfl_combiner {
     int n_active;              /* joined sequences */
     int n_side;                /* sequences in their drafter's work (holding t->lock) */
     double side_end;           /* when the last such work ended: its sequence queues next */
-    double *tick;              /* (batch_rows + 1) seconds per forward by its rows: moving
-                                  average of the recent ones */
-    double *tick0;             /* (batch_rows + 1) the first one: the curve's shape as one
-                                  moment measured it (the start-up calibration runs its row
-                                  counts back to back), while the averages of the counts
-                                  that keep running follow the load */
+    double *tick;              /* (batch_rows + 1) seconds per forward by its rows */
     int max_rows;
     dfl_side_call *side_q[DFL_MAX_PARALLEL];   /* sequences waiting for a drafter pass */
     int n_side_q;
@@ -62,7 +57,6 @@ dfl_combiner *dfl_combiner_new(int batch_rows) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->tick = xcalloc((size_t)batch_rows + 1, sizeof *c->tick);
-    c->tick0 = xcalloc((size_t)batch_rows + 1, sizeof *c->tick0);
     c->max_rows = batch_rows;
     return c;
 }
@@ -72,7 +66,6 @@ void dfl_combiner_free(dfl_combiner *c) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c->tick);
-    free(c->tick0);
     free(c);
 }
 
@@ -89,13 +82,12 @@ void dfl_target_leave(dfl_target *t) {
     pthread_mutex_unlock(&t->comb->mu);
 }
 
-double dfl_target_tick_cost(const dfl_target *t, int rows, int ref) {
+double dfl_target_tick_cost(const dfl_target *t, int rows) {
     dfl_combiner *c = t->comb;
     if (rows <= 0) return 0;
     if (rows > c->max_rows) rows = c->max_rows;
-    if (ref > c->max_rows) ref = c->max_rows;
     pthread_mutex_lock(&c->mu);
-    double s = dfl_curve_scaled(c->tick, c->tick0, c->max_rows, rows, ref);
+    double s = dfl_curve_at(c->tick, c->max_rows, rows, 1);
     pthread_mutex_unlock(&c->mu);
     return s;
 }
@@ -232,7 +224,6 @@ static void lead(dfl_target *t) {
     double dt = run(t, ws, k, &rows);
     pthread_mutex_lock(&c->mu);
     c->tick[rows] = c->tick[rows] > 0 ? 0.9 * c->tick[rows] + 0.1 * dt : dt;
-    if (!(c->tick0[rows] > 0)) c->tick0[rows] = dt;
     for (int i = 0; i < k; i++) ws[i]->done = 1;
     c->busy = 0;
     c->fwd_end = dfl_now();

@@ -279,14 +279,10 @@ struct dfl_side_call {
 void dfl_target_side_run(dfl_target *t, dfl_side_call *call, int max_rows);
 void dfl_combiner_free(dfl_combiner *c);
 void dfl_target_leave(dfl_target *t);
-/* Seconds a forward of `rows` rows takes: with ref > 0 (a row count that
- * forwards run with now), the recent time at ref scaled by the ratio of the
- * two counts' first measurements (the start-up calibration times 1..64 rows
- * back to back, so its ratios are consistent, while only the counts that
- * keep running track the load); with ref 0 the recent time at rows. Counts
- * never run are read off the curve of those that were; 0 while too few are
- * known. */
-double dfl_target_tick_cost(const dfl_target *t, int rows, int ref);
+/* Moving average of a forward's seconds by its total rows; row counts never
+ * run are read off the curve of those that were (the start-up calibration
+ * runs 1..64); 0 while fewer than two are known. */
+double dfl_target_tick_cost(const dfl_target *t, int rows);
 
 /* The drafter borrows these. */
 void dfl_target_embed(const dfl_target *t, const int32_t *tok, int n, float *out /* (n, dim) */);
