@@ -227,48 +227,6 @@ static void test_crowd(dfl_engine *e) {
     printf("crowd: %llu forwards shared\n", (unsigned long long)shared);
 }
 
-/* Each forward of a shared tick learns the tokens its other rows expect to
- * commit (what the policy weighs a block against). */
-typedef struct fx {
-    dfl_target *t;
-    dfl_kv *kv;
-    int32_t tok[2];
-    dfl_fwd f;
-} fx;
-
-static void *fwd_one(void *arg) {
-    fx *x = arg;
-    dfl_error err = {0};
-    x->f.kv = x->kv, x->f.tok = x->tok, x->f.n = 2, x->f.logits_from = 2;
-    dfl_target_forward_ex(x->t, &x->f, &err);
-    dfl_target_leave(x->t);
-    return NULL;
-}
-
-static void test_expect(dfl_engine *e) {
-    int shared = 0;
-    for (int k = 0; k < 5; k++) {
-        fx x[2] = {{.t = e->t, .tok = {1, 2}, .f.expect = 2.5},
-                   {.t = e->t, .tok = {3, 4}, .f.expect = 4.0}};
-        pthread_t th[2];
-        for (int i = 0; i < 2; i++) {
-            x[i].kv = dfl_kv_new(e->t, 8);
-            dfl_target_join(e->t);   /* both before either queues: the tick waits for both */
-        }
-        for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, fwd_one, &x[i]);
-        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-        for (int i = 0; i < 2; i++) {
-            if (!x[i].f.others) continue;
-            shared++;
-            CHECK(x[i].f.others == 2 && x[i].f.others_expect == x[1 - i].f.expect,
-                  "forward %d: others %d expecting %g, want 2 expecting %g", i, x[i].f.others,
-                  x[i].f.others_expect, x[1 - i].f.expect);
-        }
-        for (int i = 0; i < 2; i++) dfl_kv_free(x[i].kv);
-    }
-    CHECK(shared > 0, "no two forwards met in five tries");
-}
-
 static void run_pair(const char *model, const char *draft, const char *name, int n_dtypes) {
     static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
     if (small()) n_dtypes = 1;
@@ -290,7 +248,6 @@ static void run_pair(const char *model, const char *draft, const char *name, int
         test_seam(e, dtypes[d]);
         if (d != 1) test_crowd(e);
         if (d == 0) test_spec_exact(e);
-        if (d == 0) test_expect(e);
         dfl_engine_free(e);
     }
 }

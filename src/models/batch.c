@@ -280,7 +280,6 @@ int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err) {
         ch.feat = f->n_cap ? f->feat + (size_t)a * f->n_cap * t->c.dim : NULL;
         submit(t, &ch);
         f->others = ch.others;
-        f->others_expect = ch.others_expect;
         f->seconds = ch.seconds;
     }
     return 0;
