@@ -3,7 +3,6 @@
  * here independently, in closed form) and fall back to classic decode. */
 #include <math.h>
 
-#include "base/base.h"
 #include "decode/policy.h"
 #include "testutil.h"
 
@@ -151,69 +150,6 @@ static void resume(void) {
           "resumed after high acceptance: the best block at once");
 }
 
-/* ---- a round that joins other sequences' forward ------------------------------ */
-
-/* A forward of r rows: a fixed 10 ms (the weights' read) plus 6 ms a row. */
-static double tick_lin(const void *ud, int rows) {
-    (void)ud;
-    return rows > 0 ? 0.010 + 0.006 * rows : 0;
-}
-
-static double tick_none(const void *ud, int rows) { (void)ud, (void)rows; return 0; }
-
-/* The batch's tokens per second with block B in it, in closed form. */
-static int loaded_best(const dfl_policy *p, int others, double tokens) {
-    int best = 1;
-    double best_rate = 0;
-    for (int B = 1; B <= p->max_block; B++) {
-        double alone = tick_lin(NULL, B) + 0.002;   /* the rounds' table below */
-        double r = (tokens + dfl_policy_expected(p, B)) /
-                   (alone - tick_lin(NULL, B) + tick_lin(NULL, others + B));
-        if (r > best_rate) best_rate = r, best = B;
-    }
-    return best;
-}
-
-static void loaded(void) {
-    dfl_costs c;
-    dfl_costs_init(&c, 8);
-    for (int B = 1; B <= 8; B++) c.t_round[0][B] = tick_lin(NULL, B) + 0.002;
-    dfl_policy p;
-    dfl_policy_init(&p, &c, 8);
-    feed(&p, 8, 0.85, 400);
-    int solo = dfl_policy_choose(&p, 0);
-    CHECK(solo > 1, "alone, the fixed cost makes speculation pay: %d", solo);
-    /* one classic neighbour: its row already pays the fixed cost, yet the
-     * batch still commits more per second with a block in it */
-    p.load = (dfl_load){.others = 1, .others_tokens = 1, .tick = tick_lin};
-    int one = dfl_policy_choose(&p, 0);
-    CHECK(one > 1 && one == loaded_best(&p, 1, 1), "one neighbour: %d, want %d", one,
-          loaded_best(&p, 1, 1));
-    /* a full batch: the machine computes, and a block's rejected rows only
-     * slow everyone down */
-    p.load = (dfl_load){.others = 24, .others_tokens = 24, .tick = tick_lin};
-    CHECK(dfl_policy_choose(&p, 0) == 1, "24 rows of others: classic");
-    for (int o = 1; o <= 32; o += 3)
-        for (double tk = o * 0.5; tk <= o * 4; tk *= 2) {
-            p.load = (dfl_load){.others = o, .others_tokens = tk, .tick = tick_lin};
-            p.classic_run = 0;   /* no probe due */
-            int got = dfl_policy_choose(&p, 0), want = loaded_best(&p, o, tk);
-            CHECK(got == want, "%d rows of others committing %.1f: block %d, want %d", o, tk,
-                  got, want);
-        }
-    /* an unknown tick curve leaves the choice made alone */
-    p.load = (dfl_load){.others = 24, .others_tokens = 24, .tick = tick_none};
-    CHECK(dfl_policy_choose(&p, 0) == solo, "no tick curve: the choice alone");
-    /* the curve of measured ticks */
-    double t[9] = {0, 0, 0.2, 0, 0.4, 0, 0, 0, 0};
-    CHECK(fabs(dfl_curve_at(t, 8, 3, 1) - 0.3) < 1e-12 && fabs(dfl_curve_at(t, 8, 8, 1) - 0.8)
-          < 1e-12 && dfl_curve_at(t, 8, 1, 1) == 0, "tick curve: interpolated, extended, "
-          "unknown below the first");
-    t[4] = 0;
-    CHECK(dfl_curve_at(t, 8, 6, 1) == 0 && fabs(dfl_curve_at(t, 8, 6, 0) - 0.2) < 1e-12,
-          "one point: unknown when strict, flat otherwise");
-}
-
 int main(void) {
     resume();
     closed_loop();
@@ -315,6 +251,5 @@ int main(void) {
     dfl_costs_update(&c, 4, 100, 2.6);
     CHECK(fabs(c.t_round[0][4] - (0.8 * 1.6 + 0.2 * 2.6)) < 1e-9, "moving average");
     depths();
-    loaded();
     return test_summary();
 }

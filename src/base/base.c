@@ -81,21 +81,6 @@ double dfl_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-double dfl_curve_at(const double *t, int n, int x, int strict) {
-    if (x < 1 || x > n) return 0;
-    if (t[x] > 0) return t[x];
-    int lo = x - 1, hi = x + 1;
-    while (lo >= 1 && !(t[lo] > 0)) lo--;
-    while (hi <= n && !(t[hi] > 0)) hi++;
-    if (lo >= 1 && hi <= n) return t[lo] + (t[hi] - t[lo]) * (x - lo) / (hi - lo);
-    if (lo < 1) return 0;
-    int lo2 = lo - 1;
-    while (lo2 >= 1 && !(t[lo2] > 0)) lo2--;
-    if (lo2 < 1 && strict) return 0;
-    double slope = lo2 >= 1 ? (t[lo] - t[lo2]) / (lo - lo2) : 0;
-    return t[lo] + slope * (x - lo);
-}
-
 int dfl_ncpu(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;

@@ -34,12 +34,6 @@ void *dfl_xgrow_(void *p, size_t *cap, size_t need, size_t sz, const char *file,
 void *dfl_aligned_alloc(size_t n);
 
 double dfl_now(void);           /* monotonic seconds */
-
-/* A measured curve t[1..n] (t[x] <= 0 where x was never measured) read at x:
- * the measurement, else interpolated between the nearest measured neighbours,
- * else extended along the slope of the last two. 0 when too little is
- * measured; unless strict, one measured point alone is extended flat. */
-double dfl_curve_at(const double *t, int n, int x, int strict);
 int dfl_ncpu(void);
 
 /* Overflow-checked size arithmetic: returns 0 and sets *out, or -1 on overflow. */

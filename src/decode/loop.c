@@ -125,16 +125,20 @@ static int park_row(run *r, dfl_error *err) {
 
 /* Drafts B-1 tokens after the anchor (B > 1), verifies the block with
  * capture, commits, rolls back. Returns 0 or an error code. */
-/* What the forward of a round would cost its sequence alone: its time, or,
- * when other sequences' rows shared it, the tick curve's time for its rows
- * (the round tables hold costs alone; the policy adds the load it joins). */
-static double alone(const dfl_target *t, const dfl_fwd *f, double call) {
-    double s = f->others ? dfl_target_tick_cost(t, f->n) : 0;
-    return s > 0 ? s : f->others ? f->seconds * f->n / (f->others + f->n) : call;
+/* What the forward of a round cost its sequence: its time alone, or, when it
+ * carried other sequences' rows, the marginal cost of its own rows in that
+ * batch (rows are cheap next to others while the weights' read dominates,
+ * dear once the machine computes), so the policy sees what a bigger block
+ * costs under the load it runs in. The wait for the others is not counted. */
+static double marginal(const dfl_target *t, const dfl_fwd *f, double call) {
+    if (!f->others) return call;
+    double all = dfl_target_tick_cost(t, f->others + f->n);
+    double rest = dfl_target_tick_cost(t, f->others);
+    if (all > rest && rest > 0) return all - rest;
+    return f->seconds * f->n / (f->others + f->n);
 }
 
-static int round_step(run *r, dfl_policy *pol, int B, int *accepted, double *cost,
-                      dfl_error *err) {
+static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err) {
     dfl_seq *q = r->q;
     dfl_proposer *pr = q->pr;
     const dfl_loop_opts *o = r->o;
@@ -151,8 +155,7 @@ static int round_step(run *r, dfl_policy *pol, int B, int *accepted, double *cos
     double t1 = dfl_now();
     int n_cap = r->spec && q->feat ? pr->n_cap : 0;
     dfl_fwd f = {.kv = q->kv, .tok = block, .n = B, .logits = q->logits,
-                 .cap = n_cap ? pr->cap : NULL, .n_cap = n_cap, .feat = q->feat,
-                 .expect = dfl_policy_expected(pol, B)};
+                 .cap = n_cap ? pr->cap : NULL, .n_cap = n_cap, .feat = q->feat};
     if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
     double t2 = dfl_now();
     dfl_accept_fn accept = o->accept ? o->accept : dfl_accept_greedy;
@@ -179,17 +182,13 @@ static int round_step(run *r, dfl_policy *pol, int B, int *accepted, double *cos
     r->st->t_verify += t2 - t1;
     count_round(r, B, a, emitted);
     *accepted = a;
-    /* the drafter's passes at its share of passes that carried other
-     * sequences' work */
+    /* the drafter's passes, like the forward, at their marginal cost: its
+     * share of passes that carried other sequences' work */
     double drafter = pr && pr->spent ? pr->spent(pr) - s0 : (t1 - t0) + (t4 - t3);
-    *cost = drafter + (t3 - t2) + alone(t, &f, t2 - t1);
-    pol->load.others = f.others;
-    pol->load.others_tokens = f.others_expect;
+    *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
 }
-
-static double tick_of(const void *t, int rows) { return dfl_target_tick_cost(t, rows); }
 
 /* The block for the next round: the policy's (or the pinned) size, shrunk
  * so it never passes the cache's end nor max_tokens. */
@@ -267,8 +266,6 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     dfl_policy pol;
     dfl_policy_init(&pol, costs, imin(q->max_block, r.spec ? q->pr->max_block : 1));
     if (o->carry && o->carry->max_block == pol.max_block) dfl_policy_resume(&pol, o->carry);
-    pol.load.tick = tick_of;
-    pol.load.ud = q->t;
     double d0 = st->t_draft, v0 = st->t_verify;
     r.anchor = prompt[n_prompt - 1];
     while (r.stop == DFL_STOP_NONE) {
@@ -277,7 +274,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (r.stop) break;
         int B = pick_block(&r, &pol), a = 0, ctx = q->kv->len;
         double cost = 0;
-        if ((rc = round_step(&r, &pol, B, &a, &cost, err))) break;
+        if ((rc = round_step(&r, B, &a, &cost, err))) break;
         dfl_costs_update(costs, B, ctx, cost);
         if (B > 1) dfl_policy_observe(&pol, B, a);
         else dfl_policy_classic_step(&pol);

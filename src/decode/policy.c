@@ -2,8 +2,6 @@
 
 #include <string.h>
 
-#include "base/base.h"
-
 void dfl_costs_init(dfl_costs *c, int max_block) {
     memset(c, 0, sizeof *c);
     c->max_block = max_block < DFL_POLICY_MAX ? max_block : DFL_POLICY_MAX;
@@ -31,23 +29,41 @@ void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
     __atomic_store(p, &t, __ATOMIC_RELAXED);
 }
 
+/* B's cost from one depth's row: measured, else interpolated between the
+ * nearest measured sizes, else extended along the slope of the last two.
+ * 0 when the row has too little; unless strict, one measured size alone is
+ * extended flat. */
+static double row_get(const double *t, int max_block, int B, int strict) {
+    if (t[B] > 0) return t[B];
+    int lo = B - 1, hi = B + 1;
+    while (lo >= 1 && !(t[lo] > 0)) lo--;
+    while (hi <= max_block && !(t[hi] > 0)) hi++;
+    if (lo >= 1 && hi <= max_block) return t[lo] + (t[hi] - t[lo]) * (B - lo) / (hi - lo);
+    if (lo < 1) return 0;
+    int lo2 = lo - 1;
+    while (lo2 >= 1 && !(t[lo2] > 0)) lo2--;
+    if (lo2 < 1 && strict) return 0;
+    double slope = lo2 >= 1 ? (t[lo] - t[lo2]) / (lo - lo2) : 0;
+    return t[lo] + slope * (B - lo);
+}
+
 double dfl_costs_get(const dfl_costs *cs, int B, int ctx) {
     double t[DFL_COST_DEPTHS][DFL_POLICY_MAX + 1];
     int mb = cs->max_block, d = dfl_costs_depth(ctx);
     if (B < 1 || B > mb) return 0;
     for (int j = 0; j < DFL_COST_DEPTHS; j++)
         for (int i = 0; i <= mb; i++) t[j][i] = load(&cs->t_round[j][i]);
-    double v = dfl_curve_at(t[d], mb, B, 1);
+    double v = row_get(t[d], mb, B, 1);
     if (v > 0) return v;
     /* Too little measured at this depth yet: the nearest depth that has it
      * (shallower first), scaled as if every size grew with depth as a step
      * does; the first round measured here replaces the guess. */
     for (int k = 1; k < DFL_COST_DEPTHS; k++)
         for (int j = d - k; j <= d + k; j += 2 * k) {
-            if (j < 0 || j >= DFL_COST_DEPTHS || !((v = dfl_curve_at(t[j], mb, B, 1)) > 0)) continue;
+            if (j < 0 || j >= DFL_COST_DEPTHS || !((v = row_get(t[j], mb, B, 1)) > 0)) continue;
             return t[d][1] > 0 && t[j][1] > 0 ? v * t[d][1] / t[j][1] : v;
         }
-    return dfl_curve_at(t[d], mb, B, 0);
+    return row_get(t[d], mb, B, 0);
 }
 
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
@@ -115,26 +131,15 @@ double dfl_policy_expected(const dfl_policy *p, int B) {
     return e;
 }
 
-/* Seconds the batch takes with a round of block B in it, and the tokens it
- * commits (see dfl_load); alone, the round's own cost and E(B). 0 when a cost
- * is unknown. */
-static double batch_rate(const dfl_policy *p, int B, int ctx) {
-    double t = dfl_costs_get(p->costs, B, ctx), e = dfl_policy_expected(p, B);
-    if (!(t > 0)) return 0;
-    const dfl_load *l = &p->load;
-    if (l->others <= 0 || !l->tick) return e / t;
-    double solo = l->tick(l->ud, B), joined = l->tick(l->ud, l->others + B);
-    if (!(solo > 0 && joined > 0)) return e / t;
-    double outside = t > solo ? t - solo : 0;   /* drafting, committing */
-    return (l->others_tokens + e) / (outside + joined);
-}
-
 static int best_block(const dfl_policy *p, int ctx) {
     int best = 1;
-    double best_rate = batch_rate(p, 1, ctx);
-    if (!(best_rate > 0)) return 1;
+    double t1 = dfl_costs_get(p->costs, 1, ctx);
+    if (!(t1 > 0)) return 1;
+    double best_rate = 1.0 / t1;
     for (int B = 2; B <= p->max_block; B++) {
-        double rate = batch_rate(p, B, ctx);
+        double t = dfl_costs_get(p->costs, B, ctx);
+        if (!(t > 0)) continue;
+        double rate = dfl_policy_expected(p, B) / t;
         if (rate > best_rate) best_rate = rate, best = B;
     }
     return best;

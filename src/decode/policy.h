@@ -21,18 +21,6 @@ typedef struct dfl_costs {
                             [d][1] is one classic step; 0 = not measured */
 } dfl_costs;
 
-/* The forward a round joins when other sequences share it. Everyone's tokens
- * then wait for that forward, so a round of block B is worth what it does to
- * the whole batch: (others' tokens + E(B)) / (this sequence's time outside the
- * forward + tick(others + B)). Alone (others 0) that is E(B) / t_round(B). */
-typedef struct dfl_load {
-    int others;              /* rows of other sequences in the last forward */
-    double others_tokens;    /* tokens they expected to commit from it */
-    double (*tick)(const void *ud, int rows);   /* seconds a forward of rows takes;
-                                                   0 where not known */
-    const void *ud;
-} dfl_load;
-
 typedef struct dfl_policy {
     const dfl_costs *costs;             /* shared by an engine's sessions */
     int max_block;
@@ -45,7 +33,6 @@ typedef struct dfl_policy {
     int probe_block;                    /* a probe's block: wide enough to test several
                                            positions, not the whole drafter block */
     int ctx;                            /* cache rows when the last round was chosen */
-    dfl_load load;                      /* the batch the next round joins (zero: alone) */
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };

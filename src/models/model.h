@@ -236,11 +236,8 @@ typedef struct dfl_fwd {
     const int *cap;
     int n_cap;
     float *feat;
-    double expect;        /* tokens the caller expects to commit from these rows (0: none,
-                             as in a prefill) */
     /* filled by the forward */
     int others;           /* rows of other sequences that shared the call */
-    double others_expect; /* their expect, summed */
     double seconds;       /* the call's time */
 } dfl_fwd;
 
@@ -279,9 +276,8 @@ struct dfl_side_call {
 void dfl_target_side_run(dfl_target *t, dfl_side_call *call, int max_rows);
 void dfl_combiner_free(dfl_combiner *c);
 void dfl_target_leave(dfl_target *t);
-/* Moving average of a forward's seconds by its total rows; row counts never
- * run are read off the curve of those that were (the start-up calibration
- * runs 1..64); 0 while fewer than two are known. */
+/* Moving average of a forward's seconds by its total rows (0 when unmeasured):
+ * the marginal cost of B rows joining `others` is cost(others + B) - cost(others). */
 double dfl_target_tick_cost(const dfl_target *t, int rows);
 
 /* The drafter borrows these. */
