@@ -76,6 +76,12 @@ class Capture:
         self.n_rows = n
 
 
+def same_target(p0, p):
+    if (p.dim, p.vocab) != (p0.dim, p0.vocab) or not np.array_equal(p.embed, p0.embed):
+        raise SystemExit(f"train_dflash: {getattr(p, 'dir', '?')} and "
+                         f"{getattr(p0, 'dir', '?')} capture different targets")
+
+
 class Captures:
     """Several captures of one target read as one: sequences numbered in order;
     the layers are those every part captured."""
@@ -84,9 +90,7 @@ class Captures:
         self.parts = parts
         p0 = parts[0]
         for p in parts[1:]:
-            if (p.dim, p.vocab) != (p0.dim, p0.vocab) or not np.array_equal(p.embed, p0.embed):
-                raise SystemExit(f"train_dflash: {getattr(p, 'dir', '?')} and "
-                                 f"{getattr(p0, 'dir', '?')} capture different targets")
+            same_target(p0, p)
         self.layers = [x for x in p0.layers if all(x in p.layers for p in parts)]
         self.meta, self.dim, self.vocab = p0.meta, p0.dim, p0.vocab
         self.embed, self.lm_head, self.tied = p0.embed, p0.lm_head, p0.tied
@@ -98,9 +102,7 @@ class Captures:
         """Appends a capture of the same target (one finished while training
         ran, see --watch) that holds the layers in use; -> its sequences'
         numbers."""
-        p0 = self.parts[0]
-        if (p.dim, p.vocab) != (p0.dim, p0.vocab) or not np.array_equal(p.embed, p0.embed):
-            raise SystemExit(f"train_dflash: {p.dir} and {p0.dir} capture different targets")
+        same_target(self.parts[0], p)
         if any(x not in p.layers for x in layers):
             raise SystemExit(f"train_dflash: {p.dir} lacks some of layers {layers}")
         k, first = len(self.parts), len(self.seqs)
@@ -574,8 +576,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="exported weights")
     ap.add_argument("--loss-vocab", choices=["all", "seen"], default="all",
                     help="training softmax over the whole vocabulary, or over the ids that occur "
-                         "in the capture (no label lies outside them): about 4x faster for a "
-                         "large vocabulary; evaluation always uses the whole vocabulary")
+                         "in the capture (no label lies outside them): 2.6x faster steps on "
+                         "SmolLM2's 49K vocabulary; evaluation always uses the whole vocabulary")
     ap.add_argument("--loss-negatives", type=int, default=4096,
                     help="with --loss-vocab seen: ids sampled each step from the rest of the "
                          "vocabulary into the softmax, so inference never prefers them")
