@@ -479,12 +479,8 @@ static void mm_task(void *ctx, int i, int ntask) {
 void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
                 int ldy, void *scratch) {
     if (n <= 0) return;
-    if (W->type > DFL_BF16) {
-        /* quant.c picks its own AVX2 or plain path; forced twins go to its twin. */
-        if (dfl_kernels_simd() || !dfl_cpu_has_avx2())
-            dfl_qmatmul(pool, W, n, X, ldx, Y, ldy, scratch);
-        else
-            dfl_qmatmul_ref(W, n, X, ldx, Y, ldy);
+    if (W->type > DFL_BF16) {   /* quant.c follows the same forced or detected path */
+        dfl_qmatmul(pool, W, n, X, ldx, Y, ldy, scratch);
         return;
     }
     /* One row streams the weights: one contiguous run per thread, so the
@@ -501,7 +497,7 @@ void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx
 
 void dfl_matmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *const *X,
                       float *const *Y, int k, void *scratch) {
-    int same = k > 0 && W[0]->type > DFL_BF16 && (dfl_kernels_simd() || !dfl_cpu_has_avx2());
+    int same = k > 0 && W[0]->type > DFL_BF16;
     for (int j = 1; j < k && same; j++) same = W[j]->type == W[0]->type;
     if (same) {
         dfl_qmatmul_group(pool, W, X, Y, k, scratch);
