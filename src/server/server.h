@@ -212,6 +212,8 @@ typedef struct srv_job {
     int32_t *bias_ids;
     float *bias_vals;
     int user_block;               /* block_size came from the request */
+    int provenance;               /* return_provenance: each choice says how its tokens
+                                     were made (respond.c, SRV_PROV_LETTERS) */
     srv_stop stop;                /* its strings; the worker owns the held text */
     /* Structured output (response_format, or a required / named tool call): the
      * answer must be fmt_prefix, then one JSON value that fmt_schema accepts (NULL:
@@ -244,6 +246,8 @@ typedef struct srv_job {
     size_t text_off;              /* bytes of text released so far */
     void *lp;                     /* non-stream: cJSON array of logprob entries */
     srv_toolp toolp;              /* finds tool calls in the answer (tools, choice not none) */
+    srv_buf prov;                 /* provenance: a letter per committed token */
+    size_t prov_sent;             /* stream: letters of prov already sent */
     void *calls;                  /* cJSON array of the tool_calls sent or to send */
 
     /* ---- shared, under mu ---- */
@@ -318,6 +322,13 @@ char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err 
 
 /* respond.c: what the worker emits. All append to j->out under j->mu. */
 void srv_emit_begin(srv_job *j);
+/* A committed token's kind (dfl_token_info.kind), kept for its choice's
+ * "provenance" (with return_provenance): one letter per token, 'c' a classic
+ * step, 'd' an accepted draft, 'b' a round's bonus. A stream sends each letter
+ * with the first chunk after its token (tokens without text of their own wait
+ * for the next chunk: the final one at the latest). */
+#define SRV_PROV_LETTERS "cdb"
+void srv_emit_kind(srv_job *j, const dfl_token_info *tok);
 /* text: answer text; reason (may be NULL): reasoning text (chat only). */
 void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
                     const char *reason, size_t rn);
