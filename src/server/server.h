@@ -7,6 +7,7 @@
  *   respond.c  srv_job events -> OpenAI response / SSE chunk JSON
  *   sched.c    slots (one dfl_session each), the bounded queue, worker threads
  *   metrics.c  counters and their Prometheus text
+ *   static.c   the web page's files: --path URL -> file, content types
  *   http.c     libmicrohttpd glue: routing, auth, limits, streaming, shutdown
  *
  * A request's life: the HTTP thread parses and tokenizes it into a srv_job and
@@ -49,6 +50,9 @@ typedef struct srv_opts {
     double default_temp;       /* temperature when a request gives none */
     int reasoning;             /* split <think> blocks into reasoning_content (default 1) */
     double replay_tau;         /* > 0: benchmarks' replayed drafter (dfl_gen_params.replay_*) */
+    const char *web_path;      /* --path: the page's files come from this folder; NULL:
+                                  the compiled-in web/index.html */
+    int no_webui;              /* --no-webui: no page at all (/ is a 404) */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);
@@ -87,6 +91,23 @@ void srv_json_err(struct srv_err *e, int why, int max);
 double srv_now(void);
 /* Compares a secret with a candidate in time that depends only on the secret's length. */
 int srv_secret_equal(const char *secret, const char *given);
+
+/* ---- static.c: the web page ------------------------------------------------ */
+
+/* web/index.html, compiled in (the build writes it as a C array: cmake/embed.cmake). */
+extern const unsigned char srv_webui_index[];
+extern const size_t srv_webui_index_len;
+
+enum { SRV_STATIC_URL_MAX = 1024 };   /* longer URLs name no file */
+/* The file under root that url names, into out (cap bytes); a URL ending in '/'
+ * names that folder's index.html. -1 for anything but a plain path below root:
+ * no leading '/', a segment that is empty or starts with '.' ("..", ".", hidden
+ * files), a backslash or control character, over SRV_STATIC_URL_MAX, or a
+ * result longer than cap. */
+int srv_static_path(const char *root, const char *url, char *out, size_t cap);
+/* The Content-Type for a file's name (by extension; application/octet-stream
+ * when unknown). */
+const char *srv_static_type(const char *path);
 
 /* ---- stop.c ---------------------------------------------------------------- */
 
