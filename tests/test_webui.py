@@ -16,6 +16,10 @@ drafter is accepted often, so all three colours show):
 With SmolLM2 (build/smollm2, `make model`; slow enough to stop mid-answer): the
 Stop button cancels the request on the server (the slot is freed, /metrics
 counts a cancelled request) and the page says "Stopped.".
+Without a browser, over HTTP: / is web/index.html byte for byte (text/html, a
+Content-Security-Policy, no API key needed even when the server has one);
+--path DIR serves DIR's files and nothing outside it or hidden; --no-webui
+answers 404.
 Chromium, its driver or selenium missing: a failure under CI=true, else a skip.
 """
 import json
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 from testlib import check, failed, finish, missing, serve, stop
@@ -41,6 +46,54 @@ CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SYSTEM = "You are a witty assistant."
 PROMPT = "Tell me a joke about computers."
 MAX_TOKENS = 160
+
+
+def get(url, headers=None):
+    """(status, headers, body bytes) of a GET; errors are answers too."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def file_checks(tmp):
+    """The page's files over plain HTTP: compiled in, --path, --no-webui."""
+    page = open(os.path.join(SRC, "web", "index.html"), "rb").read()
+    site = os.path.join(tmp, "site")
+    os.makedirs(os.path.join(site, "css"))
+    for name, data in (("index.html", b"<p>mine</p>"), ("css/a.css", b"p{}"), (".secret", b"no")):
+        with open(os.path.join(site, name), "wb") as f:
+            f.write(data)
+    with open(os.path.join(tmp, "secret.txt"), "wb") as f:
+        f.write(b"outside")
+    runs = ((["--api-key", "k"], "compiled in"), (["--path", site], "--path"), (["--no-webui"], "off"))
+    for args, what in runs:
+        with open(os.path.join(tmp, "files.log"), "w") as log:
+            p, url = serve(BIN, ["-t", "2", *args], log)
+            try:
+                if not check(url, f"serve ({what}) reports its address"):
+                    continue
+                status, h, body = get(url + "/")
+                if what == "compiled in":
+                    check(status == 200 and body == page and h["Content-Type"].startswith("text/html")
+                          and "default-src 'self'" in (h["Content-Security-Policy"] or ""),
+                          f"/ is web/index.html without a key: {status} {h['Content-Type']}")
+                    check(get(url + "/v1/models")[0] == 401, "the API still needs the key")
+                    check(get(url + "/other.html")[0] == 404, "no other files without --path")
+                elif what == "--path":
+                    check(status == 200 and body == b"<p>mine</p>", f"--path: / is DIR/index.html: {body[:40]}")
+                    status, h, body = get(url + "/css/a.css")
+                    check(status == 200 and body == b"p{}" and h["Content-Type"].startswith("text/css"),
+                          f"--path: a file with its content type: {status} {h['Content-Type']}")
+                    for bad in ("/.secret", "/../secret.txt", "/%2e%2e/secret.txt", "/css/../../secret.txt",
+                                "/css", "/nothing.js"):
+                        check(get(url + bad)[0] == 404, f"--path: {bad} is a 404")
+                else:
+                    check(status == 404, f"--no-webui: / is a 404 ({status})")
+            finally:
+                check(stop(p) == 0, f"serve ({what}) exits 0 on SIGTERM")
 
 
 def browser():
@@ -203,6 +256,8 @@ def stop_checks(d, tmp):
 
 
 def main():
+    with tempfile.TemporaryDirectory(prefix="dflash-webui-") as tmp:
+        file_checks(tmp)
     d = browser()
     if not d:
         return finish()
