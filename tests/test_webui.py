@@ -171,7 +171,7 @@ def answer_kinds(d):
     """Letters of every token span of the last answer, counted."""
     kinds = d.execute_script(
         "const m = [...document.querySelectorAll('.msg.assistant')].pop();"
-        "return [...m.querySelectorAll('.body .tok')].map(s => s.dataset.kinds).join('');")
+        "return [...m.querySelectorAll('.tok')].map(s => s.dataset.kinds).join('');")
     return {k: kinds.count(k) for k in "dbc"}, kinds
 
 
