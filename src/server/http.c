@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -522,7 +523,7 @@ static struct MHD_Response *static_response(srv_server *srv, const char *url, co
         return MHD_create_response_from_buffer(srv_webui_index_len, (void *)srv_webui_index,
                                                MHD_RESPMEM_PERSISTENT);
     }
-    char path[SRV_STATIC_URL_MAX + 4096];
+    char path[PATH_MAX + SRV_STATIC_URL_MAX];   /* --path's folder, then the URL */
     if (srv_static_path(srv->o.web_path, url, path, sizeof path)) return NULL;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     struct stat st;
