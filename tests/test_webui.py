@@ -3,8 +3,9 @@ chromium, headless, driven by selenium through Debian's chromium-driver.
 
 With the built-in model pair (models/default: in the repository, fast, and its
 drafter is accepted often, so all three colours show):
-- the page loads from the binary (web/index.html compiled in), and every
-  control has an accessible name;
+- the page loads from the binary (web/index.html compiled in), asks for the
+  server's API key, names the model once given it, and every control has an
+  accessible name;
 - a prompt sent with a system prompt set streams an answer whose text equals
   `dflash generate --chat` on the same messages (greedy);
 - the coloured tokens (one data-kinds letter per token) add up to the server's
@@ -46,6 +47,7 @@ CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SYSTEM = "You are a witty assistant."
 PROMPT = "Tell me a joke about computers."
 MAX_TOKENS = 160
+KEY = "webui-test-key"
 
 
 def get(url, headers=None):
@@ -116,8 +118,9 @@ def browser():
     return webdriver.Chrome(options=opts, service=Service(DRIVER))
 
 
-def metrics(url):
-    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+def metrics(url, key=None):
+    req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
     out = {}
     for name, key in (("dflash_spec_rounds_total", "rounds"), ("dflash_spec_accepted_total", "accepted"),
                       ("dflash_spec_committed_total", "committed"),
@@ -176,21 +179,26 @@ def answer_kinds(d):
 
 
 def chat_checks(d, url):
+    """The server has an API key (KEY): the page asks for it, then chats with it."""
     d.get(url + "/")
     check(d.title == "dflash chat", f"the page loads: title {d.title!r}")
+    check(wait(lambda: "API key" in d.find_element("id", "model").text, 30),
+          f"without the key the page asks for it: {d.find_element('id', 'model').text!r}")
+    set_field(d, "api-key", KEY)
+    d.find_element("id", "system").click()   # the key field's change event
     check(wait(lambda: "drafter" in d.find_element("id", "model").text, 30),
-          f"the page names the model: {d.find_element('id', 'model').text!r}")
+          f"with the key the page names the model: {d.find_element('id', 'model').text!r}")
     accessible(d)
     want = generate(SYSTEM, PROMPT, MAX_TOKENS)
     set_field(d, "system", SYSTEM)
     set_field(d, "max-tokens", MAX_TOKENS)
-    before = metrics(url)
+    before = metrics(url, KEY)
     send(d, PROMPT)
     last = wait(lambda: d.execute_script("return !window.dflash.busy && window.dflash.last"), 120)
     check(last, "the answer ends with the server's stats")
     if not last:
         return
-    after = metrics(url)
+    after = metrics(url, KEY)
     got = d.execute_script("return [...document.querySelectorAll('.msg.assistant .body')].pop().textContent")
     check(got == want and got == last["content"],
           f"the streamed text equals dflash generate --chat: {got!r} vs {want!r}")
@@ -264,7 +272,7 @@ def main():
     try:
         with tempfile.TemporaryDirectory(prefix="dflash-webui-") as tmp:
             with open(os.path.join(tmp, "serve.log"), "w") as log:
-                p, url = serve(BIN, ["-t", "2"], log)
+                p, url = serve(BIN, ["-t", "2", "--api-key", KEY], log)
                 try:
                     if check(url, "serve (built-in model) reports its address"):
                         chat_checks(d, url)
