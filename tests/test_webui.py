@@ -113,7 +113,7 @@ def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-              "--window-size=1280,900"):
+              "--window-size=1280,1000"):
         opts.add_argument(a)
     return webdriver.Chrome(options=opts, service=Service(DRIVER))
 
@@ -216,6 +216,7 @@ def chat_checks(d, url):
           f"the page's counters show the colouring: {shown}")
     check(last["match"] and "matches" in d.find_element("id", "server-stats").text,
           "the page says its colouring matches the server's stats")
+    d.execute_script("window.scrollTo(0, 0)")
     d.save_screenshot(SHOT)
     check(os.path.getsize(SHOT) > 10000, f"screenshot at {SHOT}")
     # the same request as classic decode
