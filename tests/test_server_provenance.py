@@ -11,6 +11,7 @@ accepted often, so every kind of token shows up):
 - a non-streamed answer carries the same letters as the stream (fixed block);
 - a stop string that ends generation inside a round's accepted drafts still adds up;
 - n = 2: each choice's letters, summed, add up to the request's summed stats;
+- /v1/completions carries them too, streamed and not;
 - off by default, and a non-boolean is a 400 naming the field.
 """
 import json
@@ -28,8 +29,8 @@ BIN = os.environ.get("DFLASH_BIN") or os.path.join(SRC, "build", "dflash")
 PROMPT = "Tell me a joke about computers."
 
 
-def post(url, body):
-    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+def post(url, body, path="/v1/chat/completions"):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
@@ -121,6 +122,19 @@ def checks(url):
     st = o.get("dflash", {})
     check(got.count("d") == st.get("accepted") and got.count("c") == st.get("classic_steps") and
           got.count("d") + got.count("b") == st.get("committed"), f"n=2: letters add up to {st}")
+
+    # completions: the same field
+    comp = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 60, "block_size": 4,
+            "return_provenance": True}
+    status, text = post(url, comp, "/v1/completions")
+    o = json.loads(text)
+    whole = o["choices"][0].get("provenance", "") if status == 200 else ""
+    check(len(whole) == o.get("usage", {}).get("completion_tokens"), f"completions: letters {whole!r}")
+    adds_up(whole, o.get("dflash", {}), "completions")
+    status, text = post(url, dict(comp, stream=True), "/v1/completions")
+    streamed = "".join(c.get("provenance", "") for line in text.splitlines()
+                       if line.startswith("data: {") for c in json.loads(line[6:]).get("choices", []))
+    check(streamed == whole, f"completions streamed: {streamed!r} vs {whole!r}")
 
     # off by default; a wrong type names the field
     status, text = post(url, {k: v for k, v in body(stream=True).items() if k != "return_provenance"})
