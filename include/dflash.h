@@ -211,6 +211,8 @@ typedef struct dfl_stats {
     int n_cached;                    /* prompt tokens whose cache the session already held */
     double t_prefill, t_decode;      /* seconds */
     double t_draft, t_verify, t_other;
+    /* verify rounds; drafts proposed; drafts accepted and committed (a stop inside
+     * a round leaves the drafts after it out); tokens the rounds committed */
     uint64_t rounds, proposed, accepted, committed;
     uint64_t pos_proposed[DFL_MAX_POS_STATS], pos_accepted[DFL_MAX_POS_STATS];
     uint64_t classic_steps;          /* single-token decode steps */
@@ -232,10 +234,20 @@ typedef struct dfl_stats {
  * error (dfl_generate still returns 0). */
 enum { DFL_STOP_NONE = 0, DFL_STOP_LENGTH, DFL_STOP_EOS, DFL_STOP_CTX, DFL_STOP_CANCEL };
 
+/* How a committed token was produced (dfl_token_info.kind): a classic decode
+ * step (a one-row forward), a draft the target accepted in a verify round, or
+ * the round's bonus (the target's own token after the accepted drafts). A
+ * round commits DRAFT* BONUS; only the last round of a generation may end
+ * without its bonus (the stop token or the caller's stop came first). So, per
+ * generation: stats.accepted == DRAFT tokens, stats.committed == DRAFT + BONUS,
+ * stats.classic_steps == CLASSIC, stats.rounds == those round groups. */
+enum { DFL_TOKEN_CLASSIC = 0, DFL_TOKEN_DRAFT = 1, DFL_TOKEN_BONUS = 2 };
+
 typedef struct dfl_token_info {
     int32_t id;
     float logprob;                    /* of the chosen token */
     int n_top; int32_t top_ids[DFL_MAX_TOP_LOGPROBS]; float top_logprobs[DFL_MAX_TOP_LOGPROBS];
+    int kind;                         /* DFL_TOKEN_*: how it was produced */
 } dfl_token_info;
 
 /* Called once per committed token, in order; return nonzero to stop. */

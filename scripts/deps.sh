@@ -2,16 +2,19 @@
 # Installs what dflash needs on a fresh Debian machine, and nothing that is
 # already there:
 #  - Debian packages (the C toolchain and libraries, and tools the tests use:
-#    prometheus for promtool, valgrind, clang, tmux);
+#    prometheus for promtool, valgrind, clang, tmux, chromium and its driver for
+#    the web page's browser test);
 #  - one Python virtual environment, $DFLASH_VENV (default build/venv), from the
 #    pinned requirements.txt. The tests' oracles live there: transformers and
 #    torch (CPU use; PyPI's wheel also brings CUDA libraries, installed once per
-#    venv), tokenizers, safetensors, gguf, jinja2 and the openai client.
+#    venv), tokenizers, safetensors, gguf, jinja2, the openai client, and
+#    selenium (it drives chromium in tests/test_webui.py).
 #    A stamp holding requirements.txt's hash makes a second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-      python3 python3-venv python3-pip clang valgrind prometheus tmux curl unzip)
+      python3 python3-venv python3-pip clang valgrind prometheus tmux curl unzip
+      chromium chromium-driver)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

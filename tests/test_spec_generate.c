@@ -4,8 +4,9 @@
  * speculative output identical to classic decode for blocks 2, 4, 8, 16 and
  * the adaptive policy (to the end of the context, and to EOS), stop reasons,
  * cancellation, follow-up turns on one session, sampled speculation, the
- * probe (0 differing bytes), the drafter diagnostic, logprobs left out, and
- * replayed requests' acceptance evidence kept apart. */
+ * probe (0 differing bytes), the drafter diagnostic, logprobs left out,
+ * replayed requests' acceptance evidence kept apart, and each token's kind
+ * (classic, draft, bonus) adding up to the stats in every one of those runs. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,13 +20,40 @@ typedef struct sink {
     int32_t ids[MAXG];
     float lp[MAXG];
     int n, cancel_at;
+    /* the tokens' kinds: counts, round groups (DRAFT* BONUS), and tokens out of
+     * that grammar (a round without its bonus that is not the last) */
+    uint64_t kinds[3], groups, misplaced;
+    int open;   /* a round's drafts came without its bonus yet */
 } sink;
 
 static int on_tok(void *ud, const dfl_token_info *t) {
     sink *s = ud;
     if (s->n < MAXG) s->ids[s->n] = t->id, s->lp[s->n] = t->logprob;
     s->n++;
+    if (t->kind < 0 || t->kind > DFL_TOKEN_BONUS) {
+        s->misplaced++;
+    } else {
+        s->kinds[t->kind]++;
+        if (t->kind != DFL_TOKEN_CLASSIC && !s->open) s->groups++;
+        if (t->kind == DFL_TOKEN_CLASSIC && s->open) s->misplaced++;
+        s->open = t->kind == DFL_TOKEN_DRAFT;
+    }
     return s->cancel_at && s->n == s->cancel_at;
+}
+
+/* The kinds the callback saw add up to the stats (include/dflash.h). */
+static void check_kinds(const sink *s, const dfl_stats *st, const char *what) {
+    CHECK(s->kinds[DFL_TOKEN_DRAFT] == st->accepted &&
+          s->kinds[DFL_TOKEN_DRAFT] + s->kinds[DFL_TOKEN_BONUS] == st->committed &&
+          s->kinds[DFL_TOKEN_CLASSIC] == st->classic_steps && s->groups == st->rounds &&
+          !s->misplaced,
+          "%s: kinds classic %llu draft %llu bonus %llu in %llu rounds (%llu misplaced); stats "
+          "classic %llu accepted %llu committed %llu rounds %llu", what,
+          (unsigned long long)s->kinds[0], (unsigned long long)s->kinds[1],
+          (unsigned long long)s->kinds[2], (unsigned long long)s->groups,
+          (unsigned long long)s->misplaced, (unsigned long long)st->classic_steps,
+          (unsigned long long)st->accepted, (unsigned long long)st->committed,
+          (unsigned long long)st->rounds);
 }
 
 static int run(dfl_session *s, const int32_t *prompt, int n, const dfl_gen_params *p, sink *out,
@@ -34,8 +62,10 @@ static int run(dfl_session *s, const int32_t *prompt, int n, const dfl_gen_param
     int cancel = out->cancel_at;
     memset(out, 0, sizeof *out);
     out->cancel_at = cancel;
+    memset(st, 0, sizeof *st);
     int rc = dfl_generate(s, prompt, n, p, on_tok, out, st, &err);
     if (rc) fprintf(stderr, "generate: %s\n", err.msg);
+    else check_kinds(out, st, "kinds");
     return rc;
 }
 
@@ -263,6 +293,17 @@ static void test_replay_carry(dfl_engine *e, const int32_t *prompt, int n) {
     p.n_replay_ref = ref.n;
     p.replay_tau = 6.5;
     CHECK(run(s, prompt, n, &p, &got, &st) == 0 && same(&ref, &got), "replayed: other ids");
+    CHECK(got.kinds[DFL_TOKEN_DRAFT] > 0 && got.kinds[DFL_TOKEN_BONUS] > 0,
+          "replayed: drafts accepted (the kinds' check saw them)");
+    /* a stop inside a round's accepted drafts: the round ends without its bonus */
+    p.replay_tau = 8;
+    p.block_size = 8;
+    got.cancel_at = 3;
+    CHECK(run(s, prompt, n, &p, &got, &st) == 0 && got.n == 3 && st.stop == DFL_STOP_CANCEL &&
+          got.kinds[DFL_TOKEN_BONUS] == 0 && st.rounds == 1,
+          "a round cut after 3 drafts: %d tokens, %llu bonus", got.n,
+          (unsigned long long)got.kinds[DFL_TOKEN_BONUS]);
+    got.cancel_at = 0;
     CHECK(e->carry_replay.max_block && !memcmp(&e->carry, &own, sizeof own),
           "a replayed request changed the evidence of the drafter's own");
     dfl_session_free(s);

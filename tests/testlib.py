@@ -3,6 +3,10 @@ that a missing asset or tool fails under CI (CI=true) and is a skip
 elsewhere. A test ends with `return finish()` (the summary line ctest's
 logs show, and the exit status: 77, ctest's skip, when anything was left out)."""
 import os
+import re
+import subprocess
+import time
+import urllib.request
 
 CI = os.environ.get("CI") == "true"
 counts = {"pass": 0, "fail": 0, "skip": 0}
@@ -34,3 +38,37 @@ def failed():
 def finish():
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
     return 1 if counts["fail"] else SKIP_RC if counts["skip"] else 0
+
+
+def serve(bin_path, args, log):
+    """`dflash serve ARGS --port 0` with its output in log (an open file): (process,
+    its URL once /health answers 200, or None when it never listened)."""
+    p = subprocess.Popen([bin_path, "serve", *args, "--host", "127.0.0.1", "--port", "0"],
+                         stdout=log, stderr=subprocess.STDOUT)
+    url = None
+    for _ in range(600):
+        with open(log.name) as f:
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", f.read())
+        if m:
+            url = m.group(1)
+            break
+        if p.poll() is not None:
+            break
+        time.sleep(0.1)
+    for _ in range(600 if url else 0):   # listening; loaded once /health answers 200
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    return p, url
+
+
+def stop(p):
+    """SIGTERM, then the exit code (killed after 60 s)."""
+    p.terminate()
+    try:
+        return p.wait(60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return p.wait()

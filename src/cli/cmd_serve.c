@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "server/server.h"
@@ -47,6 +48,9 @@ static void usage(FILE *f) {
             "                          as OpenAI's API; 0 makes them greedy)\n"
             "  --reasoning-format F    deepseek (default): a <think> block of a chat answer goes\n"
             "                          out as reasoning_content; none: all of it is content\n"
+            "  --path DIR              serve the web page's files from DIR instead of the\n"
+            "                          compiled-in chat page (web/index.html)\n"
+            "  --no-webui              no web page at / (the API only)\n"
             "  --replay-tau X          benchmarks only: a greedy request whose prompt was\n"
             "                          answered before replays that answer as the drafter's\n"
             "                          proposals at mean acceptance length X (bench/bench_serve.py)\n");
@@ -82,6 +86,10 @@ int cmd_serve(int argc, char **argv) {
             o.draft_mtp = 1;
             continue;
         }
+        if (!strcmp(a, "--no-webui")) {
+            o.no_webui = 1;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "dflash serve: unknown option or missing value: %s\n\n", a);
             usage(stderr);
@@ -99,6 +107,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o.threads = cli_int(a, v, 0, 1024);
         else if (!strcmp(a, "--api-key")) o.api_key = *v ? v : NULL;
         else if (!strcmp(a, "--alias")) o.alias = v;
+        else if (!strcmp(a, "--path")) o.web_path = v;
         else if (!strcmp(a, "--cors")) o.cors = v;
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--chat-template-file")) o.chat_template = cli_chat_template_file(v);
@@ -131,6 +140,11 @@ int cmd_serve(int argc, char **argv) {
     if (o.http_threads > o.max_conns) {   /* each MHD thread takes a share of the connections */
         fprintf(stderr, "dflash serve: --threads-http %d is more than --max-connections %d\n",
                 o.http_threads, o.max_conns);
+        return 2;
+    }
+    struct stat st;
+    if (o.web_path && (stat(o.web_path, &st) || !S_ISDIR(st.st_mode))) {
+        fprintf(stderr, "dflash serve: --path %s: not a folder\n", o.web_path);
         return 2;
     }
     /* the built-in model brings its drafter, as in generate */

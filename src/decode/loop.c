@@ -65,12 +65,14 @@ typedef struct run {
     int pending;          /* classic rows whose features wait in feat rows 1.. */
 } run;
 
-/* Commits token id chosen from logits row; returns nonzero when it ends generation. */
-static int commit(run *r, int32_t id, const float *row) {
+/* Commits token id chosen from logits row, produced as kind (DFL_TOKEN_*);
+ * returns nonzero when it ends generation. */
+static int commit(run *r, int32_t id, int kind, const float *row) {
     const dfl_loop_opts *o = r->o;
     dfl_token_info ti;
     memset(&ti, 0, sizeof ti);
     ti.id = id;
+    ti.kind = kind;
     if (!o->no_logprob || o->n_top_logprobs > 0)
         dfl_logprobs(row, r->q->t->c.vocab, id, o->n_top_logprobs, &ti);
     r->gen++;
@@ -87,6 +89,10 @@ static void count_round(run *r, int B, int a, int emitted) {
         st->classic_steps++;
         return;
     }
+    /* A stop inside the accepted drafts ends the round early: the drafts after
+     * it were never committed, and are not counted, so `accepted` is the number
+     * of tokens the caller saw as DFL_TOKEN_DRAFT. */
+    a = imin(a, emitted);
     st->rounds++;
     st->proposed += B - 1;
     st->accepted += a;
@@ -163,8 +169,9 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     int emitted = 0;
     for (int i = 1; i <= a + 1; i++) {
         int32_t id = i <= a ? block[i] : tgt[a];
+        int kind = B == 1 ? DFL_TOKEN_CLASSIC : i <= a ? DFL_TOKEN_DRAFT : DFL_TOKEN_BONUS;
         emitted++;
-        if (commit(r, id, q->logits + (size_t)(i - 1) * vocab)) break;
+        if (commit(r, id, kind, q->logits + (size_t)(i - 1) * vocab)) break;
     }
     /* Rows 0..kept-1 hold the anchor and the committed drafts; the rest
      * (rejected drafts) leave the target cache, and only the kept rows'

@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -23,6 +25,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -507,6 +510,53 @@ static enum MHD_Result post_detokenize(srv_server *srv, struct MHD_Connection *c
     return reply_json(srv, c, 200, r);
 }
 
+/* ---- the web page ------------------------------------------------------------------ */
+
+/* The page's response: the compiled-in web/index.html at / (and /index.html), or
+ * with --path a regular file of that folder (NULL: no such file, 404). The
+ * file is opened non-blocking so a FIFO planted there cannot stall an
+ * event-loop thread; anything but a regular file is refused. */
+static struct MHD_Response *static_response(srv_server *srv, const char *url, const char **ctype) {
+    if (!srv->o.web_path) {
+        if (strcmp(url, "/") && strcmp(url, "/index.html")) return NULL;
+        *ctype = "text/html; charset=utf-8";
+        return MHD_create_response_from_buffer(srv_webui_index_len, (void *)srv_webui_index,
+                                               MHD_RESPMEM_PERSISTENT);
+    }
+    char path[PATH_MAX + SRV_STATIC_URL_MAX];   /* --path's folder, then the URL */
+    if (srv_static_path(srv->o.web_path, url, path, sizeof path)) return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return NULL;
+    }
+    *ctype = srv_static_type(path);
+    struct MHD_Response *r = MHD_create_response_from_fd((uint64_t)st.st_size, fd);   /* owns fd */
+    if (!r) close(fd);
+    return r;
+}
+
+/* GET of a path no endpoint has: the page's files (no API key: they hold no
+ * data, and the page asks for the key the API needs), else 404. */
+static enum MHD_Result get_static(srv_server *srv, struct MHD_Connection *c, const char *url) {
+    const char *ctype = NULL;
+    struct MHD_Response *r = srv->o.no_webui ? NULL : static_response(srv, url, &ctype);
+    if (!r) return fail(srv, c, 404, "not_found", "no endpoint %.200s", url);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    if (!srv->o.web_path)   /* the page's own script and style only; it calls this server */
+        MHD_add_response_header(r, "Content-Security-Policy",
+                                "default-src 'self'; script-src 'unsafe-inline'; "
+                                "style-src 'unsafe-inline'; img-src 'self' data:");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    srv_metrics_http(&srv->m, 200);
+    return ret;
+}
+
 /* ---- routing --------------------------------------------------------------------- */
 
 /* "Authorization: Bearer KEY", compared in constant time. */
@@ -574,9 +624,10 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
                               const char *method, conn_ctx *cc) {
     int want_post = 0;
     route r = find_route(url, &want_post);
+    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (r == R_NONE && is_get) return get_static(srv, c, url);
     if (r == R_NONE) return fail(srv, c, 404, "not_found", "no endpoint %.200s", url);
     if (srv->o.cors && !strcmp(method, "OPTIONS")) return preflight(srv, c, want_post);
-    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (want_post ? strcmp(method, "POST") : !is_get) {
         srv_err e;
         srv_errf(&e, 405, NULL, "%s %s is not supported; use %s", method, url,

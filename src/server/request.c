@@ -138,6 +138,7 @@ void srv_job_unref(srv_job *j) {
     srv_think_free(&j->think);
     srv_buf_free(&j->reasoning);
     srv_buf_free(&j->text);
+    srv_buf_free(&j->prov);
     srv_buf_free(&j->out);
     cJSON_Delete((cJSON *)j->lp);
     pthread_mutex_destroy(&j->mu);
@@ -327,6 +328,7 @@ static int parse_common(srv_job *j, const cJSON *root, srv_err *e) {
     if (get_int(root, "best_of", 1, 1, &i, e) < 0)
         return srv_errf(e, 400, "best_of", "'best_of' must be 1");
     if (get_bool(root, "stream", &j->stream, e) < 0) return -1;
+    if (get_bool(root, "return_provenance", &j->provenance, e) < 0) return -1;
     cJSON *so = field(root, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so))
@@ -618,7 +620,7 @@ static const char *const known_common[] = {
     "model", "n", "best_of", "stream", "stream_options", "stop", "seed", "temperature", "top_p",
     "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
     "logit_bias", "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens",
-    "ignore_eos", "block_size", "spec_accept", "typical",
+    "ignore_eos", "block_size", "spec_accept", "typical", "return_provenance",
     "user", /* an end-user id: OpenAI keeps it for abuse monitoring; it changes no output */
     "response_format",
 };

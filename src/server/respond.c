@@ -163,6 +163,20 @@ static void add_stats(cJSON *o, const srv_job *j) {
     cJSON_AddStringToObject(d, "note", s->note);
 }
 
+/* ---- provenance ------------------------------------------------------------------- */
+
+void srv_emit_kind(srv_job *j, const dfl_token_info *tok) {
+    int k = tok->kind;
+    if (j->provenance) srv_buf_put(&j->prov, &SRV_PROV_LETTERS[k >= 0 && k <= 2 ? k : 0], 1);
+}
+
+/* Choice c takes the letters not sent yet (the buffer is NUL-terminated). */
+static void add_prov(srv_job *j, cJSON *c) {
+    if (!j->provenance || j->prov.len == j->prov_sent) return;
+    cJSON_AddStringToObject(c, "provenance", j->prov.p + j->prov_sent);
+    j->prov_sent = j->prov.len;
+}
+
 /* ---- events -------------------------------------------------------------------- */
 
 void srv_emit_begin(srv_job *j) {
@@ -224,6 +238,7 @@ void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, siz
         }
     }
     cJSON_AddNullToObject(c, "finish_reason");
+    add_prov(j, c);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     if (j->include_usage) cJSON_AddNullToObject(o, "usage");
     put_json(j, o, 1);
@@ -312,6 +327,7 @@ static void end_stream(srv_job *j, const srv_err *fail) {
         else cJSON_AddStringToObject(c, "text", "");
         cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
+        add_prov(j, c);
         cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
         if (j->include_usage) cJSON_AddNullToObject(o, "usage");
         add_stats(o, j);
@@ -380,6 +396,7 @@ static cJSON *whole_choice(srv_job *j) {
         }
     }
     cJSON_AddStringToObject(c, "finish_reason", finish_name(j));
+    add_prov(j, c);
     return c;
 }
 

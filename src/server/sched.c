@@ -304,6 +304,7 @@ static int on_token(void *ud, const dfl_token_info *tok) {
     srv_server *srv = j->srv;
     if (cancelled(j)) return 1;
     j->n_gen++;
+    srv_emit_kind(j, tok);
     if (c->s->n_hist < srv->info.ctx_size) c->s->hist[c->s->n_hist++] = tok->id;
     srv_metrics_tokens(&srv->m, 1);
     char piece[4096];

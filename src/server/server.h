@@ -7,6 +7,7 @@
  *   respond.c  srv_job events -> OpenAI response / SSE chunk JSON
  *   sched.c    slots (one dfl_session each), the bounded queue, worker threads
  *   metrics.c  counters and their Prometheus text
+ *   static.c   the web page's files: --path URL -> file, content types
  *   http.c     libmicrohttpd glue: routing, auth, limits, streaming, shutdown
  *
  * A request's life: the HTTP thread parses and tokenizes it into a srv_job and
@@ -49,6 +50,9 @@ typedef struct srv_opts {
     double default_temp;       /* temperature when a request gives none */
     int reasoning;             /* split <think> blocks into reasoning_content (default 1) */
     double replay_tau;         /* > 0: benchmarks' replayed drafter (dfl_gen_params.replay_*) */
+    const char *web_path;      /* --path: the page's files come from this folder; NULL:
+                                  the compiled-in web/index.html */
+    int no_webui;              /* --no-webui: no page at all (/ is a 404) */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);
@@ -87,6 +91,23 @@ void srv_json_err(struct srv_err *e, int why, int max);
 double srv_now(void);
 /* Compares a secret with a candidate in time that depends only on the secret's length. */
 int srv_secret_equal(const char *secret, const char *given);
+
+/* ---- static.c: the web page ------------------------------------------------ */
+
+/* web/index.html, compiled in (the build writes it as a C array: cmake/embed.cmake). */
+extern const unsigned char srv_webui_index[];
+extern const size_t srv_webui_index_len;
+
+enum { SRV_STATIC_URL_MAX = 1024 };   /* longer URLs name no file */
+/* The file under root that url names, into out (cap bytes); a URL ending in '/'
+ * names that folder's index.html. -1 for anything but a plain path below root:
+ * no leading '/', a segment that is empty or starts with '.' ("..", ".", hidden
+ * files), a backslash or control character, over SRV_STATIC_URL_MAX, or a
+ * result longer than cap. */
+int srv_static_path(const char *root, const char *url, char *out, size_t cap);
+/* The Content-Type for a file's name (by extension; application/octet-stream
+ * when unknown). */
+const char *srv_static_type(const char *path);
 
 /* ---- stop.c ---------------------------------------------------------------- */
 
@@ -212,6 +233,8 @@ typedef struct srv_job {
     int32_t *bias_ids;
     float *bias_vals;
     int user_block;               /* block_size came from the request */
+    int provenance;               /* return_provenance: each choice says how its tokens
+                                     were made (respond.c, SRV_PROV_LETTERS) */
     srv_stop stop;                /* its strings; the worker owns the held text */
     /* Structured output (response_format, or a required / named tool call): the
      * answer must be fmt_prefix, then one JSON value that fmt_schema accepts (NULL:
@@ -244,6 +267,8 @@ typedef struct srv_job {
     size_t text_off;              /* bytes of text released so far */
     void *lp;                     /* non-stream: cJSON array of logprob entries */
     srv_toolp toolp;              /* finds tool calls in the answer (tools, choice not none) */
+    srv_buf prov;                 /* provenance: a letter per committed token */
+    size_t prov_sent;             /* stream: letters of prov already sent */
     void *calls;                  /* cJSON array of the tool_calls sent or to send */
 
     /* ---- shared, under mu ---- */
@@ -318,6 +343,13 @@ char *srv_apply_template(srv_server *srv, const char *body, size_t len, srv_err 
 
 /* respond.c: what the worker emits. All append to j->out under j->mu. */
 void srv_emit_begin(srv_job *j);
+/* A committed token's kind (dfl_token_info.kind), kept for its choice's
+ * "provenance" (with return_provenance): one letter per token, 'c' a classic
+ * step, 'd' an accepted draft, 'b' a round's bonus. A stream sends each letter
+ * with the first chunk after its token (tokens without text of their own wait
+ * for the next chunk: the final one at the latest). */
+#define SRV_PROV_LETTERS "cdb"
+void srv_emit_kind(srv_job *j, const dfl_token_info *tok);
 /* text: answer text; reason (may be NULL): reasoning text (chat only). */
 void srv_emit_token(srv_job *j, const dfl_token_info *tok, const char *text, size_t n,
                     const char *reason, size_t rn);

@@ -1,7 +1,8 @@
 /* unit.c - the server's text pieces against plain references: the stop-string
  * matcher (random texts, stops and token splits vs a naive search of the text
- * so far), UTF-8 checks, the JSON nesting scan, the secret compare.
- * Built and run by tests/test_server_unit.sh with src/server/{stop,text}.c. */
+ * so far), UTF-8 checks, the JSON nesting scan, the secret compare, the web
+ * page's URL -> file rules (--path) and content types.
+ * Built and run by tests/test_server_unit.sh with src/server/{stop,text,static}.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,7 +224,42 @@ static void test_think(void) {
     }
 }
 
+/* --path: a URL names a file below the folder, or nothing. */
+static void test_static(void) {
+    static const struct {
+        const char *url, *want;   /* want NULL: refused */
+    } cases[] = {
+        {"/", "/w/index.html"},           {"/index.html", "/w/index.html"},
+        {"/a/b.css", "/w/a/b.css"},       {"/a/", "/w/a/index.html"},
+        {"/..", NULL},                    {"/../etc/passwd", NULL},
+        {"/a/../../x", NULL},             {"/a/./b", NULL},
+        {"/.env", NULL},                  {"/a/.git/config", NULL},
+        {"//etc/passwd", NULL},           {"/a//b", NULL},
+        {"", NULL},                       {"a.html", NULL},
+        {"/a\\..\\b", NULL},              {"/a\nb", NULL},
+        {"/a\x7f", NULL},                 {"/ok..name", "/w/ok..name"},
+    };
+    char out[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = srv_static_path("/w", cases[i].url, out, sizeof out);
+        if (cases[i].want) CHECK(rc == 0 && !strcmp(out, cases[i].want), "%s -> %s", cases[i].url, out);
+        else CHECK(rc == -1, "%s is refused", cases[i].url);
+    }
+    char big[SRV_STATIC_URL_MAX + 8];
+    memset(big, 'a', sizeof big - 1);
+    big[0] = '/', big[sizeof big - 1] = 0;
+    CHECK(srv_static_path("/w", big, out, sizeof out) == -1, "an over-long URL is refused");
+    CHECK(srv_static_path("/w", "/abcdefghijklmnopqrstuvwxyz/abcdefghijklmnopqrstuvwxyz/abcdefghij", out,
+                          sizeof out) == -1, "a path longer than the buffer is refused");
+    CHECK(!strcmp(srv_static_type("/w/index.HTML"), "text/html; charset=utf-8") &&
+          !strcmp(srv_static_type("/w/app.js"), "text/javascript; charset=utf-8") &&
+          !strcmp(srv_static_type("/w/x.png"), "image/png") &&
+          !strcmp(srv_static_type("/w.d/noext"), "application/octet-stream") &&
+          !strcmp(srv_static_type("/w/a.exe"), "application/octet-stream"), "content types");
+}
+
 int main(void) {
+    test_static();
     test_think();
     test_stop_cases();
     test_stop_random();
