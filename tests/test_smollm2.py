@@ -17,10 +17,8 @@ import os
 import re
 import subprocess
 import sys
-import time
-import urllib.request
 
-from testlib import check, finish, missing
+from testlib import check, finish, missing, serve
 
 SRC = os.environ.get("DFLASH_SRC") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("DFLASH_BIN") or os.path.join(SRC, "build", "dflash")
@@ -81,25 +79,8 @@ def cli_checks(tmp):
 
 def start_server(log):
     """serve with the pair on a free port: (process, its URL once loaded, or None)."""
-    p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--draft", DRAFT, "--host", "127.0.0.1",
-                          "--port", "0", "-t", "2"], stdout=log, stderr=subprocess.STDOUT)
-    url = None
-    for _ in range(600):
-        with open(log.name) as f:
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", f.read())
-        if m:
-            url = m.group(1)
-            break
-        if p.poll() is not None:
-            break
-        time.sleep(0.1)
-    for _ in range(600 if url else 0):   # listening; loaded once /health answers 200
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
-                break
-        except OSError:
-            time.sleep(0.1)
-    return p, url
+    return serve([BIN, "serve", "-m", MODEL, "--draft", DRAFT, "--host", "127.0.0.1",
+                  "--port", "0", "-t", "2"], log, health_s=60)
 
 
 def server_checks(tmp):

@@ -34,3 +34,34 @@ def failed():
 def finish():
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
     return 1 if counts["fail"] else SKIP_RC if counts["skip"] else 0
+
+
+def serve(cmd, log, health_s=60):
+    """Starts cmd (a `dflash serve ... --host 127.0.0.1 --port P` command line)
+    with its output to the open file log; returns (process, its URL once
+    /health answers 200, or None when it never listened or never loaded)."""
+    import re
+    import subprocess
+    import time
+    import urllib.request
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = None
+    for _ in range(600):
+        with open(log.name) as f:
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", f.read())
+        if m:
+            url = m.group(1)
+            break
+        if p.poll() is not None:
+            return p, None
+        time.sleep(0.1)
+    end = time.monotonic() + health_s
+    while url and time.monotonic() < end:   # listening; loaded once /health answers 200
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
+                return p, url
+        except OSError:
+            if p.poll() is not None:
+                break
+            time.sleep(0.1)
+    return p, None
