@@ -2,7 +2,7 @@
 # Installs what dflash needs on a fresh Debian machine, and nothing that is
 # already there:
 #  - Debian packages (the C toolchain and libraries, and tools the tests use:
-#    prometheus for promtool, valgrind, clang, tmux);
+#    prometheus for promtool, valgrind, clang, tmux, haproxy for the replica test);
 #  - one Python virtual environment, $DFLASH_VENV (default build/venv), from the
 #    pinned requirements.txt. The tests' oracles live there: transformers and
 #    torch (CPU use; PyPI's wheel also brings CUDA libraries, installed once per
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-      python3 python3-venv python3-pip clang valgrind prometheus tmux curl unzip)
+      python3 python3-venv python3-pip clang valgrind prometheus tmux haproxy curl unzip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
