@@ -45,15 +45,18 @@ MODEL = os.environ.get("DFLASH_SMOLLM2") or os.path.join(
     SRC, "build", "smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 CFG = os.path.join(SRC, "deploy", "haproxy.cfg")
 NAMES = ("r1", "r2", "r3")
-REPLICA = ["-m", MODEL, "-t", "1", "--parallel", "4", "--shutdown-grace", "60"]
+# Eight slots: the five load clients and a pinned pair never queue on one replica, so
+# the pair is running (not queued) when the kill or the drain lands.
+REPLICA = ["-m", MODEL, "-t", "1", "-c", "1024", "--parallel", "8", "--shutdown-grace", "60"]
 SHORT = 12          # max_tokens of the background load
-LONG = 160          # of the requests a kill or a drain must land in (about 2-4 s here)
+LONG = 240          # of the requests a kill or a drain must land in (about 3-6 s here)
 CLIENT_TIMEOUT = 60
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
 def http(url, body=None, timeout=10):
-    """(status, headers, text) of a GET, or of a POST of body (a dict)."""
+    """(status, headers, text) of a GET, or of a POST of body (a dict); status 0 when the
+    connection failed (text says why)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
     try:
@@ -61,6 +64,8 @@ def http(url, body=None, timeout=10):
             return r.status, dict(r.headers), r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read().decode()
+    except OSError as e:
+        return 0, {}, f"{type(e).__name__}: {e}"
 
 
 def wait_for(cond, limit_s, step=0.1):
@@ -118,9 +123,8 @@ class Balancer:
 
     def servers(self):
         """The backend's rows of the stats CSV by name (r1.., BACKEND); {} when unreachable."""
-        try:
-            _, _, text = http(f"http://{self.stats_addr}/stats;csv", timeout=5)
-        except OSError:
+        code, _, text = http(f"http://{self.stats_addr}/stats;csv", timeout=5)
+        if code != 200:
             return {}
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
         return {row["svname"]: row for row in rows if row["pxname"] == "dflash"}
@@ -231,11 +235,12 @@ def affinity(cl):
 def pinned_pair(cl, session):
     """A long stream and a long non-streamed request on session's replica, both
     running when this returns; (threads and their result boxes)."""
+    pl = in_thread(cl.ask, LONG, session=session)
+    time.sleep(0.3)
     first = threading.Event()
     st = in_thread(cl.ask, LONG, session=session, stream=True, first=first)
-    first.wait(CLIENT_TIMEOUT)
-    pl = in_thread(cl.ask, LONG, session=session)
-    time.sleep(0.5)   # the non-streamed request is past the balancer and generating
+    first.wait(CLIENT_TIMEOUT)   # the stream, sent after it, generates: so does the other
+    time.sleep(0.3)
     return st, pl
 
 
@@ -276,7 +281,7 @@ def drain(cl, lb, victim, session):
     victim.p.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     code, _, text = http(victim.url + "/health")
-    check(code == 503 and json.loads(text or "{}").get("status") == "draining",
+    check(code == 503 and text == '{"status":"draining"}',
           f"drain: {victim.name}'s /health answers 503 draining ({code} {text})")
     code, hdrs, text = http(victim.url + "/v1/chat/completions", cl.raw_body(4))
     check(code == 503 and hdrs.get("Retry-After") == "1",
@@ -340,8 +345,11 @@ def main():
                 return finish()
             cl = Clients(f"http://{lb.api}")
             # The reference answer, straight from one replica.
-            ref = http(reps[0].url + "/v1/chat/completions", cl.raw_body(LONG), timeout=CLIENT_TIMEOUT)
-            reference = json.loads(ref[2])["choices"][0]["message"]["content"]
+            code, _, text = http(reps[0].url + "/v1/chat/completions", cl.raw_body(LONG),
+                                 timeout=CLIENT_TIMEOUT)
+            if not check(code == 200, f"the reference answer ({code} {text[:200]})"):
+                return finish()
+            reference = json.loads(text)["choices"][0]["message"]["content"]
             by = affinity(cl)
             if not all(by.values()):
                 return finish()
