@@ -3,7 +3,8 @@ deploy/haproxy.cfg as shipped (only its addresses come from the environment),
 all on 127.0.0.1, with concurrent openai clients (threads, streaming and not):
 
 - affinity: the same X-Session-Id header, or the same OpenAI `user` field,
-  reaches the same replica, and the keys spread over all three;
+  reaches the same replica, and the keys spread over all three; a chat's
+  second turn finds its first turn's tokens in that replica's prefix cache;
 - kill -9 a replica mid-run: every non-streamed request completes (HAProxy
   retries it on another replica; a long one cut mid-generation comes back
   with the same greedy text), a stream cut on the dead replica ends with an
@@ -154,9 +155,10 @@ class Clients:
         self.mu = threading.Lock()
         self.results = []
 
-    def body(self, n, user=None):
+    def body(self, n, user=None, messages=None):
         b = {"model": self.model, "temperature": 0, "max_tokens": n,
-             "messages": [{"role": "user", "content": PROMPT}], "extra_body": {"ignore_eos": True}}
+             "messages": messages or [{"role": "user", "content": PROMPT}],
+             "extra_body": {"ignore_eos": True}}
         if user:
             b["user"] = user
         return b
@@ -166,15 +168,16 @@ class Clients:
         b = self.body(n)
         return {**{k: v for k, v in b.items() if k != "extra_body"}, **b["extra_body"]}
 
-    def ask(self, n, session=None, user=None, stream=False, first=None):
-        """One request; returns its record: kind, session, replica, ok, text, finish, error, t0, t1.
-        first (an Event) is set when a stream's first content arrives."""
+    def ask(self, n, session=None, user=None, stream=False, first=None, messages=None):
+        """One request; returns its record: kind, session, replica, ok, text, finish, error, t0,
+        t1, and usage (prompt, cached) when not streamed. first (an Event) is set when a stream's
+        first content arrives."""
         rec = {"kind": "stream" if stream else "plain", "session": session or user, "replica": None,
                "ok": False, "text": "", "finish": None, "error": None, "t0": time.monotonic()}
         hdr = {"X-Session-Id": session} if session else None
         try:
             raw = self.c.chat.completions.with_raw_response.create(
-                **self.body(n, user), stream=stream, extra_headers=hdr)
+                **self.body(n, user, messages), stream=stream, extra_headers=hdr)
             rec["replica"] = raw.headers.get("x-dflash-replica")
             out = raw.parse()
             if stream:
@@ -186,6 +189,8 @@ class Clients:
                         first.set()
             else:
                 rec["text"], rec["finish"] = out.choices[0].message.content, out.choices[0].finish_reason
+                details = out.usage.prompt_tokens_details
+                rec["usage"] = (out.usage.prompt_tokens, details.cached_tokens if details else 0)
             rec["ok"] = rec["finish"] == "length"
             if not rec["ok"]:
                 rec["error"] = f"ended without a finish_reason ({rec['finish']})"
@@ -229,6 +234,17 @@ def affinity(cl):
              for i in range(6)]
     check(all(a and a == b for a, b in users) and len({a for a, _ in users}) > 1,
           f"affinity: the body's `user` field sticks and spreads: {users}")
+    # A second turn reaches the replica of the first, whose slot holds the first turn's tokens.
+    turns = []
+    for i in range(3):
+        chat = [{"role": "user", "content": f"{PROMPT} Number {i}."}]
+        a = cl.ask(16, user=f"talk-{i}", messages=chat)
+        chat += [{"role": "assistant", "content": a["text"]}, {"role": "user", "content": "Go on."}]
+        b = cl.ask(16, user=f"talk-{i}", messages=chat)
+        turns.append((a["replica"], b["replica"], a.get("usage"), b.get("usage")))
+    print(f"two-turn chats (replica 1, replica 2, (prompt, cached) 1, 2): {turns}")
+    check(all(ra and ra == rb and ub and ub[1] >= ua[0] for ra, rb, ua, ub in turns),
+          f"affinity: a second turn reuses the first turn's cache (replicas, (prompt, cached)): {turns}")
     return by
 
 
