@@ -2,8 +2,8 @@
 # Installs what dflash needs on a fresh Debian machine, and nothing that is
 # already there:
 #  - Debian packages (the C toolchain and libraries, and tools the tests use:
-#    prometheus for promtool, valgrind, clang, tmux, chromium and its driver for
-#    the web page's browser test);
+#    prometheus for promtool, valgrind, clang, tmux, haproxy for the replica test,
+#    chromium and its driver for the web page's browser test);
 #  - one Python virtual environment, $DFLASH_VENV (default build/venv), from the
 #    pinned requirements.txt. The tests' oracles live there: transformers and
 #    torch (CPU use; PyPI's wheel also brings CUDA libraries, installed once per
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-      python3 python3-venv python3-pip clang valgrind prometheus tmux curl unzip
+      python3 python3-venv python3-pip clang valgrind prometheus tmux haproxy curl unzip
       chromium chromium-driver)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -40,28 +40,33 @@ def finish():
     return 1 if counts["fail"] else SKIP_RC if counts["skip"] else 0
 
 
-def serve(bin_path, args, log):
-    """`dflash serve ARGS --port 0` with its output in log (an open file): (process,
-    its URL once /health answers 200, or None when it never listened)."""
-    p = subprocess.Popen([bin_path, "serve", *args, "--host", "127.0.0.1", "--port", "0"],
-                         stdout=log, stderr=subprocess.STDOUT)
+def serve(bin_path, args, log, health_s=60):
+    """`dflash serve ARGS` with its output in log (an open file), on 127.0.0.1 and
+    a free port unless args name --port: (process, its URL once /health answers
+    200, or None when it never listened or never loaded within health_s)."""
+    extra = [] if "--port" in args else ["--host", "127.0.0.1", "--port", "0"]
+    p = subprocess.Popen([bin_path, "serve", *args, *extra], stdout=log,
+                         stderr=subprocess.STDOUT)
     url = None
     for _ in range(600):
         with open(log.name) as f:
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", f.read())
+            m = re.search(r"listening on (http://\S+)", f.read())
         if m:
             url = m.group(1)
             break
         if p.poll() is not None:
-            break
+            return p, None
         time.sleep(0.1)
-    for _ in range(600 if url else 0):   # listening; loaded once /health answers 200
+    end = time.monotonic() + health_s
+    while url and time.monotonic() < end:   # listening; loaded once /health answers 200
         try:
             if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
-                break
+                return p, url
         except OSError:
+            if p.poll() is not None:
+                break
             time.sleep(0.1)
-    return p, url
+    return p, None
 
 
 def stop(p):

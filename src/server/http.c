@@ -635,6 +635,9 @@ static enum MHD_Result handle(srv_server *srv, struct MHD_Connection *c, const c
         return reply_err(srv, c, &e);
     }
     if (r == R_HEALTH) {
+        /* A balancer's health check: a draining replica gets no new traffic. */
+        if (srv_draining(srv))
+            return reply(srv, c, 503, "application/json", strdup("{\"status\":\"draining\"}"));
         if (!srv_ready(srv)) return fail(srv, c, 503, "loading", "Loading model%s", "");
         return reply(srv, c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
     }
@@ -984,8 +987,10 @@ int srv_main(const srv_opts *o) {
     if (sig) fprintf(stderr, "dflash serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     else code = 1;
 
+    /* Draining keeps listening: /health answers 503 "draining" and new
+     * requests 503 with Retry-After, so a balancer moves the traffic to
+     * other replicas while the running requests finish here. */
     __atomic_store_n(&srv->draining, 1, __ATOMIC_RELEASE);
-    MHD_socket lfd = MHD_quiesce_daemon(d);   /* no new connections */
     pthread_join(ld.th, NULL);
     if (__atomic_load_n(&ld.done, __ATOMIC_ACQUIRE) > 0) {
         /* Queued requests are refused; running ones get the grace period (a
@@ -1006,7 +1011,6 @@ int srv_main(const srv_opts *o) {
     MHD_stop_daemon(d);
     __atomic_store_n(&H.stop, 1, __ATOMIC_RELEASE);
     pthread_join(H.watcher, NULL);
-    if (lfd != MHD_INVALID_SOCKET) close(lfd);
     if (srv->e) dfl_engine_free(srv->e);
     fprintf(stderr, "dflash serve: stopped\n");
     return code;
