@@ -358,6 +358,9 @@ typedef struct srv_metrics {
     uint64_t rule_rounds[3], rule_proposed[3], rule_accepted[3], rule_committed[3];
     uint64_t rule_tokens[3];
     double rule_t_decode[3];
+    /* the same per lane that drafted (DFL_LANE_*: the drafter, the n-gram lane) */
+    uint64_t lane_rounds[DFL_LANES], lane_proposed[DFL_LANES], lane_accepted[DFL_LANES];
+    uint64_t lane_committed[DFL_LANES];
     double win_t0;              /* start of the current 1-second bucket */
     uint64_t win[10];           /* tokens generated per second, last 10 seconds */
     int win_pos;
