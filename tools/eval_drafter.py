@@ -9,7 +9,9 @@ Prompts are the first --words words of documents (separated by --sep) from
 --first-doc on: text the drafter was not trained on when the capture used
 --max-docs below it. Each prompt runs through `dflash generate` once per
 mode -- classic (--block-size 1, no drafter), N (a fixed block), auto (the
-adaptive block) -- temperature and, above temperature 0, acceptance rule
+adaptive block), ngram (the n-gram lane alone, adaptive: --ngram, no
+drafter), and N+ngram / auto+ngram (the drafter and the n-gram lane, the
+policy picking per round) -- temperature and, above temperature 0, acceptance rule
 (--spec-accept), with --stats-json. Reported per mode:
 tau (tokens committed per verify round, the bonus included), acceptance by
 block position (drafts accepted / proposed, pooled over prompts, each
@@ -53,10 +55,15 @@ def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="e
                "--print-token-ids", *extra]
         if threads:
             cmd += ["-t", str(threads)]
+        base = mode[:-len("+ngram")] if mode.endswith("+ngram") else mode
         if mode == "classic":
             cmd += ["--draft", "none", "--block-size", "1"]
+        elif mode == "ngram":
+            cmd += ["--draft", "none", "--ngram", "--block-size", "auto", "--spec-accept", rule]
         else:
-            cmd += ["--draft", draft, "--block-size", mode, "--spec-accept", rule]
+            cmd += ["--draft", draft, "--block-size", base, "--spec-accept", rule]
+            if base != mode:
+                cmd += ["--ngram"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"eval_drafter: {' '.join(cmd)}: {r.stderr.strip()[-1000:]}")
@@ -80,6 +87,16 @@ def pool(stats):
                  if len(s["acceptance_by_position"]) > i]
             acc.append(round(sum(a * r for a, r in w) / max(1, sum(r for _, r in w)), 3))
         out["acceptance_by_position"] = acc
+    lanes = {}
+    for s in stats:
+        for name, l in s.get("lanes", {}).items():
+            t = lanes.setdefault(name, {"rounds": 0, "committed": 0})
+            t["rounds"] += l["rounds"]
+            t["committed"] += l["committed"]
+    lanes = {k: {"rounds": v["rounds"], "tau": round(v["committed"] / v["rounds"], 3)}
+             for k, v in lanes.items() if v["rounds"]}
+    if len(lanes) > 1 or "ngram" in lanes:
+        out["lanes"] = lanes
     return out
 
 

@@ -67,7 +67,7 @@ static void cal_free(cal *c) {
 
 /* The largest block a lane's table is measured to. */
 static int cal_cap(const dfl_engine *e, const dfl_costs *costs, int draft, int bmax) {
-    int m = e->max_block;
+    int m = draft ? dfl_engine_draft_block(e) : e->max_block;
     if (e->t->max_rows < m) m = e->t->max_rows;
     if (draft && e->d->max_rows < m) m = e->d->max_rows;
     if (!draft && DFL_NGRAM_MAX_DRAFT + 1 < m) m = DFL_NGRAM_MAX_DRAFT + 1;

@@ -68,7 +68,9 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     if (o->draft_path) {
         rc = dfl_drafter_load(o->draft_path, e->t, &lo, &e->d, err);
         if (rc) return rc;
-        if (!o->max_block && e->d->block_size < e->max_block) e->max_block = e->d->block_size;
+        /* the n-gram lane keeps the default: its matches run longer than a drafter's block */
+        if (!o->max_block && !o->ngram && e->d->block_size < e->max_block)
+            e->max_block = e->d->block_size;
     }
     int max_ctx = e->t->c.max_ctx;
     e->ctx_size = o->ctx_size > 0 ? o->ctx_size : (max_ctx < 4096 ? max_ctx : 4096);
@@ -76,6 +78,12 @@ static int load_models(dfl_engine *e, dfl_error *err) {
         return dfl_fail(err, DFL_EARG, "--ctx-size %d exceeds the model's context of %d",
                         e->ctx_size, max_ctx);
     return 0;
+}
+
+int dfl_engine_draft_block(const dfl_engine *e) {
+    int b = e->max_block;
+    if (e->d && !e->opts.max_block && e->d->block_size < b) b = e->d->block_size;
+    return b;
 }
 
 /* The kernel path (dfl_engine_opts.isa): process-wide, see kernels.h. */

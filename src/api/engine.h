@@ -43,6 +43,11 @@ struct dfl_session {
     dfl_ngram *ng;           /* the n-gram lane's history (NULL without opts.ngram) */
 };
 
+/* The drafter lane's largest block: the drafter's trained block unless
+ * max_block was given (the engine's max_block may be larger, for the
+ * n-gram lane). */
+int dfl_engine_draft_block(const dfl_engine *e);
+
 /* ---- the exactness probe (probe.c) ---------------------------------------- */
 
 /* Runs ids[0..n-1) then, one row at a time, the anchor ids[n-1] and its

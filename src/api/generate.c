@@ -175,6 +175,8 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     int32_t *path = NULL;
     if (e->d && s->ds) {
         dfl_dflash_proposer_init(&dp, e->d, s->ds);
+        if (dp.base.max_block > dfl_engine_draft_block(e))
+            dp.base.max_block = dfl_engine_draft_block(e);
         q.pr = &dp.base;
         if (p->replay_ref && !smp) q.pr = replay(&rp, &dp, e, prompt, n_prompt, p, &path);
     }
