@@ -123,6 +123,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--check", action="store_true", help="speculative output must equal classic")
     ap.add_argument("--json", help="write the report here too")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run every mode on a prompt before the next prompt (A/B alternated)")
     a = ap.parse_args(argv)
     binary = a.bin
     if not binary:
@@ -142,26 +144,31 @@ def main(argv=None):
     for temp in [float(x) for x in a.temps.split(",")]:
         texts = {}
         rules = a.rules.split(",") if temp > 0 else ["exact"]
-        for rule in rules:
-            for mode in a.modes.split(","):
-                if mode == "classic" and rule != rules[0]:
-                    continue   # classic decode has no acceptance rule
-                stats = []
-                for i, p in enumerate(prompts):
-                    text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
-                                       a.threads, rule, extra)
-                    texts[(mode, i)] = text
-                    stats.append(s)
-                    if a.check and rule == "exact" and mode != "classic" and \
-                            ("classic", i) in texts and text != texts[("classic", i)]:
-                        print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}",
-                              file=sys.stderr)
-                        bad += 1
-                r = pool(stats)
-                key = f"temp={temp:g} block={mode}" + (f" rule={rule}" if mode != "classic" and
-                                                       temp > 0 else "")
-                report["runs"][key] = r
-                print(f"{key}: {json.dumps(r)}", flush=True)
+        runs = [(rule, mode) for rule in rules for mode in a.modes.split(",")
+                if not (mode == "classic" and rule != rules[0])]  # classic has no rule
+        stats = {run: [] for run in runs}
+        # --interleave: every mode on a prompt before the next prompt, so a
+        # shared machine's load changes weigh on all modes alike
+        order = ([(run, i) for i in range(len(prompts)) for run in runs] if a.interleave else
+                 [(run, i) for run in runs for i in range(len(prompts))])
+        for (rule, mode), i in order:
+            p = prompts[i]
+            text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
+                               a.threads, rule, extra)
+            texts[(mode, rule, i)] = text
+            stats[(rule, mode)].append(s)
+            ref = texts.get(("classic", rules[0], i))
+            if a.check and rule == "exact" and mode != "classic" and ref is not None and \
+                    text != ref:
+                print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}", file=sys.stderr)
+                bad += 1
+            if len(stats[(rule, mode)]) < len(prompts):
+                continue
+            r = pool(stats[(rule, mode)])
+            key = f"temp={temp:g} block={mode}" + (f" rule={rule}" if mode != "classic" and
+                                                   temp > 0 else "")
+            report["runs"][key] = r
+            print(f"{key}: {json.dumps(r)}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
