@@ -76,6 +76,9 @@ typedef struct dfl_engine_opts {
                                  dotprod); a path the CPU lacks
                                  is an error. Process-wide: the last engine loaded sets it.
                                  Every path gives the same bits. The CLI: DFLASH_ISA=... */
+    int ngram;                /* the n-gram lane too: drafts by prompt lookup (the tokens that
+                                 followed the last few tokens' latest earlier occurrence),
+                                 with or without a drafter; the policy picks a lane per round */
     dfl_progress_fn progress;
     void *progress_ud;
 } dfl_engine_opts;
@@ -106,6 +109,7 @@ typedef struct dfl_model_info {
     int draft_mtp;         /* the drafter is the target's MTP head (one token per step) */
     int draft_block;       /* drafter's trained block size (MTP: the default max block) */
     int draft_layers;
+    int ngram;             /* the n-gram lane is on (dfl_engine_opts.ngram) */
     int n_threads;
     uint64_t n_params;     /* target parameters (matrices, embeddings, norms, biases) */
     char simd[16];         /* kernel path in use: "avx512", "avx2" or "generic" (the plain-C
@@ -206,6 +210,12 @@ void dfl_gen_params_default(dfl_gen_params *p);
 
 enum { DFL_MAX_POS_STATS = 64 };
 
+/* The proposers a round's drafts may come from: the loaded drafter (DFlash,
+ * DFlash2 or an MTP head) and the n-gram lane (dfl_engine_opts.ngram). */
+enum { DFL_LANE_DRAFTER = 0, DFL_LANE_NGRAM = 1, DFL_LANES = 2 };
+/* "drafter", "ngram": the names stats and /metrics give the lanes. */
+const char *dfl_lane_name(int lane);
+
 typedef struct dfl_stats {
     int n_prompt, n_gen;
     int n_cached;                    /* prompt tokens whose cache the session already held */
@@ -225,6 +235,9 @@ typedef struct dfl_stats {
     uint64_t resampled;              /* rejection: rounds ended by a residual draw */
     uint64_t shared_forwards;        /* decode forwards that carried other sequences' rows */
     uint64_t shared_rows;            /* those rows, summed over them */
+    /* rounds, proposed, accepted and committed by the lane that drafted (DFL_LANE_*) */
+    uint64_t lane_rounds[DFL_LANES], lane_proposed[DFL_LANES], lane_accepted[DFL_LANES];
+    uint64_t lane_committed[DFL_LANES];
 } dfl_stats;
 
 /* Why dfl_generate returned 0. The stop token itself (EOS/EOT or one of

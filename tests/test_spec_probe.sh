@@ -48,7 +48,8 @@ chain() { # target drafter block n prompt -> "rounds committed" from probe and f
         grep -o '"rounds": [0-9]*, "committed": [0-9]*' | grep -o '[0-9]*' | tr '\n' ' ')
     "$BIN" generate -m "$1" --draft "$2" -p "$5" -n "$4" --ignore-eos -t 2 --block-size "$3" -q \
         --stats-json "$tmp/st.json" >/dev/null 2>&1
-    l=$(grep -o '"rounds": [0-9]*\|"committed": [0-9]*' "$tmp/st.json" | grep -o '[0-9]*' | tr '\n' ' ')
+    # the totals come first; "lanes" repeats the keys per lane after them
+    l=$(grep -o '"rounds": [0-9]*\|"committed": [0-9]*' "$tmp/st.json" | head -2 | grep -o '[0-9]*' | tr '\n' ' ')
     check "[ -n \"\$p\" ] && [ \"\$p\" = \"\$l\" ]" "chain $3/$4 on $(basename "$1"): probe {$p} generate {$l}"
 }
 chain "$tmp/t" "$tmp/d" 8 40 "hello there, how"

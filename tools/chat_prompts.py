@@ -11,6 +11,11 @@ position, so the evaluation prompts use passages the drafter never saw.
     tools/chat_prompts.py --shared ../shared --train N --out-train train.jsonl \
         --eval 20 --out-eval eval.jsonl
 Writes JSON lines {"prompt": "..."}; deterministic for a given --seed.
+
+    tools/chat_prompts.py --shared ../shared --edit --eval 20 --out-eval edit.jsonl
+writes editing prompts instead, over held-out story passages: fix the typos
+put into a passage, or repeat it with a name replaced. Their answers repeat
+the prompt: the workload of the n-gram lane (prompt lookup).
 """
 import argparse
 import glob
@@ -126,6 +131,32 @@ def build(shared, seed):
     return train, held
 
 
+NAMES = ["Sam", "Mia", "Ben", "Zoe", "Max", "Ava"]
+
+
+def typos(p, rng, rate=0.06):
+    """Swaps two inner letters of about rate of the words (longer than 3 letters)."""
+    out = []
+    for w in p.split(" "):
+        if len(w) > 3 and w.isalpha() and rng.random() < rate:
+            i = rng.randrange(1, len(w) - 2)
+            w = w[:i] + w[i + 1] + w[i] + w[i + 2:]
+        out.append(w)
+    return " ".join(out)
+
+
+def edit_prompt(p, rng):
+    """An editing instruction over passage p whose answer is p again, nearly."""
+    caps = [w.strip(".,!?\"'") for w in p.split()]
+    names = [w for w in set(caps) if w[:1].isupper() and w.isalpha() and len(w) > 2 and
+             caps.count(w) >= 2 and w not in ("The", "She", "They", "One", "When", "But")]
+    if names and rng.random() < 0.5:
+        a = sorted(names)[0]
+        b = rng.choice([n for n in NAMES if n != a])
+        return f'Repeat this story exactly, but with every "{a}" replaced by "{b}":\n\n{p}'
+    return f"Fix the typos in this text and write it out in full:\n\n{typos(p, rng)}"
+
+
 def sample(pools, n, rng, weights):
     names = list(pools)
     out = []
@@ -141,12 +172,24 @@ def main():
     ap.add_argument("--shared", default="../shared")
     ap.add_argument("--train", type=int, default=2000)
     ap.add_argument("--eval", type=int, default=20)
-    ap.add_argument("--out-train", required=True)
+    ap.add_argument("--out-train")
+    ap.add_argument("--edit", action="store_true",
+                    help="editing prompts over held-out stories (--eval of them to --out-eval)")
     ap.add_argument("--out-eval", required=True)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     rng = random.Random(a.seed)
     train, held = build(a.shared, a.seed)
+    if a.edit:
+        items = held["story"][0]
+        rows = [{"prompt": edit_prompt(p, rng), "source": "edit"}
+                for p in rng.sample(items, min(a.eval, len(items)))]
+        with open(a.out_eval, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        return
+    if not a.out_train:
+        raise SystemExit("chat_prompts: --out-train is needed (or --edit)")
     weights = {"story": 4, "verse": 1, "prose": 1, "quote": 2, "topic": 2}
     for path, rows in ((a.out_train, sample(train, a.train, rng, weights)),
                        (a.out_eval, sample(held, a.eval, rng, weights))):

@@ -9,7 +9,9 @@ Prompts are the first --words words of documents (separated by --sep) from
 --first-doc on: text the drafter was not trained on when the capture used
 --max-docs below it. Each prompt runs through `dflash generate` once per
 mode -- classic (--block-size 1, no drafter), N (a fixed block), auto (the
-adaptive block) -- temperature and, above temperature 0, acceptance rule
+adaptive block), ngram (the n-gram lane alone, adaptive: --ngram, no
+drafter), and N+ngram / auto+ngram (the drafter and the n-gram lane, the
+policy picking per round) -- temperature and, above temperature 0, acceptance rule
 (--spec-accept), with --stats-json. Reported per mode:
 tau (tokens committed per verify round, the bonus included), acceptance by
 block position (drafts accepted / proposed, pooled over prompts, each
@@ -53,10 +55,15 @@ def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="e
                "--print-token-ids", *extra]
         if threads:
             cmd += ["-t", str(threads)]
+        base = mode[:-len("+ngram")] if mode.endswith("+ngram") else mode
         if mode == "classic":
             cmd += ["--draft", "none", "--block-size", "1"]
+        elif mode == "ngram":
+            cmd += ["--draft", "none", "--ngram", "--block-size", "auto", "--spec-accept", rule]
         else:
-            cmd += ["--draft", draft, "--block-size", mode, "--spec-accept", rule]
+            cmd += ["--draft", draft, "--block-size", base, "--spec-accept", rule]
+            if base != mode:
+                cmd += ["--ngram"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"eval_drafter: {' '.join(cmd)}: {r.stderr.strip()[-1000:]}")
@@ -80,6 +87,16 @@ def pool(stats):
                  if len(s["acceptance_by_position"]) > i]
             acc.append(round(sum(a * r for a, r in w) / max(1, sum(r for _, r in w)), 3))
         out["acceptance_by_position"] = acc
+    lanes = {}
+    for s in stats:
+        for name, l in s.get("lanes", {}).items():
+            t = lanes.setdefault(name, {"rounds": 0, "committed": 0})
+            t["rounds"] += l["rounds"]
+            t["committed"] += l["committed"]
+    lanes = {k: {"rounds": v["rounds"], "tau": round(v["committed"] / v["rounds"], 3)}
+             for k, v in lanes.items() if v["rounds"]}
+    if len(lanes) > 1 or "ngram" in lanes:
+        out["lanes"] = lanes
     return out
 
 
@@ -106,6 +123,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--check", action="store_true", help="speculative output must equal classic")
     ap.add_argument("--json", help="write the report here too")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run every mode on a prompt before the next prompt (A/B alternated)")
     a = ap.parse_args(argv)
     binary = a.bin
     if not binary:
@@ -125,26 +144,31 @@ def main(argv=None):
     for temp in [float(x) for x in a.temps.split(",")]:
         texts = {}
         rules = a.rules.split(",") if temp > 0 else ["exact"]
-        for rule in rules:
-            for mode in a.modes.split(","):
-                if mode == "classic" and rule != rules[0]:
-                    continue   # classic decode has no acceptance rule
-                stats = []
-                for i, p in enumerate(prompts):
-                    text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
-                                       a.threads, rule, extra)
-                    texts[(mode, i)] = text
-                    stats.append(s)
-                    if a.check and rule == "exact" and mode != "classic" and \
-                            ("classic", i) in texts and text != texts[("classic", i)]:
-                        print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}",
-                              file=sys.stderr)
-                        bad += 1
-                r = pool(stats)
-                key = f"temp={temp:g} block={mode}" + (f" rule={rule}" if mode != "classic" and
-                                                       temp > 0 else "")
-                report["runs"][key] = r
-                print(f"{key}: {json.dumps(r)}", flush=True)
+        runs = [(rule, mode) for rule in rules for mode in a.modes.split(",")
+                if not (mode == "classic" and rule != rules[0])]  # classic has no rule
+        stats = {run: [] for run in runs}
+        # --interleave: every mode on a prompt before the next prompt, so a
+        # shared machine's load changes weigh on all modes alike
+        order = ([(run, i) for i in range(len(prompts)) for run in runs] if a.interleave else
+                 [(run, i) for run in runs for i in range(len(prompts))])
+        for (rule, mode), i in order:
+            p = prompts[i]
+            text, s = generate(binary, a.model, a.draft, p, a.n, mode, temp, a.seed + i,
+                               a.threads, rule, extra)
+            texts[(mode, rule, i)] = text
+            stats[(rule, mode)].append(s)
+            ref = texts.get(("classic", rules[0], i))
+            if a.check and rule == "exact" and mode != "classic" and ref is not None and \
+                    text != ref:
+                print(f"MISMATCH temp {temp} mode {mode} prompt {i} {p!r}", file=sys.stderr)
+                bad += 1
+            if len(stats[(rule, mode)]) < len(prompts):
+                continue
+            r = pool(stats[(rule, mode)])
+            key = f"temp={temp:g} block={mode}" + (f" rule={rule}" if mode != "classic" and
+                                                   temp > 0 else "")
+            report["runs"][key] = r
+            print(f"{key}: {json.dumps(r)}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -68,7 +68,9 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     if (o->draft_path) {
         rc = dfl_drafter_load(o->draft_path, e->t, &lo, &e->d, err);
         if (rc) return rc;
-        if (!o->max_block && e->d->block_size < e->max_block) e->max_block = e->d->block_size;
+        /* the n-gram lane keeps the default: its matches run longer than a drafter's block */
+        if (!o->max_block && !o->ngram && e->d->block_size < e->max_block)
+            e->max_block = e->d->block_size;
     }
     int max_ctx = e->t->c.max_ctx;
     e->ctx_size = o->ctx_size > 0 ? o->ctx_size : (max_ctx < 4096 ? max_ctx : 4096);
@@ -76,6 +78,12 @@ static int load_models(dfl_engine *e, dfl_error *err) {
         return dfl_fail(err, DFL_EARG, "--ctx-size %d exceeds the model's context of %d",
                         e->ctx_size, max_ctx);
     return 0;
+}
+
+int dfl_engine_draft_block(const dfl_engine *e) {
+    int b = e->max_block;
+    if (e->d && !e->opts.max_block && e->d->block_size < b) b = e->d->block_size;
+    return b;
 }
 
 /* The kernel path (dfl_engine_opts.isa): process-wide, see kernels.h. */
@@ -175,6 +183,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
         info->draft_block = e->d->block_size;
         info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
     }
+    info->ngram = e->opts.ngram;
 }
 
 /* ---- sessions ----------------------------------------------------------- */
@@ -193,6 +202,10 @@ int dfl_session_new(dfl_engine *e, dfl_session **out, dfl_error *err) {
         s->dlogits = dfl_aligned_alloc((size_t)e->max_block * c->vocab * sizeof(float));
         s->feat = dfl_aligned_alloc((size_t)e->t->max_rows * e->d->n_cap * c->dim * sizeof(float));
     }
+    if (e->opts.ngram) {
+        s->ng = xcalloc(1, sizeof *s->ng);
+        dfl_ngram_init(s->ng, e->ctx_size);
+    }
     *out = s;
     return 0;
 }
@@ -205,6 +218,8 @@ void dfl_session_free(dfl_session *s) {
     free(s->logits);
     free(s->dlogits);
     free(s->feat);
+    if (s->ng) dfl_ngram_free(s->ng);
+    free(s->ng);
     free(s);
 }
 
@@ -216,6 +231,10 @@ int dfl_session_copy_prefix(dfl_session *dst, const dfl_session *src, int n) {
         if (m < n) dfl_dstore_truncate(dst->ds, 0);   /* the next prompt feeds it again */
     }
     memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
+    if (dst->ng) {   /* the n-gram lane's history is the sequence's tokens */
+        memcpy(dst->ng->tok, src->hist, (size_t)n * sizeof(int32_t));
+        dst->ng->len = n;
+    }
     return n;
 }
 
@@ -228,6 +247,7 @@ int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap,
                             t->c.n_layers - 1);
     dfl_kv_truncate(s->kv, 0);
     if (s->ds) dfl_dstore_truncate(s->ds, 0);
+    if (s->ng) s->ng->len = 0;
     int rc = dfl_target_forward(t, s->kv, ids, n, 0, logits, cap, n_cap, feat, err);
     if (!rc) memcpy(s->hist, ids, (size_t)n * sizeof(int32_t));
     return rc;

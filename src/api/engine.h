@@ -22,10 +22,12 @@ struct dfl_engine {
     int probe_state[DFL_MAX_BLOCK + 1]; /* exactness per block size: 0 unknown, 1 exact, -1 not */
     pthread_mutex_t mu;      /* guards the memo below (probe_state, costs) across sessions */
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
+    dfl_costs costs_ngram;   /* the same for the n-gram lane's rounds (no drafter pass) */
     dfl_policy carry;        /* greedy requests' acceptance evidence, handed from one
                                 request to the next (dfl_loop_opts.carry) */
     dfl_policy carry_replay; /* the same for replayed requests (benchmarks): their
                                 acceptance is the replay's, not the drafter's */
+    dfl_policy carry_ngram;  /* the n-gram lane's evidence, as carry */
     struct dfl_fmt_vocab *fmt_vocab; /* the vocabulary sorted for structured output,
                                         made by the first dfl_format_new (under mu) */
 };
@@ -38,7 +40,13 @@ struct dfl_session {
     float *logits;           /* (max_block, vocab) */
     float *dlogits;          /* (max_block, vocab) drafter rows */
     float *feat;             /* (max_rows, n_cap*dim) captured features */
+    dfl_ngram *ng;           /* the n-gram lane's history (NULL without opts.ngram) */
 };
+
+/* The drafter lane's largest block: the drafter's trained block unless
+ * max_block was given (the engine's max_block may be larger, for the
+ * n-gram lane). */
+int dfl_engine_draft_block(const dfl_engine *e);
 
 /* ---- the exactness probe (probe.c) ---------------------------------------- */
 

@@ -61,6 +61,10 @@ void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *
         o->need_dlogits = 1, o->redraft = redraft_format;
 }
 
+const char *dfl_lane_name(int lane) {
+    return lane == DFL_LANE_NGRAM ? "ngram" : lane == DFL_LANE_DRAFTER ? "drafter" : "?";
+}
+
 int dfl_gen_is_greedy(const dfl_gen_params *p) {
     return p->temperature <= 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
            p->frequency_penalty == 0 && p->n_bias == 0 && !p->format;
@@ -91,7 +95,7 @@ static void note(dfl_stats *st, const char *msg) {
  * speculation cannot be both exact and useful. */
 static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl_error *err) {
     dfl_engine *e = s->e;
-    if (!e->d || !s->ds) {
+    if ((!e->d || !s->ds) && !s->ng) {
         if (p->block_size > 1) note(st, "no drafter loaded: classic decode");
         return 1;
     }
@@ -103,7 +107,7 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
         note(st, "block size capped at the engine's max block");
         bmax = e->max_block;
     }
-    if (bmax > e->d->max_rows) bmax = e->d->max_rows;
+    if (e->d && s->ds && bmax > e->d->max_rows) bmax = e->d->max_rows;
     if (bmax > e->t->max_rows) bmax = e->t->max_rows;
     if (bmax < 2) return 1;
     int exact = 0;
@@ -167,16 +171,24 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                  .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block};
     dfl_dflash_proposer dp;
     dfl_replay_proposer rp;
+    dfl_ngram_proposer np;
     int32_t *path = NULL;
     if (e->d && s->ds) {
         dfl_dflash_proposer_init(&dp, e->d, s->ds);
+        if (dp.base.max_block > dfl_engine_draft_block(e))
+            dp.base.max_block = dfl_engine_draft_block(e);
         q.pr = &dp.base;
         if (p->replay_ref && !smp) q.pr = replay(&rp, &dp, e, prompt, n_prompt, p, &path);
     }
+    if (s->ng && !path) {   /* (a replay measures the drafter alone) */
+        dfl_ngram_proposer_init(&np, s->ng);
+        q.ng = &np.base;
+    }
     pthread_mutex_lock(&e->mu);
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
+    if (!e->costs_ngram.max_block) dfl_costs_init(&e->costs_ngram, e->max_block);
     /* adaptive: round costs measured once per engine before the first round */
-    if (block == 0 && q.pr) rc = dfl_spec_calibrate(e, 0, err);
+    if (block == 0 && (q.pr || q.ng)) rc = dfl_spec_calibrate(e, 0, err);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0) {
         dfl_sampler_free(smp);
@@ -186,22 +198,26 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     dfl_loop_opts o = {.block = block, .is_stop = is_stop, .stop_ud = &sp,
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
                        .no_logprob = p->no_logprob, .costs = &e->costs,
+                       .costs_ngram = &e->costs_ngram,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */
-    dfl_policy carry, *kept = q.pr && q.pr != &dp.base ? &e->carry_replay : &e->carry;
+    dfl_policy carry, carry_ng, *kept = path ? &e->carry_replay : &e->carry;
     int carried = !smp;
     if (carried) {
         pthread_mutex_lock(&e->mu);
         carry = *kept;
+        carry_ng = e->carry_ngram;
         pthread_mutex_unlock(&e->mu);
         o.carry = &carry;
+        o.carry_ngram = &carry_ng;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
-    if (carried && carry.max_block) {
+    if (carried) {
         pthread_mutex_lock(&e->mu);
-        *kept = carry;
+        if (carry.max_block) *kept = carry;
+        if (carry_ng.max_block) e->carry_ngram = carry_ng;
         pthread_mutex_unlock(&e->mu);
     }
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;

@@ -28,6 +28,8 @@ static void help(void) {
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter (needed for the spec section)\n"
         "  --draft-mtp            the model's own MTP head as the drafter instead\n"
+        "  --ngram                the n-gram lane too in the rules section's real requests\n"
+        "                         (the spec section's replays measure the drafter alone)\n"
         "  --types LIST           weight types to convert to at load and measure, e.g.\n"
         "                         bf16,q8_0 (default: auto, the file's own); the spec and\n"
         "                         ctx sections use the first\n"

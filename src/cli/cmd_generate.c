@@ -23,6 +23,10 @@ static void help(void) {
         "                         when the built-in model is used; 'none' turns it off)\n"
         "  --draft-mtp            draft with the model's own MTP head (mtp.* of a Qwen3.5 /\n"
         "                         Qwen3-Next folder): --block-size N drafts N-1 tokens\n"
+        "  --ngram                also draft by prompt lookup (the n-gram lane: the tokens\n"
+        "                         that followed the last few tokens earlier in the text),\n"
+        "                         with or without a drafter; each round goes to the lane\n"
+        "                         that promises more tokens per second\n"
         "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k\n"
         "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
         "  --kv-type f16|f32      K/V cache elements (default f16: half the memory)\n"
@@ -263,6 +267,13 @@ static void print_stats(const dfl_stats *s) {
         if (tt > 0)
             fprintf(stderr, "round time: draft %.1f%%, verify %.1f%%, other %.1f%%\n",
                     100 * s->t_draft / tt, 100 * s->t_verify / tt, 100 * s->t_other / tt);
+        for (int l = 0; l < DFL_LANES; l++)
+            if (s->lane_rounds[l])
+                fprintf(stderr, "lane %s: %llu rounds, %llu of %llu drafts accepted, tau %.2f\n",
+                        dfl_lane_name(l), (unsigned long long)s->lane_rounds[l],
+                        (unsigned long long)s->lane_accepted[l],
+                        (unsigned long long)s->lane_proposed[l],
+                        (double)s->lane_committed[l] / s->lane_rounds[l]);
         fprintf(stderr, "acceptance by position:");
         for (int i = 0; i < DFL_MAX_POS_STATS && s->pos_proposed[i]; i++)
             fprintf(stderr, " %d:%.2f", i + 1, (double)s->pos_accepted[i] / s->pos_proposed[i]);
@@ -297,7 +308,13 @@ static void write_stats_json(const char *path, const dfl_stats *s, const dfl_mod
     fprintf(f, "  \"acceptance_by_position\": [");
     for (int i = 0; i < DFL_MAX_POS_STATS && s->pos_proposed[i]; i++)
         fprintf(f, "%s%.4f", i ? ", " : "", (double)s->pos_accepted[i] / s->pos_proposed[i]);
-    fprintf(f, "],\n  \"exact_checked\": %d, \"note\": \"", s->exact_checked);
+    fprintf(f, "],\n  \"lanes\": {");
+    for (int l = 0; l < DFL_LANES; l++)
+        fprintf(f, "%s\"%s\": {\"rounds\": %llu, \"proposed\": %llu, \"accepted\": %llu, "
+                   "\"committed\": %llu}", l ? ", " : "", dfl_lane_name(l),
+                (unsigned long long)s->lane_rounds[l], (unsigned long long)s->lane_proposed[l],
+                (unsigned long long)s->lane_accepted[l], (unsigned long long)s->lane_committed[l]);
+    fprintf(f, "},\n  \"exact_checked\": %d, \"note\": \"", s->exact_checked);
     for (const char *p = s->note; *p; p++)
         if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
         else if ((unsigned char)*p >= 0x20) fputc(*p, f);

@@ -26,6 +26,9 @@ static void help(void) {
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter folder or .gguf ('none': no drafter)\n"
         "  --draft-mtp            the model's own MTP head as the drafter\n"
+        "  --ngram                also generate -n tokens with the n-gram lane (and the\n"
+        "                         drafter, if any) and compare them id for id with classic\n"
+        "                         decode, greedy and sampled (exact rule, seeded)\n"
         "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k)\n"
         "  --block-size B         rows of the verify block (default: the drafter's, else 16)\n"
         "  -p, --prompt TEXT      prompt text (default: a fixed short sequence of ids)\n"
@@ -104,6 +107,75 @@ static void print_json_str(const char *s) {
     putchar('"');
 }
 
+/* ---- --ngram: the lane end to end ------------------------------------------------ */
+
+typedef struct idbuf {
+    int32_t *ids;
+    int n, cap;
+} idbuf;
+
+static int on_id(void *ud, const dfl_token_info *t) {
+    idbuf *b = ud;
+    if (b->n < b->cap) b->ids[b->n] = t->id;
+    b->n++;
+    return 0;
+}
+
+/* cap tokens after ids on a fresh session: classic (block 1) or adaptive (0). */
+static int run_ids(dfl_engine *e, const int32_t *ids, int n, int block, float temperature,
+                   idbuf *out, dfl_stats *st, dfl_error *err) {
+    dfl_session *s;
+    int rc = dfl_session_new(e, &s, err);
+    if (rc) return rc;
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    p.max_tokens = out->cap;
+    p.ignore_eos = 1;
+    p.no_logprob = 1;
+    p.block_size = block;
+    p.temperature = temperature;
+    out->n = 0;
+    rc = dfl_generate(s, ids, n, &p, on_id, out, st, err);
+    dfl_session_free(s);
+    return rc;
+}
+
+/* Classic and speculative (the n-gram lane, and the drafter when loaded)
+ * outputs of n_gen tokens, greedy and sampled with the exact rule: equal
+ * id for id, or the lane is not exact. Prints the verdict as JSON; returns
+ * 1 when they differ. */
+enum { PROBE_TEMPERATURE_X10 = 8 };   /* the sampled arm's temperature, 0.8 */
+
+static int ngram_check(dfl_engine *e, const int32_t *ids, int n, int n_gen, dfl_error *err) {
+    int32_t fixed[] = {1, 2, 3, 4, 1, 2, 3, 4};   /* repeats: the lane has a match */
+    if (!ids) ids = fixed, n = 8;
+    idbuf a = {malloc(sizeof(int32_t) * n_gen), 0, n_gen}, b = {malloc(sizeof(int32_t) * n_gen), 0, n_gen};
+    dfl_stats sa, sb;
+    int equal[2] = {0, 0}, rc = 0;
+    uint64_t rounds = 0, accepted = 0, proposed = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        float temp = k ? PROBE_TEMPERATURE_X10 / 10.0f : 0.0f;
+        rc = run_ids(e, ids, n, 1, temp, &a, &sa, err);
+        if (!rc) rc = run_ids(e, ids, n, 0, temp, &b, &sb, err);
+        if (rc) break;
+        equal[k] = a.n == b.n && !memcmp(a.ids, b.ids, sizeof(int32_t) * (a.n < n_gen ? a.n : n_gen));
+        rounds += sb.lane_rounds[DFL_LANE_NGRAM];
+        accepted += sb.lane_accepted[DFL_LANE_NGRAM];
+        proposed += sb.lane_proposed[DFL_LANE_NGRAM];
+    }
+    free(a.ids), free(b.ids);
+    if (rc) return rc;
+    printf(",\n \"ngram\": {\"tokens\": %d, \"greedy_equal\": %s, \"sampled_equal\": %s, "
+           "\"rounds\": %llu, \"proposed\": %llu, \"accepted\": %llu}", n_gen,
+           equal[0] ? "true" : "false", equal[1] ? "true" : "false", (unsigned long long)rounds,
+           (unsigned long long)proposed, (unsigned long long)accepted);
+    fprintf(stderr, "ngram: %d tokens greedy and sampled (exact rule, temperature 0.%d): %s; "
+                    "the lane drafted %llu rounds, %llu of %llu drafts accepted\n", n_gen,
+            PROBE_TEMPERATURE_X10, equal[0] && equal[1] ? "equal to classic" : "DIFFERENT",
+            (unsigned long long)rounds, (unsigned long long)accepted, (unsigned long long)proposed);
+    return equal[0] && equal[1] ? 0 : 1;
+}
+
 int cmd_probe(int argc, char **argv) {
     opts o = {0};
     parse(&o, argc, argv);
@@ -123,6 +195,7 @@ int cmd_probe(int argc, char **argv) {
     dfl_probe_result r;
     int rc = dfl_probe(e, ids, n, block, &r, json, cap, &err);
     dfl_draft_report dr;
+    int ngram_bad = 0;
     if (!rc && mi.has_draft) rc = dfl_probe_draft(e, ids, n, block, o.n_gen, &dr, djson, cap, &err);
     if (rc) {
         fprintf(stderr, "dflash probe: %s\n", err.msg);
@@ -132,6 +205,11 @@ int cmd_probe(int argc, char **argv) {
         printf(", \"dtype\": \"%s\", \"threads\": %d,\n \"probe\": %s", mi.dtype, mi.n_threads,
                json);
         if (mi.has_draft) printf(",\n \"drafter\": %s", djson);
+        if (mi.ngram) {
+            int got = ngram_check(e, ids, n, o.n_gen, &err);
+            if (got < 0) fprintf(stderr, "dflash probe: --ngram: %s\n", err.msg);
+            ngram_bad = got != 0;
+        }
         printf("}\n");
         fprintf(stderr, "probe: block %d, %llu of %llu logit bytes differ, max |diff| %g, %d "
                         "argmax disagreements: %s\n", r.block,
@@ -155,5 +233,5 @@ int cmd_probe(int argc, char **argv) {
     }
     free(json), free(djson), free(ids);
     dfl_engine_free(e);
-    return rc || r.bytes_differ || r.state_bytes_differ ? 1 : 0;
+    return rc || ngram_bad || r.bytes_differ || r.state_bytes_differ ? 1 : 0;
 }

@@ -16,6 +16,8 @@ static void usage(FILE *f) {
             "  --draft-mtp             draft with the model's own MTP head (mtp.* of a\n"
             "                          Qwen3.5 / Qwen3-Next folder) instead; a request's\n"
             "                          block_size sets its drafts + 1\n"
+            "  --ngram                 also draft by prompt lookup (the n-gram lane), with or\n"
+            "                          without a drafter; /metrics counts rounds by lane\n"
             "  --host ADDR             listen address (default 127.0.0.1; only this one)\n"
             "  --port N                TCP port (default 8080; 0 picks a free one)\n"
             "  -np, --parallel N       slots: requests generating at once (default 1)\n"
@@ -84,6 +86,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--draft-mtp")) {
             o.draft_mtp = 1;
+            continue;
+        }
+        if (!strcmp(a, "--ngram")) {
+            o.ngram = 1;
             continue;
         }
         if (!strcmp(a, "--no-webui")) {

@@ -15,6 +15,7 @@
 #define DFL_DECODE_H
 
 #include "draft/draft.h"
+#include "draft/ngram.h"
 #include "models/model.h"
 #include "decode/policy.h"
 
@@ -41,6 +42,10 @@ struct dfl_proposer {
      * of passes it shared with others), or NULL: the loop then charges the wall
      * time of its calls. Last, so initializers that predate it leave it NULL. */
     double (*spent)(const dfl_proposer *p);
+    /* Drafts it can offer after anchor at pos (== len()) this round; 0 when
+     * it has nothing worth a verify (the lane then sits the round out), or
+     * NULL: max_block - 1 always. Cheap: called before the policy decides. */
+    int (*offer)(dfl_proposer *p, int32_t anchor, int pos);
 };
 
 /* The DFlash drafter behind the seam (src/decode/propose.c). */
@@ -53,6 +58,19 @@ typedef struct dfl_dflash_proposer {
 void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s);
 /* Rows of the block the proposer drafts for a verify of B rows (>= B). */
 int dfl_dflash_draft_rows(const dfl_drafter *d, const dfl_dstore *s, int B);
+
+/* The n-gram lane (prompt lookup) behind the seam (src/decode/propose.c):
+ * no model and no features; the sequence's committed tokens in g. A
+ * round's lookup is made once, by offer, and draft hands it out. */
+typedef struct dfl_ngram_proposer {
+    dfl_proposer base;
+    dfl_ngram *g;
+    int32_t found[DFL_NGRAM_MAX_DRAFT];   /* the last lookup's drafts ... */
+    int found_pos, found_n;               /* ... anchored at found_pos (-1: none) */
+    int32_t found_anchor;
+} dfl_ngram_proposer;
+
+void dfl_ngram_proposer_init(dfl_ngram_proposer *p, dfl_ngram *g);
 
 /* ---- the acceptance seam ------------------------------------------------- */
 
@@ -83,12 +101,15 @@ typedef struct dfl_seq {
     int max_block;        /* rows logits holds */
     dfl_proposer *pr;     /* NULL without a drafter; kept in step with kv even
                              when a call decodes classically */
+    dfl_proposer *ng;     /* the n-gram lane, or NULL; kept in step as pr is */
 } dfl_seq;
 
 typedef struct dfl_loop_opts {
     int block;            /* 1: classic; N >= 2: speculate with blocks of N;
                              0: adaptive (policy, up to max_block) */
-    dfl_costs *costs;     /* measured round costs for the adaptive policy (shared) */
+    dfl_costs *costs;     /* measured round costs for the adaptive policy (shared):
+                             the drafter's rounds and classic steps */
+    dfl_costs *costs_ngram; /* the same for the n-gram lane's rounds (no drafter pass) */
     dfl_accept_fn accept; /* NULL: greedy */
     void *accept_ud;
     int need_dlogits;     /* the rule reads drafter logits */
@@ -106,6 +127,7 @@ typedef struct dfl_loop_opts {
     dfl_policy *carry;    /* NULL, or acceptance evidence from earlier calls: the policy
                              starts from it and leaves this call's in it (a server's
                              requests are alike; each would otherwise learn from the prior) */
+    dfl_policy *carry_ngram; /* the same for the n-gram lane */
 } dfl_loop_opts;
 
 /* A request's sampler behind the acceptance seam (generate.c): sets o's

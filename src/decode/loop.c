@@ -34,17 +34,34 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return i;
 }
 
+/* ---- lanes ---------------------------------------------------------------- */
+
+static dfl_proposer *lane_proposer(const dfl_seq *q, int lane) {
+    return lane == DFL_LANE_NGRAM ? q->ng : q->pr;
+}
+
+/* Features the verify forward captures: the drafter's, on every round
+ * whichever lane drafted it, since the drafter reads every committed row. */
+static int seq_ncap(const dfl_seq *q) { return q->pr && q->feat ? q->pr->n_cap : 0; }
+
+/* Every lane is fed every committed row: a lane that sat rounds out drafts
+ * from the whole sequence when its turn comes. feat: (n, n_cap*dim) rows. */
+static int feed_lanes(dfl_seq *q, const float *feat, const int32_t *tok, int n, dfl_error *err) {
+    int rc = q->pr ? q->pr->add_context(q->pr, seq_ncap(q) ? feat : NULL, tok, n, err) : 0;
+    if (!rc && q->ng) rc = q->ng->add_context(q->ng, NULL, tok, n, err);
+    return rc;
+}
+
 int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error *err) {
-    dfl_proposer *pr = q->pr;
-    feed = feed && pr;
-    int n_cap = feed && q->feat ? pr->n_cap : 0;
+    feed = feed && (q->pr || q->ng);
+    int n_cap = feed ? seq_ncap(q) : 0;
     for (int a = 0; a < n;) {
         int m = imin(n - a, q->t->max_rows), pos = q->kv->len;
-        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, n_cap ? pr->cap : NULL,
+        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, n_cap ? q->pr->cap : NULL,
                                     n_cap, q->feat, err);
         if (rc) return rc;
         memcpy(q->hist + pos, tok + a, (size_t)m * sizeof(int32_t));
-        if (feed && (rc = pr->add_context(pr, n_cap ? q->feat : NULL, tok + a, m, err))) return rc;
+        if (feed && (rc = feed_lanes(q, q->feat, tok + a, m, err))) return rc;
         a += m;
     }
     return 0;
@@ -83,7 +100,7 @@ static int commit(run *r, int32_t id, int kind, const float *row) {
     return r->stop != DFL_STOP_NONE;
 }
 
-static void count_round(run *r, int B, int a, int emitted) {
+static void count_round(run *r, int B, int lane, int a, int emitted) {
     dfl_stats *st = r->st;
     if (B == 1) {
         st->classic_steps++;
@@ -93,6 +110,10 @@ static void count_round(run *r, int B, int a, int emitted) {
      * it were never committed, and are not counted, so `accepted` is the number
      * of tokens the caller saw as DFL_TOKEN_DRAFT. */
     a = imin(a, emitted);
+    st->lane_rounds[lane]++;
+    st->lane_proposed[lane] += B - 1;
+    st->lane_accepted[lane] += a;
+    st->lane_committed[lane] += emitted;
     st->rounds++;
     st->proposed += B - 1;
     st->accepted += a;
@@ -111,26 +132,26 @@ static void count_round(run *r, int B, int a, int emitted) {
  * 0..B-1, and every block is preceded by a flush. */
 static int flush_pending(run *r, dfl_error *err) {
     dfl_seq *q = r->q;
-    dfl_proposer *pr = q->pr;
     if (!r->pending) return 0;
-    size_t fd = (size_t)pr->n_cap * q->t->c.dim;
+    size_t fd = (size_t)seq_ncap(q) * q->t->c.dim;
     int n = r->pending;
     r->pending = 0;
     /* the parked rows end at kv->len */
-    return pr->add_context(pr, q->feat && fd ? q->feat + fd : NULL, q->hist + q->kv->len - n, n,
-                           err);
+    return q->pr->add_context(q->pr, fd ? q->feat + fd : NULL, q->hist + q->kv->len - n, n, err);
 }
 
+/* A classic step's row: the n-gram lane takes it at once (its next lookup
+ * reads it, and costs nothing), the drafter's features wait parked. */
 static int park_row(run *r, dfl_error *err) {
     dfl_seq *q = r->q;
-    size_t fd = (size_t)q->pr->n_cap * q->t->c.dim;
-    if (q->feat && fd) memcpy(q->feat + fd * (1 + r->pending), q->feat, fd * sizeof(float));
+    int rc = q->ng ? q->ng->add_context(q->ng, NULL, q->hist + q->kv->len - 1, 1, err) : 0;
+    if (rc || !q->pr) return rc;
+    size_t fd = (size_t)seq_ncap(q) * q->t->c.dim;
+    if (fd) memcpy(q->feat + fd * (1 + r->pending), q->feat, fd * sizeof(float));
     r->pending++;
     return 1 + r->pending >= q->t->max_rows ? flush_pending(r, err) : 0;
 }
 
-/* Drafts B-1 tokens after the anchor (B > 1), verifies the block with
- * capture, commits, rolls back. Returns 0 or an error code. */
 /* What the forward of a round cost its sequence: its time alone, or, when it
  * carried other sequences' rows, the marginal cost of its own rows in that
  * batch (rows are cheap next to others while the weights' read dominates,
@@ -144,24 +165,29 @@ static double marginal(const dfl_target *t, const dfl_fwd *f, double call) {
     return f->seconds * f->n / (f->others + f->n);
 }
 
-static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err) {
+/* Drafts B-1 tokens after the anchor (B > 1) from the lane's proposer,
+ * verifies the block with capture, commits, rolls back. The n-gram lane has
+ * no distribution: its rounds run without drafter rows, so a rule that reads
+ * them (rejection) keeps the exact rule's choice there. */
+static int round_step(run *r, int B, int lane, int *accepted, double *cost, dfl_error *err) {
     dfl_seq *q = r->q;
-    dfl_proposer *pr = q->pr;
+    dfl_proposer *pr = lane_proposer(q, lane), *dr = q->pr;
     const dfl_loop_opts *o = r->o;
     dfl_target *t = q->t;
-    int vocab = t->c.vocab, pos = q->kv->len, rc;
+    int vocab = t->c.vocab, pos = q->kv->len, rc, by_drafter = lane == DFL_LANE_DRAFTER;
     int32_t block[DFL_MAX_BLOCK], tgt[DFL_MAX_BLOCK];
     block[0] = r->anchor;
-    float *dlog = o->need_dlogits ? q->dlogits : NULL;
-    double s0 = pr && pr->spent ? pr->spent(pr) : 0, t0 = dfl_now();
+    float *dlog = o->need_dlogits && by_drafter ? q->dlogits : NULL;
+    double s0 = dr && dr->spent ? dr->spent(dr) : 0, t0 = dfl_now();
     q->hist[pos] = r->anchor;   /* pos < cap: checked by the caller */
     if (B > 1 && (rc = flush_pending(r, err))) return rc;
     if (B > 1 && (rc = pr->draft(pr, r->anchor, pos, B, block + 1, dlog, err))) return rc;
-    if (B > 1 && o->redraft) o->redraft(o->accept_ud, dlog, B - 1, q->hist, pos, block + 1);
+    if (B > 1 && o->redraft && by_drafter)
+        o->redraft(o->accept_ud, dlog, B - 1, q->hist, pos, block + 1);
     double t1 = dfl_now();
-    int n_cap = r->spec && q->feat ? pr->n_cap : 0;
+    int n_cap = r->spec ? seq_ncap(q) : 0;
     dfl_fwd f = {.kv = q->kv, .tok = block, .n = B, .logits = q->logits,
-                 .cap = n_cap ? pr->cap : NULL, .n_cap = n_cap, .feat = q->feat};
+                 .cap = n_cap ? dr->cap : NULL, .n_cap = n_cap, .feat = q->feat};
     if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
     double t2 = dfl_now();
     dfl_accept_fn accept = o->accept ? o->accept : dfl_accept_greedy;
@@ -181,32 +207,60 @@ static int round_step(run *r, int B, int *accepted, double *cost, dfl_error *err
     dfl_kv_truncate(q->kv, pos + kept);
     double t3 = dfl_now();
     if (r->spec && B == 1) rc = park_row(r, err);
-    else if (r->spec) rc = pr->add_context(pr, n_cap ? q->feat : NULL, block, kept, err);
+    else if (r->spec) rc = feed_lanes(q, q->feat, block, kept, err);
     if (rc) return rc;
     double t4 = dfl_now();
     r->anchor = tgt[a];
     r->st->t_draft += (t1 - t0) + (t4 - t3);
     r->st->t_verify += t2 - t1;
-    count_round(r, B, a, emitted);
+    count_round(r, B, lane, a, emitted);
     *accepted = a;
     /* the drafter's passes, like the forward, at their marginal cost: its
-     * share of passes that carried other sequences' work */
-    double drafter = pr && pr->spent ? pr->spent(pr) - s0 : (t1 - t0) + (t4 - t3);
+     * share of passes that carried other sequences' work (the n-gram
+     * lookup's microseconds are left out) */
+    double drafter = dr && dr->spent ? dr->spent(dr) - s0 : (t1 - t0) + (t4 - t3);
     *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
 }
 
-/* The block for the next round: the policy's (or the pinned) size, shrunk
- * so it never passes the cache's end nor max_tokens. */
-static int pick_block(run *r, dfl_policy *pol) {
+/* The lane and block of the next round. The n-gram lane bids only when its
+ * lookup found a match; then the lane whose block promises more tokens per
+ * second (its own measured acceptance over its own measured round cost)
+ * drafts, and classic decode when neither beats a plain step. A pinned
+ * block goes to the n-gram lane when it has a match, else the drafter. */
+static int choose_lane(run *r, dfl_policy *pol, int *lane) {
+    dfl_seq *q = r->q;
+    int ctx = q->kv->len, pinned = r->o->block;
+    int offer = q->ng ? q->ng->offer(q->ng, r->anchor, ctx) : 0;
+    *lane = offer && (pinned || !q->pr) ? DFL_LANE_NGRAM : DFL_LANE_DRAFTER;
+    if (pinned) return offer || q->pr ? pinned : 1;
+    int Bd = q->pr ? dfl_policy_choose(&pol[DFL_LANE_DRAFTER], ctx) : 1;
+    if (!offer) return Bd;
+    dfl_policy *pn = &pol[DFL_LANE_NGRAM];
+    int Bn = imin(dfl_policy_choose(pn, ctx), offer + 1);
+    if (Bn > 1 && (Bd == 1 || dfl_policy_rate(pn, Bn, ctx) >
+                              dfl_policy_rate(&pol[DFL_LANE_DRAFTER], Bd, ctx))) {
+        if (q->pr) dfl_policy_skip(&pol[DFL_LANE_DRAFTER]);
+        *lane = DFL_LANE_NGRAM;
+        return Bn;
+    }
+    dfl_policy_skip(pn);
+    *lane = DFL_LANE_DRAFTER;
+    return Bd;
+}
+
+/* The block for the next round (and its lane): the policy's (or the pinned)
+ * size, shrunk so it never passes the cache's end nor max_tokens. */
+static int pick_block(run *r, dfl_policy *pol, int *lane) {
     dfl_seq *q = r->q;
     int B = 1;
-    if (r->spec) B = r->o->block == 0 ? dfl_policy_choose(pol, q->kv->len) : r->o->block;
+    *lane = DFL_LANE_DRAFTER;
+    if (r->spec) B = choose_lane(r, pol, lane);
     B = imin(B, r->o->max_tokens - r->gen);
     B = imin(B, q->kv->cap - q->kv->len);
     B = imin(B, imin(q->max_block, q->t->max_rows));
-    if (r->spec) B = imin(B, q->pr->max_block);
+    if (B > 1) B = imin(B, lane_proposer(q, *lane)->max_block);
     B = B < 1 ? 1 : imin(B, DFL_MAX_BLOCK);
     if (B > 1 && r->o->exact && r->o->exact[B] != 1) B = 1;   /* fail closed */
     return B;
@@ -231,15 +285,20 @@ static int check_prompt(const dfl_seq *q, const int32_t *prompt, int n, dfl_erro
  * that is the first anchor). The proposer never runs ahead of the cache. */
 static int reuse_prefix(dfl_seq *q, const int32_t *prompt, int n, int spec) {
     int keep = common_prefix(q->hist, q->kv->len, prompt, n - 1);
-    if (q->pr) {
-        if (q->pr->len(q->pr) > keep) q->pr->truncate(q->pr, keep);
+    for (int l = 0; l < DFL_LANES; l++) {
+        dfl_proposer *pr = lane_proposer(q, l);
+        if (!pr) continue;
+        if (pr->len(pr) > keep) pr->truncate(pr, keep);
         /* (a windowed store may empty itself when cut) */
-        int pl = q->pr->len(q->pr);
+        int pl = pr->len(pr);
         if (spec && pl < keep) keep = pl;
     }
     /* (a recurrent state may not go back that far: the sequence restarts) */
     keep = dfl_kv_truncate(q->kv, keep);
-    if (q->pr && q->pr->len(q->pr) > keep) q->pr->truncate(q->pr, keep);
+    for (int l = 0; l < DFL_LANES; l++) {
+        dfl_proposer *pr = lane_proposer(q, l);
+        if (pr && pr->len(pr) > keep) pr->truncate(pr, keep);
+    }
     return keep;
 }
 
@@ -248,8 +307,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     int rc = check_prompt(q, prompt, n_prompt, err);
     if (rc) return rc;
     run r = {.q = q, .o = o, .cb = cb, .ud = ud, .st = st};
-    r.spec = q->pr && o->block != 1;
-    if (r.spec && q->pr->n_cap && !q->feat)
+    r.spec = (q->pr || q->ng) && o->block != 1;
+    if (r.spec && q->pr && q->pr->n_cap && !q->feat)
         return dfl_fail(err, DFL_EARG, "the proposer reads features but the sequence has no "
                         "feature buffer");
     st->weight_bytes = (double)q->t->weight_bytes;
@@ -267,24 +326,30 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     double t1 = dfl_now();
     st->t_prefill += t1 - t0;
 
-    dfl_costs local_costs;
-    dfl_costs *costs = o->costs;
-    if (!costs) dfl_costs_init(costs = &local_costs, DFL_POLICY_MAX);
-    dfl_policy pol;
-    dfl_policy_init(&pol, costs, imin(q->max_block, r.spec ? q->pr->max_block : 1));
-    if (o->carry && o->carry->max_block == pol.max_block) dfl_policy_resume(&pol, o->carry);
+    dfl_costs local_costs[DFL_LANES], *costs[DFL_LANES] = {o->costs, o->costs_ngram};
+    dfl_policy pol[DFL_LANES], *carry[DFL_LANES] = {o->carry, o->carry_ngram};
+    for (int l = 0; l < DFL_LANES; l++) {
+        dfl_proposer *pr = lane_proposer(q, l);
+        if (!costs[l]) dfl_costs_init(costs[l] = &local_costs[l], DFL_POLICY_MAX);
+        dfl_policy_init(&pol[l], costs[l], imin(q->max_block, r.spec && pr ? pr->max_block : 1));
+        if (carry[l] && carry[l]->max_block == pol[l].max_block)
+            dfl_policy_resume(&pol[l], carry[l]);
+    }
     double d0 = st->t_draft, v0 = st->t_verify;
     r.anchor = prompt[n_prompt - 1];
     while (r.stop == DFL_STOP_NONE) {
         if (r.gen >= o->max_tokens) r.stop = DFL_STOP_LENGTH;
         else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
         if (r.stop) break;
-        int B = pick_block(&r, &pol), a = 0, ctx = q->kv->len;
+        int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
-        if ((rc = round_step(&r, B, &a, &cost, err))) break;
-        dfl_costs_update(costs, B, ctx, cost);
-        if (B > 1) dfl_policy_observe(&pol, B, a);
-        else dfl_policy_classic_step(&pol);
+        if ((rc = round_step(&r, B, lane, &a, &cost, err))) break;
+        /* a classic step is every lane's baseline */
+        for (int l = 0; l < DFL_LANES; l++)
+            if (B == 1 || l == lane) dfl_costs_update(costs[l], B, ctx, cost);
+        for (int l = 0; l < DFL_LANES; l++)
+            if (B > 1 && l == lane) dfl_policy_observe(&pol[l], B, a);
+            else dfl_policy_classic_step(&pol[l]);
     }
     if (!rc) {   /* the proposer catches up, so it is in step with kv for the next call */
         double f0 = dfl_now();
@@ -292,7 +357,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         st->t_draft += dfl_now() - f0;
     }
     dfl_target_leave(q->t);
-    if (o->carry && r.spec && o->block == 0) *o->carry = pol;
+    for (int l = 0; l < DFL_LANES; l++)
+        if (carry[l] && r.spec && o->block == 0 && lane_proposer(q, l)) *carry[l] = pol[l];
     double t2 = dfl_now();
     st->t_decode += t2 - t1;
     st->t_other += (t2 - t1) - (st->t_draft - d0) - (st->t_verify - v0);

@@ -131,15 +131,17 @@ double dfl_policy_expected(const dfl_policy *p, int B) {
     return e;
 }
 
+double dfl_policy_rate(const dfl_policy *p, int B, int ctx) {
+    double t = dfl_costs_get(p->costs, B, ctx);
+    return t > 0 ? dfl_policy_expected(p, B) / t : 0;
+}
+
 static int best_block(const dfl_policy *p, int ctx) {
     int best = 1;
-    double t1 = dfl_costs_get(p->costs, 1, ctx);
-    if (!(t1 > 0)) return 1;
-    double best_rate = 1.0 / t1;
+    double best_rate = dfl_policy_rate(p, 1, ctx);
+    if (!(best_rate > 0)) return 1;
     for (int B = 2; B <= p->max_block; B++) {
-        double t = dfl_costs_get(p->costs, B, ctx);
-        if (!(t > 0)) continue;
-        double rate = dfl_policy_expected(p, B) / t;
+        double rate = dfl_policy_rate(p, B, ctx);
         if (rate > best_rate) best_rate = rate, best = B;
     }
     return best;
@@ -159,6 +161,8 @@ int dfl_policy_choose(dfl_policy *p, int ctx) {
 }
 
 void dfl_policy_classic_step(dfl_policy *p) { p->classic_run++; }
+
+void dfl_policy_skip(dfl_policy *p) { p->probing = 0; }
 
 void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
     memcpy(p->tries, prev->tries, sizeof p->tries);

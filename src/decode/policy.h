@@ -64,10 +64,17 @@ void dfl_policy_observe(dfl_policy *p, int B, int accepted);
 double dfl_policy_accept_p(const dfl_policy *p, int i);
 /* Expected tokens committed by a round of block B (the bonus counts). */
 double dfl_policy_expected(const dfl_policy *p, int B);
+/* Expected tokens per second of a round of block B at context ctx (0 when
+ * its cost is unknown): what lanes are compared by. */
+double dfl_policy_rate(const dfl_policy *p, int B, int ctx);
 /* The block size for the next round (1 = classic decode step), which starts
  * with ctx rows in the cache. */
 int dfl_policy_choose(dfl_policy *p, int ctx);
-/* Tells the policy a classic step was taken. */
+/* Tells the policy a classic step was taken (or another lane's round: for
+ * the spacing of probes, a round this lane sat out is one it did not draft). */
 void dfl_policy_classic_step(dfl_policy *p);
+/* The round just chosen was given to another lane: a probe it asked for is
+ * not under way (it is asked for again on a later round). */
+void dfl_policy_skip(dfl_policy *p);
 
 #endif

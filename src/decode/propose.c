@@ -1,5 +1,7 @@
-/* propose.c - a drafter (DFlash, or the target's MTP head) and its side store
- * behind the proposer seam. */
+/* propose.c - the proposers behind the seam: a drafter (DFlash, or the
+ * target's MTP head) with its side store, and the n-gram lane. */
+#include <string.h>
+
 #include "decode/decode.h"
 
 static dfl_dflash_proposer *self(dfl_proposer *p) { return (dfl_dflash_proposer *)p; }
@@ -42,4 +44,67 @@ void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore
                              d->max_rows, spent};
     p->d = d;
     p->s = s;
+}
+
+/* ---- the n-gram lane -------------------------------------------------------- */
+
+static dfl_ngram_proposer *ng(dfl_proposer *p) { return (dfl_ngram_proposer *)p; }
+
+static int ng_add_context(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
+                          dfl_error *err) {
+    (void)feat;
+    dfl_ngram *g = ng(p)->g;
+    if (n < 0 || g->len + n > g->cap)
+        return dfl_fail(err, DFL_ECTX, "n-gram history full: %d + %d tokens exceed %d", g->len,
+                        n, g->cap);
+    memcpy(g->tok + g->len, tok, (size_t)n * sizeof(int32_t));
+    g->len += n;
+    ng(p)->found_pos = -1;
+    return 0;
+}
+
+/* The lookup over the history and the anchor (at g->tok[pos], one past the
+ * committed rows: the cap leaves room, as the target cache's does). */
+static int ng_offer(dfl_proposer *p, int32_t anchor, int pos) {
+    dfl_ngram_proposer *x = ng(p);
+    dfl_ngram *g = x->g;
+    if (x->found_pos == pos && x->found_anchor == anchor) return x->found_n;
+    x->found_pos = pos, x->found_anchor = anchor, x->found_n = 0;
+    if (pos != g->len || pos >= g->cap) return 0;
+    g->tok[pos] = anchor;
+    if (dfl_ngram_lookup(g->tok, pos + 1, DFL_NGRAM_MAX_DRAFT, x->found))
+        x->found_n = DFL_NGRAM_MAX_DRAFT;
+    return x->found_n;
+}
+
+/* Without a match (a pinned block asks anyway) the drafts repeat the anchor:
+ * verification rejects what is wrong, whatever it is. */
+static int ng_draft(dfl_proposer *p, int32_t anchor, int pos, int B, int32_t *out, float *logits,
+                    dfl_error *err) {
+    dfl_ngram_proposer *x = ng(p);
+    if (pos != x->g->len)
+        return dfl_fail(err, DFL_EARG, "n-gram draft at position %d, but the history holds %d",
+                        pos, x->g->len);
+    if (B - 1 > DFL_NGRAM_MAX_DRAFT)
+        return dfl_fail(err, DFL_EARG, "n-gram block %d over %d", B, DFL_NGRAM_MAX_DRAFT + 1);
+    int n = ng_offer(p, anchor, pos);
+    for (int i = 0; i < B - 1; i++) out[i] = i < n ? x->found[i] : anchor;
+    (void)logits;   /* none: the lane has no distribution (rules that read one fall back) */
+    return 0;
+}
+
+static void ng_truncate(dfl_proposer *p, int n_keep) {
+    dfl_ngram_proposer *x = ng(p);
+    if (n_keep >= 0 && n_keep < x->g->len) x->g->len = n_keep;
+    x->found_pos = -1;
+}
+
+static int ng_len(const dfl_proposer *p) { return ((const dfl_ngram_proposer *)p)->g->len; }
+
+void dfl_ngram_proposer_init(dfl_ngram_proposer *p, dfl_ngram *g) {
+    memset(p, 0, sizeof *p);
+    p->base = (dfl_proposer){ng_add_context, ng_draft, ng_truncate, ng_len, NULL, 0,
+                             DFL_NGRAM_MAX_DRAFT + 1, NULL, ng_offer};
+    p->g = g;
+    p->found_pos = -1;
 }

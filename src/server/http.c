@@ -865,6 +865,7 @@ static void *load_engine(void *arg) {
     eo.model_path = srv->o.model_path;
     eo.draft_path = srv->o.draft_path;
     eo.draft_mtp = srv->o.draft_mtp;
+    eo.ngram = srv->o.ngram;
     eo.dtype = srv->o.dtype;
     eo.kv_type = srv->o.kv_type;
     eo.n_threads = srv->o.threads;

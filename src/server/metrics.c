@@ -47,6 +47,12 @@ void srv_metrics_job(srv_metrics *m, const srv_job *j) {
     m->shared_forwards += j->st.shared_forwards;
     m->shared_rows += j->st.shared_rows;
     m->classic_steps += j->st.classic_steps;
+    for (int l = 0; l < DFL_LANES; l++) {
+        m->lane_rounds[l] += j->st.lane_rounds[l];
+        m->lane_proposed[l] += j->st.lane_proposed[l];
+        m->lane_accepted[l] += j->st.lane_accepted[l];
+        m->lane_committed[l] += j->st.lane_committed[l];
+    }
     int r = j->st.accept_rule;
     if (j->st.rounds && r >= 0 && r < 3) {
         m->rule_rounds[r] += j->st.rounds;
@@ -85,6 +91,29 @@ static void by_rule(srv_buf *b, const char *name, const char *type, const char *
         snprintf(line, sizeof line, "%s{rule=\"%s\"} %.17g\n", name, rule[k], v[k]);
         srv_buf_puts(b, line);
     }
+}
+
+/* One counter per lane that drafts rounds (dfl_lane_name). */
+static void by_lane(srv_buf *b, const char *name, const char *help, const uint64_t v[DFL_LANES]) {
+    char line[512];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    srv_buf_puts(b, line);
+    for (int l = 0; l < DFL_LANES; l++) {
+        snprintf(line, sizeof line, "%s{lane=\"%s\"} %llu\n", name, dfl_lane_name(l),
+                 (unsigned long long)v[l]);
+        srv_buf_puts(b, line);
+    }
+}
+
+static void lane_metrics(srv_buf *b, const srv_metrics *c) {
+    by_lane(b, "dflash_lane_rounds_total", "Speculative rounds, by the lane that drafted them.",
+            c->lane_rounds);
+    by_lane(b, "dflash_lane_proposed_total", "Draft tokens proposed, by lane.", c->lane_proposed);
+    by_lane(b, "dflash_lane_accepted_total", "Draft tokens accepted by the target, by lane.",
+            c->lane_accepted);
+    by_lane(b, "dflash_lane_committed_total",
+            "Tokens committed by speculative rounds (accepted + bonus), by lane.",
+            c->lane_committed);
 }
 
 static void rule_metrics(srv_buf *b, const srv_metrics *c) {
@@ -171,6 +200,7 @@ char *srv_metrics_text(srv_server *srv, int queued, int busy) {
            "Mean tokens committed per speculative round (acceptance length with the bonus).",
            c.rounds ? (double)c.committed / (double)c.rounds : 0);
     rule_metrics(&b, &c);
+    lane_metrics(&b, &c);
     metric(&b, "dflash_queue_depth", "gauge", "Requests waiting for a slot.", queued);
     metric(&b, "dflash_slots_busy", "gauge", "Slots generating now.", busy);
     metric(&b, "dflash_slots", "gauge", "Slots (--parallel).", srv_ready(srv) ? srv->n_slots : 0);

@@ -160,6 +160,14 @@ static void add_stats(cJSON *o, const srv_job *j) {
     num3(d, "acceptance_rate", s->proposed ? (double)s->accepted / (double)s->proposed : 0);
     cJSON_AddNumberToObject(d, "classic_steps", (double)s->classic_steps);
     cJSON_AddNumberToObject(d, "block_size", j->gp.block_size);
+    cJSON *lanes = cJSON_AddObjectToObject(d, "lanes");   /* who drafted the rounds */
+    for (int l = 0; l < DFL_LANES; l++) {
+        cJSON *x = cJSON_AddObjectToObject(lanes, dfl_lane_name(l));
+        cJSON_AddNumberToObject(x, "rounds", (double)s->lane_rounds[l]);
+        cJSON_AddNumberToObject(x, "proposed", (double)s->lane_proposed[l]);
+        cJSON_AddNumberToObject(x, "accepted", (double)s->lane_accepted[l]);
+        cJSON_AddNumberToObject(x, "committed", (double)s->lane_committed[l]);
+    }
     cJSON_AddStringToObject(d, "note", s->note);
 }
 
@@ -424,6 +432,10 @@ static void sum_choice(srv_job *g, const srv_job *j) {
     a->t_draft += b->t_draft, a->t_verify += b->t_verify, a->t_other += b->t_other;
     a->rounds += b->rounds, a->proposed += b->proposed, a->accepted += b->accepted;
     a->committed += b->committed, a->classic_steps += b->classic_steps;
+    for (int l = 0; l < DFL_LANES; l++) {
+        a->lane_rounds[l] += b->lane_rounds[l], a->lane_proposed[l] += b->lane_proposed[l];
+        a->lane_accepted[l] += b->lane_accepted[l], a->lane_committed[l] += b->lane_committed[l];
+    }
     if (!a->note[0]) memcpy(a->note, b->note, sizeof a->note);
 }
 

@@ -32,6 +32,7 @@ typedef struct srv_opts {
     int ctx_size, threads;     /* passed to the engine (0: its default) */
     int allow_inexact, draft_window; /* passed to the engine (dfl_engine_opts) */
     int draft_mtp;             /* the model's MTP head drafts (dfl_engine_opts.draft_mtp) */
+    int ngram;                 /* the n-gram lane too (dfl_engine_opts.ngram) */
     const char *api_key;       /* NULL: no auth */
     const char *alias;         /* model id clients use; default: the model's name */
     const char *chat_template; /* "chatml" or Jinja text; NULL: the model's */
@@ -389,6 +390,9 @@ typedef struct srv_metrics {
     uint64_t rule_rounds[3], rule_proposed[3], rule_accepted[3], rule_committed[3];
     uint64_t rule_tokens[3];
     double rule_t_decode[3];
+    /* the same per lane that drafted (DFL_LANE_*: the drafter, the n-gram lane) */
+    uint64_t lane_rounds[DFL_LANES], lane_proposed[DFL_LANES], lane_accepted[DFL_LANES];
+    uint64_t lane_committed[DFL_LANES];
     double win_t0;              /* start of the current 1-second bucket */
     uint64_t win[10];           /* tokens generated per second, last 10 seconds */
     int win_pos;
