@@ -34,6 +34,9 @@ assert m["read_gbs"] > 0 and m["fma_gflops"] > 0 and m["threads"] == 2, m
 assert [d["type"] for d in j["decode"]] == ["bf16", "q8_0"], j["decode"]
 for d in j["decode"]:
     assert d["tok_s"] > 0 and d["gbs"] > 0 and d["weight_bytes"] > 0, d
+    r = d["sustained"]
+    assert r["tokens"] == 256 and 0 < r["ms_p10"] <= r["ms_median"] <= r["ms_p90"], r
+    assert abs(r["tok_s"] * r["ms_median"] - 1e3) < 1e-6 * r["tok_s"] and r["frac_of_bw"] > 0, r
 assert len(j["verify"]) == 2
 for v in j["verify"]:
     assert [r["B"] for r in v["rows"]] == list(range(1, 9)), v
