@@ -338,9 +338,10 @@ static void log_job(const srv_slot *s, const srv_job *j) {
             (j->t_start - j->t_submit) * 1e3, (j->t_end - j->t_submit) * 1e3, fin[j->finish]);
 }
 
-static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
+/* Runs j on slot s and settles its finish reason; returns the code its end
+ * event carries (the worker sends it once the slot is free again). */
+static int run_job(srv_server *srv, srv_slot *s, srv_job *j, dfl_error *err) {
     run_ctx c = {j, s};
-    dfl_error err = {0};
     int rc = DFL_ECANCEL;
     j->t_start = srv_now();
     dfl_detok_init(&j->detok, srv->e, 0);
@@ -352,7 +353,7 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
         memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
         s->n_hist = j->n_prompt;
         int replayed = replay_use(srv, j, &gp);
-        rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, &err);
+        rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, err);
         if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
         if (!replayed && rc == DFL_OK && !cancelled(j))
             replay_keep(srv, j, s->hist + j->n_prompt, s->n_hist - j->n_prompt);
@@ -376,11 +377,11 @@ static void run_job(srv_server *srv, srv_slot *s, srv_job *j) {
                                                                                : SRV_FIN_LENGTH;
     else j->finish = SRV_FIN_ERROR;
     if (j->finish == SRV_FIN_ERROR && why != SRV_CANCEL_SHUTDOWN)
-        fprintf(stderr, "dflash serve: %s: generation failed (%d): %s\n", j->id, rc, err.msg);
+        fprintf(stderr, "dflash serve: %s: generation failed (%d): %s\n", j->id, rc, err->msg);
     j->t_end = srv_now();
-    srv_emit_end(j, why == SRV_CANCEL_SHUTDOWN ? DFL_ECANCEL : rc, &err);
     srv_metrics_job(&srv->m, j);
     log_job(s, j);
+    return why == SRV_CANCEL_SHUTDOWN ? DFL_ECANCEL : rc;
 }
 
 static void *worker(void *arg) {
@@ -392,14 +393,21 @@ static void *worker(void *arg) {
         srv_job *j = s->job;
         if (!j) break;
         pthread_mutex_unlock(&srv->mu);
-        run_job(srv, s, j);
+        dfl_error err = {0};
+        int rc = run_job(srv, s, j, &err);
         pthread_mutex_lock(&srv->mu);
         s->job = NULL;
-        srv_job_unref(j);   /* only now: until s->job is cleared, srv_sched_stop may write j->cancel */
         s->last_used = ++srv->use_clock;
         srv->n_busy--;
         dispatch(srv);
         pthread_cond_broadcast(&srv->idle_cv);
+        pthread_mutex_unlock(&srv->mu);
+        /* The answer's end goes out only now, with the slot idle and holding
+         * the conversation: a follow-up turn sent the moment it arrives finds
+         * the slot (and its cache) instead of a busy one. */
+        srv_emit_end(j, rc, &err);
+        srv_job_unref(j);   /* only now: until s->job is cleared, srv_sched_stop may write j->cancel */
+        pthread_mutex_lock(&srv->mu);
     }
     pthread_mutex_unlock(&srv->mu);
     return NULL;
