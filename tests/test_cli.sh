@@ -31,6 +31,13 @@ want=$(ids -p "Once upon a time")
 printf 'Once upon a time' >"$tmp/p.txt"
 [ -n "$want" ] && [ "$(printf 'Once upon a time' | ids -f -)" = "$want" ] && ok || bad "-f - differs from -p"
 [ "$(ids -f "$tmp/p.txt")" = "$want" ] && ok || bad "-f FILE differs from -p"
+# --no-mmap: the weights copied into memory give the same ids (safetensors folder and GGUF)
+[ "$(ids -p "Once upon a time" --no-mmap)" = "$want" ] && ok || bad "--no-mmap changes the ids"
+stories="$SRC/../shared/assets/stories260K/stories260K.gguf"
+if [ -f "$stories" ]; then
+  a=$(ids -m "$stories" --draft none -p "Once upon a time"); b=$(ids -m "$stories" --draft none -p "Once upon a time" --no-mmap)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "--no-mmap on a GGUF: '$a' against '$b'"
+elif [ "${CI:-}" = true ]; then bad "$stories is missing (CI=true)"; fi
 "$BIN" generate -f "$tmp/none.txt" -n 1 >/dev/null 2>"$tmp/err"; rc=$?
 [ $rc != 0 ] && grep -q "none.txt" "$tmp/err" && ok || bad "-f of a missing file: exit $rc, $(cat "$tmp/err")"
 

@@ -55,6 +55,7 @@ static int load_models(dfl_engine *e, dfl_error *err) {
                         .draft_window = o->draft_window, .progress = o->progress,
                         .progress_ud = o->progress_ud};
     lo.max_rows = e->max_block > 64 ? e->max_block : 64;
+    lo.no_mmap = o->no_mmap;
     lo.snap_rows = e->max_block;   /* a recurrent state rolls back within a verify block */
     /* Room for one prefill chunk and every other session's largest block. */
     if (o->n_parallel > 1) lo.batch_rows = lo.max_rows + (o->n_parallel - 1) * e->max_block;

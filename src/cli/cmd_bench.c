@@ -31,6 +31,7 @@ static void help(void) {
         "  --draft PATH           DFlash drafter (needed for the spec section)\n"
         "  --draft-mtp            the model's own MTP head as the drafter instead\n"
         "  --ngram                the n-gram lane too in the rules section's real requests\n"
+        "  --no-mmap              copy the weights into memory (huge pages), as generate\n"
         "                         (the spec section's replays measure the drafter alone)\n"
         "  --types LIST           weight types to convert to at load and measure, e.g.\n"
         "                         bf16,q8_0 (default: auto, the file's own); the spec and\n"

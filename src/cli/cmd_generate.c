@@ -27,6 +27,8 @@ static void help(void) {
         "                         that followed the last few tokens earlier in the text),\n"
         "                         with or without a drafter; each round goes to the lane\n"
         "                         that promises more tokens per second\n"
+        "  --no-mmap              copy the weights into memory (huge pages) instead of\n"
+        "                         reading the file in place: faster decode, slower load\n"
         "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k\n"
         "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
         "  --kv-type f16|f32      K/V cache elements (default f16: half the memory)\n"

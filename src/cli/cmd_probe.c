@@ -29,6 +29,7 @@ static void help(void) {
         "  --ngram                also generate -n tokens with the n-gram lane (and the\n"
         "                         drafter, if any) and compare them id for id with classic\n"
         "                         decode, greedy and sampled (exact rule, seeded)\n"
+        "  --no-mmap              copy the weights into memory (huge pages) first\n"
         "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k)\n"
         "  --block-size B         rows of the verify block (default: the drafter's, else 16)\n"
         "  -p, --prompt TEXT      prompt text (default: a fixed short sequence of ids)\n"

@@ -18,6 +18,8 @@ static void usage(FILE *f) {
             "                          block_size sets its drafts + 1\n"
             "  --ngram                 also draft by prompt lookup (the n-gram lane), with or\n"
             "                          without a drafter; /metrics counts rounds by lane\n"
+            "  --no-mmap               copy the weights into memory (huge pages) instead of\n"
+            "                          reading the file in place: faster decode, slower load\n"
             "  --host ADDR             listen address (default 127.0.0.1; only this one)\n"
             "  --port N                TCP port (default 8080; 0 picks a free one)\n"
             "  -np, --parallel N       slots: requests generating at once (default 1)\n"
@@ -90,6 +92,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--ngram")) {
             o.ngram = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-mmap")) {
+            o.no_mmap = 1;
             continue;
         }
         if (!strcmp(a, "--no-webui")) {

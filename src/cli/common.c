@@ -142,6 +142,7 @@ int cli_engine_flag(dfl_engine_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--draft")) o->draft_path = cli_need(argc, argv, i);
     else if (!strcmp(a, "--draft-mtp")) o->draft_mtp = 1;
     else if (!strcmp(a, "--ngram")) o->ngram = 1;
+    else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
     else if (!strcmp(a, "--dtype")) o->dtype = cli_need(argc, argv, i);
     else if (!strcmp(a, "--kv-type")) o->kv_type = cli_need(argc, argv, i);
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))

@@ -1,8 +1,10 @@
 /* types.c - the named-tensor table helpers. */
+#define _GNU_SOURCE /* mremap */
 #include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -65,6 +67,22 @@ char *dfl_name_dup(const char *s, size_t len) {
     return d;
 }
 
+enum { HUGE_ALIGN = 2 << 20 };   /* a transparent huge page (x86-64; arm64 with 4 KB pages) */
+
+/* len bytes of anonymous address space mapped prot, starting at a HUGE_ALIGN
+ * boundary, or MAP_FAILED. Aligned, a range can be backed by huge pages, and
+ * keeps them when dfl_tensors_copy_maps moves a copy onto a file's range. */
+static char *reserve_aligned(size_t len, int prot) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), end = (len + pg - 1) / pg * pg;
+    size_t span = end + HUGE_ALIGN;
+    char *r = mmap(NULL, span, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return r;
+    char *a = (char *)(((uintptr_t)r + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+    if (a > r) munmap(r, (size_t)(a - r));
+    if (r + span > a + end) munmap(a + end, (size_t)(r + span - (a + end)));
+    return a;
+}
+
 int dfl_map_file(const char *path, dfl_mapping *m, dfl_error *err) {
     m->addr = NULL;
     m->len = 0;
@@ -79,12 +97,36 @@ int dfl_map_file(const char *path, dfl_mapping *m, dfl_error *err) {
         close(fd);
         return dfl_fail(err, DFL_EFORMAT, "%s: empty file", path);
     }
-    void *a = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    size_t len = (size_t)st.st_size;
+    void *r = reserve_aligned(len, PROT_NONE), *a = r;
+    if (r != MAP_FAILED && (a = mmap(r, len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0)) == MAP_FAILED)
+        munmap(r, len);
     int e = errno;
     close(fd); /* the mapping stays valid */
     if (a == MAP_FAILED) return dfl_fail(err, DFL_EIO, "%s: mmap failed: %s", path, strerror(e));
     m->addr = a;
     m->len = (size_t)st.st_size;
+    return 0;
+}
+
+int dfl_tensors_copy_maps(dfl_tensors *ts, dfl_error *err) {
+    const char *src = ts->source ? ts->source : "the weights";
+    for (int i = 0; i < ts->n_maps; i++) {
+        dfl_mapping *m = &ts->maps[i];
+        char *a = reserve_aligned(m->len, PROT_READ | PROT_WRITE);
+        if (a == MAP_FAILED)
+            return dfl_fail(err, DFL_ENOMEM, "%s: no memory for the %zu MB copy --no-mmap makes "
+                            "(leave it out to read the file in place)", src, m->len >> 20);
+        madvise(a, m->len, MADV_HUGEPAGE);
+        memcpy(a, m->addr, m->len);
+        mprotect(a, m->len, PROT_READ);
+        if (mremap(a, m->len, m->len, MREMAP_MAYMOVE | MREMAP_FIXED, m->addr) == MAP_FAILED) {
+            int e = errno;
+            munmap(a, m->len);
+            return dfl_fail(err, DFL_EIO, "%s: cannot move the copy into place: %s", src,
+                            strerror(e));
+        }
+    }
     return 0;
 }
 

@@ -200,6 +200,7 @@ typedef struct dfl_load_opts {
     int max_rows;         /* rows of one sequence per forward (default 64) */
     int batch_rows;       /* rows of all sequences per forward; 0: max_rows */
     int draft_window;     /* drafters: see dfl_engine_opts.draft_window */
+    int no_mmap;          /* copy the file's weights into memory (dfl_tensors_copy_maps) */
     int snap_rows;        /* recurrent layers: rows of one forward a sequence can roll back
                              into (the largest verify block); 0: max_rows */
     dfl_pool *pool;

@@ -231,6 +231,7 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
     dfl_target *t = xcalloc(1, sizeof *t);
     t->kv_type = kt;
     int rc = open_source(t, path, err);
+    if (!rc && o->no_mmap) rc = dfl_tensors_copy_maps(t->gguf ? &t->gguf->tensors : &t->ts, err);
     if (!rc) rc = dfl_config_validate(&t->c, path, err);
     if (!rc && !t->c.rope_neox) {
         t->unpermute = 1;

@@ -866,6 +866,7 @@ static void *load_engine(void *arg) {
     eo.draft_path = srv->o.draft_path;
     eo.draft_mtp = srv->o.draft_mtp;
     eo.ngram = srv->o.ngram;
+    eo.no_mmap = srv->o.no_mmap;
     eo.dtype = srv->o.dtype;
     eo.kv_type = srv->o.kv_type;
     eo.n_threads = srv->o.threads;
