@@ -48,6 +48,19 @@ int cli_engine_flag(dfl_engine_opts *o, int argc, char **argv, int *i);
 /* After parsing: --draft none (sets *no_draft), and the built-in pair when no
  * --model was given (exits with a message when it is absent). */
 void cli_engine_model(const char *cmd, dfl_engine_opts *o, int *no_draft);
+/* The largest file the CLI reads whole (prompts, corpora, templates, JSON). */
+enum { CLI_MAX_FILE = 1 << 30 };
+/* The CLI's one way to allocate: n elements of sz bytes, zeroed; exits with a
+ * message when memory runs out (never returns NULL). */
+void *cli_alloc(size_t n, size_t sz);
+/* The CLI's one way to grow an array: p (*cap elements of sz bytes) grown to
+ * hold need elements, *cap doubling; exits with a message when memory runs out. */
+void *cli_grow(void *p, size_t *cap, size_t need, size_t sz);
+/* A whole file ("-": stdin), NUL-terminated; *len its bytes (len may be NULL).
+ * Exits with "dflash CMD: cannot open WHAT PATH: ..." (cmd NULL: "dflash: ...") when
+ * it cannot be read,
+ * or is larger than CLI_MAX_FILE. */
+char *cli_read_file(const char *cmd, const char *what, const char *path, size_t *len);
 /* Reads --ids "1,2,3" into ids; returns the count or exits with a message. */
 int cli_ids(const char *flag, const char *v, int32_t *ids, int cap);
 

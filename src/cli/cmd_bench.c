@@ -444,7 +444,7 @@ static void sec_verify(bench *b, cJSON *arr) {
 /* Synthetic prompts: fixed ids spread over the vocabulary (content does not
  * matter to the replay; the reference is whatever classic decode makes). */
 static int32_t *make_prompt(const bench *b, int n) {
-    int32_t *p = malloc(sizeof(int32_t) * n);
+    int32_t *p = cli_alloc(sizeof(int32_t) * n, 1);
     for (int i = 0; i < n; i++) p[i] = (int32_t)((104729u * (i + 3)) % (unsigned)b->mi.vocab);
     return p;
 }
@@ -458,7 +458,7 @@ static void set_prompt(bench *b) {
         return;
     }
     int cap = (int)strlen(o->prompt) + 8;
-    b->prompt = malloc(sizeof(int32_t) * cap);
+    b->prompt = cli_alloc(sizeof(int32_t) * cap, 1);
     dfl_error err = {0};
     b->n_prompt = dfl_tokenize(b->e, o->prompt, strlen(o->prompt), 1, 0, b->prompt, cap, &err);
     if (b->n_prompt < 0) die("--prompt", &err);
@@ -552,7 +552,7 @@ static void sec_spec(bench *b) {
         printf("spec: skipped (no --draft)\n\n");
         return;
     }
-    refbuf ref = {malloc(sizeof(int32_t) * (o->n_gen + 128)), 0, o->n_gen + 128};
+    refbuf ref = {cli_alloc(sizeof(int32_t) * (o->n_gen + 128), 1), 0, o->n_gen + 128};
     dfl_gen_params gp;
     dfl_gen_params_default(&gp);
     gp.block_size = 1;
@@ -579,7 +579,7 @@ static void sec_spec(bench *b) {
         if (o->blocks[k] <= o->max_block && o->blocks[k] <= b->mi.draft_block)
             modes[n_modes++] = o->blocks[k];
     modes[n_modes++] = 0;
-    dfl_bench_replay_result *best = calloc(n_modes, sizeof *best), *r = malloc(sizeof *r);
+    dfl_bench_replay_result *best = cli_alloc(n_modes, sizeof *best), *r = cli_alloc(sizeof *r, 1);
     int n_runs = o->n_tau * n_modes * o->spec_reps, done = 0;
     for (int i = 0; i < o->n_tau; i++) {
         /* --spec-reps cycles through all modes, so each mode's fastest run
@@ -668,11 +668,11 @@ static void rules_at(bench *b, cJSON *rows, double temp, int *done, int n_runs) 
     dfl_gen_params_default(&gp);
     gp.temperature = (float)temp, gp.seed = o->seed, gp.typical_d = (float)o->typical_d;
     gp.block_size = 1;
-    refbuf ref = {malloc(sizeof(int32_t) * (o->n_gen + 128)), 0, o->n_gen + 128};
-    refbuf out = {malloc(sizeof(int32_t) * o->n_gen), 0, o->n_gen};
+    refbuf ref = {cli_alloc(sizeof(int32_t) * (o->n_gen + 128), 1), 0, o->n_gen + 128};
+    refbuf out = {cli_alloc(sizeof(int32_t) * o->n_gen, 1), 0, o->n_gen};
     dfl_stats st;
     gen_ids(b, &gp, o->n_gen + 80, &ref, &st);
-    dfl_bench_replay_result *r = malloc(sizeof *r);
+    dfl_bench_replay_result *r = cli_alloc(sizeof *r, 1);
     replay(b, &ref, 1, 1, 0, &gp, r);
     cli_progress(NULL, "rules", ++*done, n_runs);
     double classic = r->st.n_gen / r->st.t_decode;

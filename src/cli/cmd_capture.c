@@ -143,31 +143,9 @@ static void parse(opts *o, int argc, char **argv) {
 
 /* ---- the corpus ---------------------------------------------------------- */
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "dflash capture: cannot open --corpus %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += r;
-        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    fclose(f);
-    if (!buf) {
-        fprintf(stderr, "dflash capture: out of memory reading %s\n", path);
-        exit(1);
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* "\n" and "\t" in a separator given on the command line. */
 static char *unescape(const char *s) {
-    char *out = malloc(strlen(s) + 1), *w = out;
+    char *out = cli_alloc(strlen(s) + 1, 1), *w = out;
     for (; *s; s++) {
         if (s[0] == '\\' && (s[1] == 'n' || s[1] == 't' || s[1] == '\\'))
             *w++ = s[1] == 'n' ? '\n' : s[1] == 't' ? '\t' : '\\', s++;
@@ -185,7 +163,7 @@ typedef struct doc {
 
 /* Splits text at sep into documents with surrounding whitespace trimmed;
  * empty ones are dropped. Appends to *docs. */
-static void split_docs(const char *text, size_t len, const char *sep, doc **docs, int *n, int *cap) {
+static void split_docs(const char *text, size_t len, const char *sep, doc **docs, int *n, size_t *cap) {
     size_t ls = strlen(sep);
     const char *p = text, *end = text + len;
     while (p < end) {
@@ -195,7 +173,7 @@ static void split_docs(const char *text, size_t len, const char *sep, doc **docs
         while (a < b && (*a == ' ' || *a == '\n' || *a == '\r' || *a == '\t')) a++;
         while (b > a && (b[-1] == ' ' || b[-1] == '\n' || b[-1] == '\r' || b[-1] == '\t')) b--;
         if (b > a) {
-            if (*n == *cap) *docs = realloc(*docs, sizeof(doc) * (*cap = *cap ? 2 * *cap : 1024));
+            *docs = cli_grow(*docs, cap, (size_t)*n + 1, sizeof(doc));
             (*docs)[(*n)++] = (doc){a, (size_t)(b - a)};
         }
         p = q + (q < end ? ls : 0);
@@ -290,7 +268,7 @@ static void write_meta(const opts *o, const writer *w, const dfl_model_info *mi,
 /* Writes embed.f32 and, unless equal to it, lm_head.f32; returns 1 when tied. */
 static int write_tables(dfl_engine *e, const dfl_model_info *mi, const char *dir) {
     size_t n = (size_t)mi->vocab * mi->dim;
-    float *E = malloc(n * sizeof(float)), *H = malloc(n * sizeof(float));
+    float *E = cli_alloc(n * sizeof(float), 1), *H = cli_alloc(n * sizeof(float), 1);
     dfl_error err = {0};
     if (!E || !H || dfl_export_embeddings(e, E, H, &err)) {
         fprintf(stderr, "dflash capture: %s\n", E && H ? err.msg : "out of memory");
@@ -464,7 +442,7 @@ static char *chat_prompt(const dfl_engine *e, const char *text, size_t len, size
     dfl_chat_msg m = {"user", msg};
     dfl_error err = {0};
     int need = msg ? dfl_chat_render(e, NULL, &m, 1, 1, 0, NULL, 0, &err) : -1;
-    char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    char *out = need >= 0 ? cli_alloc((size_t)need + 1, 1) : NULL;
     if (out) dfl_chat_render(e, NULL, &m, 1, 1, 0, out, (size_t)need + 1, &err);
     free(msg);
     if (!out) fprintf(stderr, "dflash capture: chat template: %s\n", need < 0 ? err.msg : "out of memory");
@@ -480,7 +458,7 @@ static int32_t *doc_ids(const shared *sh, int d, int *n_out) {
     dfl_error err = {0};
     if (chat && !(text = chat_prompt(sh->e, text, len, &len))) return NULL;
     int n = dfl_tokenize(sh->e, text, len, !chat, chat, NULL, 0, &err);
-    int32_t *ids = n >= 0 ? malloc(sizeof(int32_t) * (size_t)(n + 1)) : NULL;
+    int32_t *ids = n >= 0 ? cli_alloc(sizeof(int32_t) * (size_t)(n + 1), 1) : NULL;
     if (ids) dfl_tokenize(sh->e, text, len, !chat, chat, ids, n, &err);
     else fprintf(stderr, "dflash capture: document %d: %s\n", d, n < 0 ? err.msg : "out of memory");
     if (chat) free((char *)text);
@@ -513,11 +491,12 @@ int cmd_capture(int argc, char **argv) {
     parse(&o, argc, argv);
     char *sep = unescape(o.sep);
     doc *docs = NULL;
-    int n_docs = 0, cap_docs = 0;
+    int n_docs = 0;
+    size_t cap_docs = 0;
     char *texts[64];
     for (int i = 0; i < o.n_corpus; i++) {
         size_t len;
-        texts[i] = read_file(o.corpus[i], &len);
+        texts[i] = cli_read_file("capture", "--corpus", o.corpus[i], &len);
         split_docs(texts[i], len, sep, &docs, &n_docs, &cap_docs);
     }
     int d0 = o.first_doc < n_docs ? o.first_doc : n_docs;
@@ -555,11 +534,11 @@ int cmd_capture(int argc, char **argv) {
                  (size_t)n_layers * mi.dim, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
                  d0, 0, 0};
     int np = o.parallel < d1 - d0 ? o.parallel : d1 - d0;
-    job *jobs = calloc((size_t)np, sizeof(job));
+    job *jobs = cli_alloc((size_t)np, sizeof(job));
     for (int k = 0; jobs && k < np; k++) {
         job *j = &jobs[k];
-        *j = (job){&sh, NULL, malloc(sizeof(float) * (size_t)sh.ctx * sh.row_floats),
-                   malloc(sizeof(int32_t) * (size_t)sh.ctx), d0 + k, 0, 0};
+        *j = (job){&sh, NULL, cli_alloc(sizeof(float) * (size_t)sh.ctx * sh.row_floats, 1),
+                   cli_alloc(sizeof(int32_t) * (size_t)sh.ctx, 1), d0 + k, 0, 0};
         if (!j->feat || !j->seq || dfl_session_new(e, &j->s, &err)) {
             fprintf(stderr, "dflash capture: %s\n", j->feat && j->seq ? err.msg : "out of memory");
             return 1;

@@ -88,8 +88,8 @@ int cmd_dump(int argc, char **argv) {
     if (!block) block = mi.draft_block;
     dfl_session *s;
     int rc = dfl_session_new(e, &s, &err);
-    float *logits = calloc((size_t)n * mi.vocab, sizeof(float));
-    float *feat = calloc((size_t)n * (n_cap ? n_cap : 1) * mi.dim, sizeof(float));
+    float *logits = cli_alloc((size_t)n * mi.vocab, sizeof(float));
+    float *feat = cli_alloc((size_t)n * (n_cap ? n_cap : 1) * mi.dim, sizeof(float));
     int k = decode >= 0 && decode < n ? decode : n;
     if (!rc) rc = dfl_debug_forward(s, ids, k, (const int *)cap, n_cap, logits, feat, &err);
     if (!rc && k < n)
@@ -106,7 +106,7 @@ int cmd_dump(int argc, char **argv) {
         fclose(f);
     }
     if (!rc && out_draft) {
-        float *dl = calloc((size_t)block * mi.vocab, sizeof(float));
+        float *dl = cli_alloc((size_t)block * mi.vocab, sizeof(float));
         rc = dfl_debug_draft(s, ids, n, block, dl, &err);
         FILE *g = rc ? NULL : fopen(out_draft, "wb");
         if (g) {

@@ -151,29 +151,9 @@ static void parse(opts *o, int argc, char **argv) {
 
 static char *read_prompt(const opts *o) {
     if (!o->prompt_file) return strdup(o->prompt ? o->prompt : "");
-    int in = !strcmp(o->prompt_file, "-");
-    FILE *f = in ? stdin : fopen(o->prompt_file, "rb");
-    if (!f) {
-        fprintf(stderr, "dflash generate: cannot open --prompt-file %s: %s\n", o->prompt_file,
-                strerror(errno));
-        exit(1);
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += r;
-        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    if (!in) fclose(f);
-    if (!buf) {
-        fprintf(stderr, "dflash generate: out of memory reading the prompt\n");
-        exit(1);
-    }
-    buf[n] = 0;
-    return buf;
+    return cli_read_file("generate", "--prompt-file", o->prompt_file, NULL);
 }
 
-/* The prompt as the model should see it: chat-formatted when asked. */
 static char *format_prompt(const opts *o, dfl_engine *e, char *text) {
     if (!o->chat) return text;
     dfl_chat_msg m[2];
@@ -190,7 +170,7 @@ static char *format_prompt(const opts *o, dfl_engine *e, char *text) {
         fprintf(stderr, "dflash generate: %s\n", err.msg);
         exit(1);
     }
-    char *out = malloc((size_t)need + 1);
+    char *out = cli_alloc((size_t)need + 1, 1);
     dfl_chat_render(e, o->chat_template, m, n, 1, !o->no_think, out, (size_t)need + 1, &err);
     free(text);
     return out;
@@ -200,7 +180,8 @@ typedef struct run {
     dfl_detok dt;
     int print_ids;
     int32_t *ids;
-    int n_ids, cap_ids;
+    int n_ids;
+    size_t cap_ids;
     char *text;           /* conversation: the answer's text, for the next turn's template */
     size_t n_text, cap_text;
 } run;
@@ -218,11 +199,7 @@ static void out_text(run *r, const char *s, int n) {
     if (n <= 0) return;
     fwrite(s, 1, (size_t)n, stdout);
     fflush(stdout);
-    if (r->n_text + (size_t)n + 1 > r->cap_text) {
-        r->cap_text = 2 * (r->n_text + (size_t)n + 1);
-        r->text = realloc(r->text, r->cap_text);
-        if (!r->text) fprintf(stderr, "dflash generate: out of memory\n"), exit(1);
-    }
+    r->text = cli_grow(r->text, &r->cap_text, r->n_text + (size_t)n + 1, 1);
     memcpy(r->text + r->n_text, s, (size_t)n);
     r->text[r->n_text += (size_t)n] = 0;
 }
@@ -233,10 +210,7 @@ static int on_token(void *ud, const dfl_token_info *t) {
     /* The stop token is committed too; its text is not part of the answer. */
     if (r->dt.show_special || !dfl_token_is_eog(r->dt.e, t->id))
         out_text(r, buf, dfl_detok_push(&r->dt, t->id, buf, sizeof buf));
-    if (r->n_ids == r->cap_ids) {
-        r->cap_ids = r->cap_ids ? 2 * r->cap_ids : 256;
-        r->ids = realloc(r->ids, sizeof(int32_t) * r->cap_ids);
-    }
+    r->ids = cli_grow(r->ids, &r->cap_ids, (size_t)r->n_ids + 1, sizeof(int32_t));
     r->ids[r->n_ids++] = t->id;
     return g_stop;
 }
@@ -343,11 +317,11 @@ static void chat_push(chat *c, const char *role, const char *text) {
 static int32_t *chat_ids(const opts *o, dfl_engine *e, const chat *c, int *n) {
     dfl_error err = {0};
     int need = dfl_chat_render(e, o->chat_template, c->m, c->n, 1, !o->no_think, NULL, 0, &err);
-    char *text = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    char *text = need >= 0 ? cli_alloc((size_t)need + 1, 1) : NULL;
     if (text) dfl_chat_render(e, o->chat_template, c->m, c->n, 1, !o->no_think, text,
                               (size_t)need + 1, &err);
     *n = text ? dfl_tokenize(e, text, (size_t)need, 0, 1, NULL, 0, &err) : -1;
-    int32_t *ids = *n >= 0 ? malloc(sizeof(int32_t) * (*n + 1)) : NULL;
+    int32_t *ids = *n >= 0 ? cli_alloc(sizeof(int32_t) * (*n + 1), 1) : NULL;
     if (!ids || dfl_tokenize(e, text, (size_t)need, 0, 1, ids, *n, &err) != *n) {
         fprintf(stderr, "dflash chat: %s\n", err.msg);
         exit(1);
@@ -420,7 +394,7 @@ static int conversation(const opts *o, dfl_engine *e) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    char **av = malloc(sizeof(char *) * (size_t)(argc + 2));
+    char **av = cli_alloc(sizeof(char *) * (size_t)(argc + 2), 1);
     memcpy(av, argv, sizeof(char *) * (size_t)argc);
     av[argc] = "--conversation";
     av[argc + 1] = NULL;
@@ -459,7 +433,7 @@ int cmd_generate(int argc, char **argv) {
      * apply_chat_template does); a plain prompt gets the tokenizer's BOS. */
     int special = o.chat;
     int n = dfl_tokenize(e, text, strlen(text), !special, special, NULL, 0, &err);
-    int32_t *prompt = n >= 0 ? malloc(sizeof(int32_t) * (n + 1)) : NULL;
+    int32_t *prompt = n >= 0 ? cli_alloc(sizeof(int32_t) * (n + 1), 1) : NULL;
     if (n < 0 || dfl_tokenize(e, text, strlen(text), !special, special, prompt, n, &err) != n) {
         fprintf(stderr, "dflash generate: %s\n", err.msg);
         return 1;

@@ -79,7 +79,7 @@ static void parse(opts *o, int argc, char **argv) {
 static int32_t *prompt_ids(const opts *o, dfl_engine *e, int *n) {
     *n = 0;
     if (o->ids) {
-        int32_t *ids = malloc(sizeof(int32_t) * 65536);
+        int32_t *ids = cli_alloc(sizeof(int32_t) * 65536, 1);
         *n = cli_ids("--ids", o->ids, ids, 65536);
         return ids;
     }
@@ -87,7 +87,7 @@ static int32_t *prompt_ids(const opts *o, dfl_engine *e, int *n) {
     dfl_error err = {0};
     size_t len = strlen(o->prompt);
     int k = dfl_tokenize(e, o->prompt, len, 1, 0, NULL, 0, &err);
-    int32_t *ids = k > 0 ? malloc(sizeof(int32_t) * k) : NULL;
+    int32_t *ids = k > 0 ? cli_alloc(sizeof(int32_t) * k, 1) : NULL;
     if (k <= 0 || dfl_tokenize(e, o->prompt, len, 1, 0, ids, k, &err) != k) {
         fprintf(stderr, "dflash probe: %s\n", k < 0 ? err.msg : "the prompt has no tokens");
         exit(1);
@@ -150,7 +150,7 @@ enum { PROBE_TEMPERATURE_X10 = 8 };   /* the sampled arm's temperature, 0.8 */
 static int ngram_check(dfl_engine *e, const int32_t *ids, int n, int n_gen, dfl_error *err) {
     int32_t fixed[] = {1, 2, 3, 4, 1, 2, 3, 4};   /* repeats: the lane has a match */
     if (!ids) ids = fixed, n = 8;
-    idbuf a = {malloc(sizeof(int32_t) * n_gen), 0, n_gen}, b = {malloc(sizeof(int32_t) * n_gen), 0, n_gen};
+    idbuf a = {cli_alloc(sizeof(int32_t) * n_gen, 1), 0, n_gen}, b = {cli_alloc(sizeof(int32_t) * n_gen, 1), 0, n_gen};
     dfl_stats sa, sb;
     int equal[2] = {0, 0}, rc = 0;
     uint64_t rounds = 0, accepted = 0, proposed = 0;
@@ -192,7 +192,7 @@ int cmd_probe(int argc, char **argv) {
     int n;
     int32_t *ids = prompt_ids(&o, e, &n);
     size_t cap = 1 << 20;
-    char *json = malloc(cap), *djson = malloc(cap);
+    char *json = cli_alloc(cap, 1), *djson = cli_alloc(cap, 1);
     dfl_probe_result r;
     int rc = dfl_probe(e, ids, n, block, &r, json, cap, &err);
     dfl_draft_report dr;

@@ -7,8 +7,6 @@
 
 #include "cli.h"
 
-enum { MAX_FILE = 64 << 20 };
-
 static void help(void) {
     printf("usage: dflash template [--template FILE | -m MODEL] --messages FILE.json [options]\n"
            "\n"
@@ -25,34 +23,7 @@ static void help(void) {
            "A template's raise_exception(msg) prints 'error: msg' and exits 1.\n");
 }
 
-static char *slurp(const char *path) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "dflash: cannot open %s\n", path);
-        exit(1);
-    }
-    size_t n = 0, cap = 1 << 16;
-    char *s = malloc(cap);
-    for (size_t r; s && (r = fread(s + n, 1, cap - n - 1, f)) > 0;) {
-        n += r;
-        if (n + 1 == cap) {
-            if (cap >= MAX_FILE) {
-                fprintf(stderr, "dflash: %s is larger than %d MiB\n", path, MAX_FILE >> 20);
-                exit(1);
-            }
-            char *t = realloc(s, cap *= 2);
-            if (!t) free(s);
-            s = t;
-        }
-    }
-    if (f != stdin) fclose(f);
-    if (!s) {
-        fprintf(stderr, "dflash: out of memory reading %s\n", path);
-        exit(1);
-    }
-    s[n] = 0;
-    return s;
-}
+static char *slurp(const char *path) { return cli_read_file(NULL, "file", path, NULL); }
 
 const char *cli_chat_template_file(const char *path) { return slurp(path); }
 const char *cli_file_text(const char *path) { return slurp(path); }
@@ -107,7 +78,7 @@ int cmd_template(int argc, char **argv) {
     char *kw = NULL;
     if (bos || eos) {
         size_t n = (kwargs ? strlen(kwargs) : 2) + 6 * (strlen(bos ? bos : "") + strlen(eos ? eos : "")) + 64;
-        kw = malloc(n);
+        kw = cli_alloc(n, 1);
         char *p = kw;
         p += sprintf(p, "{");
         const char *names[2] = {"bos_token", "eos_token"}, *vals[2] = {bos, eos};
@@ -128,7 +99,7 @@ int cmd_template(int argc, char **argv) {
         kwargs = kw;
     }
     int need_n = dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, NULL, 0, &err);
-    char *out = need_n >= 0 ? malloc((size_t)need_n + 1) : NULL;
+    char *out = need_n >= 0 ? cli_alloc((size_t)need_n + 1, 1) : NULL;
     if (out) dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, out, (size_t)need_n + 1, &err);
     int rc = 0;
     if (need_n < 0 || !out) {

@@ -11,7 +11,6 @@
 
 #include "cli.h"
 
-enum { MAX_TEXT = 256 << 20 };
 
 static void help_tokenize(void) {
     printf("usage: dflash tokenize --model PATH (--text S | --file F | --jsonl F) [options]\n"
@@ -40,39 +39,8 @@ static void help_detokenize(void) {
            "  --skip-special       leave out special tokens (<|im_end|>, <s>, ...)\n");
 }
 
-/* Reads a whole file or stdin; exits with a message on failure. */
 static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        perror(path);
-        exit(1);
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            fprintf(stderr, "dflash tokenize: out of memory reading %s\n", path);
-            exit(1);
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-        if (n == cap) {
-            if (cap >= MAX_TEXT) {
-                fprintf(stderr, "dflash tokenize: %s is larger than %d MiB\n", path, MAX_TEXT >> 20);
-                exit(1);
-            }
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-    }
-    if (ferror(f)) {
-        perror(path);
-        exit(1);
-    }
-    if (f != stdin) fclose(f);
-    *len = n;
-    return buf;
+    return cli_read_file("tokenize", "file", path, len);
 }
 
 static dfl_engine *load_vocab(const char *model) {
@@ -106,7 +74,7 @@ static const char *need(int argc, char **argv, int *i) {
 static int print_ids(dfl_engine *e, const char *s, size_t len, int add_special, int parse_special) {
     dfl_error err = {0};
     int n = dfl_tokenize(e, s, len, add_special, parse_special, NULL, 0, &err);
-    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    int32_t *ids = n > 0 ? cli_alloc((size_t)n * sizeof *ids, 1) : NULL;
     if (n > 0 && ids) n = dfl_tokenize(e, s, len, add_special, parse_special, ids, n, &err);
     if (n < 0 || (n > 0 && !ids)) {
         fprintf(stderr, "dflash tokenize: %s\n", n < 0 ? err.msg : "out of memory");
@@ -222,7 +190,7 @@ static int detok_lines(dfl_engine *e, const char *path, int show_special) {
         int n = arr ? cJSON_GetArraySize(arr) : -1, k = 0;
         if (arr && (size_t)n > cap) {
             free(ids);
-            ids = malloc((size_t)n * sizeof *ids);
+            ids = cli_alloc((size_t)n * sizeof *ids, 1);
             cap = ids ? (size_t)n : 0;
             if (!ids) arr = NULL;
         }
@@ -279,7 +247,7 @@ int cmd_detokenize(int argc, char **argv) {
     }
     int cap = 1;
     for (const char *p = list; *p; p++) cap += *p == ',';
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int32_t *ids = cli_alloc((size_t)cap * sizeof *ids, 1);
     if (!ids) return 1;
     int n = *list ? cli_ids("--ids", list, ids, cap) : 0;
     dfl_engine *e = load_vocab(model);

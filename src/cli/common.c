@@ -50,6 +50,58 @@ static const char *default_path(const char *file) {
 const char *cli_default_model(void) { return default_path("target"); }
 const char *cli_default_draft(void) { return default_path("draft"); }
 
+static void out_of_memory(size_t n, size_t sz) {
+    fprintf(stderr, "dflash: out of memory (%zu elements of %zu bytes)\n", n, sz);
+    exit(1);
+}
+
+void *cli_alloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) out_of_memory(n, sz);
+    return p;
+}
+
+void *cli_grow(void *p, size_t *cap, size_t need, size_t sz) {
+    if (need <= *cap) return p;
+    size_t c = *cap ? *cap : 16;
+    while (c < need && c <= SIZE_MAX / 2 / (sz ? sz : 1)) c *= 2;
+    void *q = c >= need ? realloc(p, c * (sz ? sz : 1)) : NULL;
+    if (!q) out_of_memory(need, sz);
+    *cap = c;
+    return q;
+}
+
+char *cli_read_file(const char *cmd, const char *what, const char *path, size_t *len) {
+    const char *sp = cmd ? " " : "";
+    if (!cmd) cmd = "";
+    int in = !strcmp(path, "-");
+    FILE *f = in ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "dflash%s%s: cannot open %s %s: %s\n", sp, cmd, what, path, strerror(errno));
+        exit(1);
+    }
+    size_t cap = 0, n = 0;
+    char *buf = cli_grow(NULL, &cap, 1 << 16, 1);
+    for (size_t r; (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n > CLI_MAX_FILE) {
+            fprintf(stderr, "dflash%s%s: %s %s is larger than %d MiB\n", sp, cmd, what, path,
+                    CLI_MAX_FILE >> 20);
+            exit(1);
+        }
+        buf = cli_grow(buf, &cap, n + 2, 1);
+    }
+    int bad = ferror(f);
+    if (!in) fclose(f);
+    if (bad) {
+        fprintf(stderr, "dflash%s%s: cannot read %s %s\n", sp, cmd, what, path);
+        exit(1);
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
 const char *cli_need(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
         fprintf(stderr, "dflash %s: %s needs a value (see --help)\n", argv[0], argv[*i]);
