@@ -61,6 +61,14 @@ void *cli_grow(void *p, size_t *cap, size_t need, size_t sz);
  * it cannot be read,
  * or is larger than CLI_MAX_FILE. */
 char *cli_read_file(const char *cmd, const char *what, const char *path, size_t *len);
+/* Committed ids of a dfl_generate run (cli_on_id is its callback): the first
+ * cap are kept in ids; with stop set, generation stops once cap are in. */
+typedef struct cli_idbuf {
+    int32_t *ids;
+    int n, cap;
+    int stop;
+} cli_idbuf;
+int cli_on_id(void *ud, const dfl_token_info *t);
 /* Reads --ids "1,2,3" into ids; returns the count or exits with a message. */
 int cli_ids(const char *flag, const char *v, int32_t *ids, int cap);
 

@@ -470,23 +470,14 @@ static void set_prompt(bench *b) {
 
 /* Committed ids of a dfl_generate run (the classic reference, or a run to
  * check against it). */
-typedef struct refbuf {
-    int32_t *ids;
-    int n, cap;
-} refbuf;
-
-static int on_ref(void *ud, const dfl_token_info *t) {
-    refbuf *r = ud;
-    if (r->n < r->cap) r->ids[r->n++] = t->id;
-    return 0;
-}
+typedef cli_idbuf refbuf;
 
 /* Generates n tokens after the bench prompt with gp (EOS ignored) into ref. */
 static void gen_ids(bench *b, dfl_gen_params *gp, int n, refbuf *ref, dfl_stats *st) {
     dfl_error err = {0};
     gp->ignore_eos = 1, gp->max_tokens = n;
     ref->n = 0;
-    if (dfl_generate(b->s, b->prompt, b->n_prompt, gp, on_ref, ref, st, &err))
+    if (dfl_generate(b->s, b->prompt, b->n_prompt, gp, cli_on_id, ref, st, &err))
         die("generate", &err);
 }
 

@@ -290,16 +290,6 @@ static int write_tables(dfl_engine *e, const dfl_model_info *mi, const char *dir
 
 /* ---- running the target -------------------------------------------------- */
 
-typedef struct collect {
-    int32_t *ids;
-    int n, cap;
-} collect;
-
-static int on_token(void *ud, const dfl_token_info *t) {
-    collect *c = ud;
-    if (c->n < c->cap) c->ids[c->n++] = t->id;
-    return c->n >= c->cap;
-}
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -426,9 +416,9 @@ static void run_generate(job *j, const int32_t *ids, int n) {
     gp.block_size = 1;
     gp.max_tokens = o->generate < ctx - P ? o->generate : ctx - P;
     memcpy(j->seq, ids, sizeof(int32_t) * (size_t)P);
-    collect c = {j->seq + P, 0, gp.max_tokens};
+    cli_idbuf c = {j->seq + P, 0, gp.max_tokens, 1};
     dfl_error err = {0};
-    if (dfl_generate(j->s, ids, P, &gp, on_token, &c, NULL, &err)) {
+    if (dfl_generate(j->s, ids, P, &gp, cli_on_id, &c, NULL, &err)) {
         fprintf(stderr, "dflash capture: document %d: %s\n", j->doc, err.msg);
         exit(1);
     }

@@ -110,17 +110,7 @@ static void print_json_str(const char *s) {
 
 /* ---- --ngram: the lane end to end ------------------------------------------------ */
 
-typedef struct idbuf {
-    int32_t *ids;
-    int n, cap;
-} idbuf;
-
-static int on_id(void *ud, const dfl_token_info *t) {
-    idbuf *b = ud;
-    if (b->n < b->cap) b->ids[b->n] = t->id;
-    b->n++;
-    return 0;
-}
+typedef cli_idbuf idbuf;
 
 /* cap tokens after ids on a fresh session: classic (block 1) or adaptive (0). */
 static int run_ids(dfl_engine *e, const int32_t *ids, int n, int block, float temperature,
@@ -136,7 +126,7 @@ static int run_ids(dfl_engine *e, const int32_t *ids, int n, int block, float te
     p.block_size = block;
     p.temperature = temperature;
     out->n = 0;
-    rc = dfl_generate(s, ids, n, &p, on_id, out, st, err);
+    rc = dfl_generate(s, ids, n, &p, cli_on_id, out, st, err);
     dfl_session_free(s);
     return rc;
 }

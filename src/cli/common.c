@@ -102,6 +102,12 @@ char *cli_read_file(const char *cmd, const char *what, const char *path, size_t 
     return buf;
 }
 
+int cli_on_id(void *ud, const dfl_token_info *t) {
+    cli_idbuf *b = ud;
+    if (b->n < b->cap) b->ids[b->n++] = t->id;
+    return b->stop && b->n >= b->cap;
+}
+
 const char *cli_need(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
         fprintf(stderr, "dflash %s: %s needs a value (see --help)\n", argv[0], argv[*i]);
