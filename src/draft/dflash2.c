@@ -112,3 +112,12 @@ void dfl_dflash2_walk(const dfl_drafter *d, int32_t anchor, int n, const int32_t
         prev = draft[i] = cand[i * K + best];
     }
 }
+
+void dfl_hc_mean(const float *x, int n, int hc, int dim, float *y) {
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < dim; c++) {
+            float acc = 0.0f;
+            for (int s = 0; s < hc; s++) acc += x[((size_t)r * hc + s) * dim + c];
+            y[(size_t)r * dim + c] = acc / (float)hc;
+        }
+}

@@ -130,6 +130,12 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
  * [1, n_target-3] (one draft layer: n_target/2). Returns n_draft. */
 int dfl_dflash_default_layers(int n_target, int n_draft, int *ids);
 void dfl_drafter_free(dfl_drafter *d);
+/* A hyper-connection target's feature (hc_mult residual streams per row, as
+ * DeepSeek-V4 / GLM-5.3 keep them) contracted to the hidden size for a
+ * drafter: the mean of the streams, as the DFlash2 ports describe SGLang's
+ * hc_contract (UNVERIFIED; no such target is supported yet). x (n, hc, dim)
+ * -> y (n, dim); streams summed in order, then divided by hc. */
+void dfl_hc_mean(const float *x, int n, int hc, int dim, float *y);
 /* The target's own MTP head (--draft-mtp): refuses a target without mtp.*
  * tensors, naming what it looked for. */
 int dfl_mtp_load(dfl_target *t, const dfl_load_opts *o, dfl_drafter **out, dfl_error *err);
