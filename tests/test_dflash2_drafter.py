@@ -20,6 +20,8 @@ tools/make_checkpoint.py --drafter --dflash2 in z-lab's / SpecForge's layout.
    copy whose lm_head keeps 2 rows (so drafts are accepted); the rejection
    rule runs and accepts drafts there.
 3. `dflash probe --draft`: 0 differing bytes at blocks 2..16.
+   llama.cpp's GGUF form (tools/drafter_to_gguf.py, the names of llama.cpp's
+   DFlash2 loader, PR #27342) drafts the same bytes as the folder.
 4. Refusals by name of the DFlash2 keys' bad values.
 Without $DFLASH_BIN or torch/transformers: skipped (exit 77), unless CI=true.
 """
@@ -187,6 +189,15 @@ def test_drafts(binary, dirs, tmp):
                 o.row(f"{name} n={n} B={B}", dt, "draft", kv, diff, tol, ok)
                 # the selector must matter: some pick is not the candidate of best unary
                 moved += sum(a != b for a, b in zip(rd, top))
+        gg = dd + ".gguf"
+        o.run([sys.executable, os.path.join(HERE, "..", "tools", "drafter_to_gguf.py"), "--quiet",
+               dd, dirs[dt], gg])
+        ids = np.random.default_rng(77).integers(0, o.TOK_SIZE, 21).tolist()
+        a = o.dump(binary, dirs[dt], ids, "f32", draft=dd, block=B)[2]
+        b = o.dump(binary, dirs[dt], ids, "f32", draft=gg, block=B)[2]
+        check(a.tobytes() == b.tobytes(), f"{name}: the GGUF form drafts other bytes")
+        print(f"  {name}: GGUF form (llama.cpp's names) == folder, bit for bit: "
+              f"{a.tobytes() == b.tobytes()}", flush=True)
         # the transition term must change some choice, or the test would not see it
         check(moved > 0, f"{name}: every pick is the head's argmax: the selector is not tested")
         print(f"  {name}: {moved} rows whose selector pick is not the best unary", flush=True)

@@ -214,12 +214,6 @@ static int gguf_int(const gguf_file *g, const char *key, int lo, int hi, int *ou
 
 static int gguf_refuse_variants(const gguf_file *g, dfl_error *err) {
     const char *src = g->tensors.source;
-    static const char *dflash2[] = {"dflash.conv_kernel_size", "dflash.conv_group_size",
-                                    "dflash.selector_rank", "dflash.selector_top_k"};
-    for (size_t i = 0; i < sizeof dflash2 / sizeof dflash2[0]; i++)
-        if (dfl_gguf_find(g, dflash2[i]))
-            return dfl_fail(err, DFL_EUNSUP, "%s: %s marks a DFlash2 drafter, which is not "
-                            "supported", src, dflash2[i]);
     int causal = 0;
     int rc = dfl_gguf_bool(g, "dflash.attention.causal", &causal, err);
     if (rc > 1 || rc < 0) return rc;
@@ -280,6 +274,26 @@ static int gguf_layer_ids(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
         d->cap[i] = (int)v - 1;
     }
     return 0;
+}
+
+/* llama.cpp's DFlash2 form (PR #27342: the same `dflash` architecture plus
+ * these keys): any of them makes the file a DFlash2 drafter, which needs all. */
+static int gguf_dflash2(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
+    static const char *keys[] = {"dflash.conv_kernel_size", "dflash.conv_group_size",
+                                 "dflash.selector_rank", "dflash.selector_top_k"};
+    int any = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) any |= !!dfl_gguf_find(g, keys[i]);
+    if (!any) return 0;
+    d->kind = DFL_DRAFT_DFLASH2;
+    d->sel_mult = 1.0f;
+    int top_hi = d->c.vocab < DRAFT_MAX_SEL_TOP_K ? d->c.vocab : DRAFT_MAX_SEL_TOP_K;
+    int rc = gguf_int(g, keys[0], 1, d->block_size, &d->conv_k, 1, err);
+    rc = rc ? rc : gguf_int(g, keys[1], 1, d->c.dim, &d->conv_group, 1, err);
+    if (!rc && d->c.dim % d->conv_group)
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: %s %d does not divide the hidden size %d",
+                      g->tensors.source, keys[1], d->conv_group, d->c.dim);
+    rc = rc ? rc : gguf_int(g, keys[2], 1, DRAFT_MAX_SEL_RANK, &d->sel_rank, 1, err);
+    return rc ? rc : gguf_int(g, keys[3], 1, top_hi, &d->sel_top_k, 1, err);
 }
 
 static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, dfl_error *err) {
@@ -344,7 +358,7 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
                       c->rope_theta);
     rc = rc ? rc : gguf_mask(d, g, err);
     rc = rc ? rc : gguf_layer_ids(d, g, err);
-    return rc;
+    return rc ? rc : gguf_dflash2(d, g, err);
 }
 
 /* ---- checks against the paired target ------------------------------------ */
@@ -447,7 +461,7 @@ static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) 
         rc = rc ? rc : dfl_w_vec(&w, lname(b, nm->k_norm, l), c->head_dim, &L->k_norm, err);
         if (o->progress) o->progress(o->progress_ud, "draft", l + 1, c->n_layers);
     }
-    if (!rc && d->kind == DFL_DRAFT_DFLASH2) rc = dfl_dflash2_weights(d, &w, err);
+    if (!rc && d->kind == DFL_DRAFT_DFLASH2) rc = dfl_dflash2_weights(d, &w, !!d->gguf, err);
     if (!rc) rc = dfl_w_end(&w, err);
     d->owned = w.owned;
     return rc;

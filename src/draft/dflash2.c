@@ -20,31 +20,42 @@
 
 #include "draft/draft_private.h"
 
-static int conv_tensors(dfl_drafter *d, dfl_weights *w, int l, int side, const char *nm,
-                        dfl_error *err) {
-    char b[256];
-    dfl_dlayer *L = &d->layers[l];
-    int dim = d->c.dim, kg = d->conv_k * (dim / d->conv_group);
-    int dims[3] = {2, d->conv_k, dim};
-    snprintf(b, sizeof b, "layers.%d.%s.base_kernel", l, nm);
-    int rc = dfl_w_array(w, b, 3, dims, 0.0f, &L->conv_base[side], err);
-    snprintf(b, sizeof b, "layers.%d.%s.kernel_projection.weight", l, nm);
-    return rc ? rc : dfl_w_mat(w, b, 2 * kg, dim, &L->conv_proj[side], err);
-}
+/* Tensor names: Hugging Face (SpecForge / SGLang) and llama.cpp's GGUF
+ * (PR #27342); printf formats take the layer. */
+typedef struct names2 {
+    const char *base[2], *proj[2];
+    const char *hidden, *pred, *succ;
+} names2;
 
-int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, dfl_error *err) {
-    int rc = 0, V = d->c.vocab, r = d->sel_rank;
-    for (int l = 0; l < d->c.n_layers && !rc; l++) {
-        rc = conv_tensors(d, w, l, 0, "attention_conv", err);
-        rc = rc ? rc : conv_tensors(d, w, l, 1, "mlp_conv", err);
-    }
+static const names2 hf2 = {
+    {"layers.%d.attention_conv.base_kernel", "layers.%d.mlp_conv.base_kernel"},
+    {"layers.%d.attention_conv.kernel_projection.weight",
+     "layers.%d.mlp_conv.kernel_projection.weight"},
+    "candidate_selector.hidden_projection.weight", "candidate_selector.predecessor_codebook",
+    "candidate_selector.successor_codebook"};
+
+static const names2 gguf2 = {
+    {"blk.%d.attn_conv_base", "blk.%d.ffn_conv_base"},
+    {"blk.%d.attn_conv_proj.weight", "blk.%d.ffn_conv_proj.weight"},
+    "selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight"};
+
+int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, int gguf, dfl_error *err) {
+    const names2 *nm = gguf ? &gguf2 : &hf2;
+    int rc = 0, V = d->c.vocab, r = d->sel_rank, dim = d->c.dim;
+    int kg = d->conv_k * (dim / d->conv_group), dims[3] = {2, d->conv_k, dim};
+    char b[256];
+    for (int l = 0; l < d->c.n_layers && !rc; l++)
+        for (int sub = 0; sub < 2 && !rc; sub++) {
+            dfl_dlayer *L = &d->layers[l];
+            snprintf(b, sizeof b, nm->base[sub], l);
+            rc = dfl_w_array(w, b, 3, dims, 0.0f, &L->conv_base[sub], err);
+            snprintf(b, sizeof b, nm->proj[sub], l);
+            rc = rc ? rc : dfl_w_mat(w, b, 2 * kg, dim, &L->conv_proj[sub], err);
+        }
     int cb[2] = {V, r};
-    rc = rc ? rc : dfl_w_mat(w, "candidate_selector.hidden_projection.weight", r, d->c.dim,
-                             &d->sel_proj, err);
-    rc = rc ? rc : dfl_w_array(w, "candidate_selector.predecessor_codebook", 2, cb, 0.0f,
-                               &d->sel_pred, err);
-    return rc ? rc : dfl_w_array(w, "candidate_selector.successor_codebook", 2, cb, 0.0f,
-                                 &d->sel_succ, err);
+    rc = rc ? rc : dfl_w_mat(w, nm->hidden, r, dim, &d->sel_proj, err);
+    rc = rc ? rc : dfl_w_array(w, nm->pred, 2, cb, 0.0f, &d->sel_pred, err);
+    return rc ? rc : dfl_w_array(w, nm->succ, 2, cb, 0.0f, &d->sel_succ, err);
 }
 
 /* Rows descending, so every y_{i-t} read is still the input. One sum order

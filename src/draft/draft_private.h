@@ -39,8 +39,8 @@ int dfl_laguna_draft_weights(dfl_drafter *d, dfl_weights *w, dfl_error *err);
  * logits. Needs d->c.dim, d->c.vocab and d->block_size read first. */
 int dfl_dflash2_config(dfl_drafter *d, const cJSON *dc, const char *file, dfl_error *err);
 /* Its tensors past z-lab's (dflash2.c): each layer's attention_conv and
- * mlp_conv, the candidate_selector. */
-int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, dfl_error *err);
+ * mlp_conv, the candidate_selector; gguf: llama.cpp's names for them. */
+int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, int gguf, dfl_error *err);
 /* The grouped dynamic causal conv of one block's n rows y (n, dim), in place:
  * y_i = sum_t (base[t] + dk_i[t][g]) * y_{i-t}, taps before row 0 zero;
  * dk rows (n, ldk) hold the side's K*G taps, base (K, dim). */
