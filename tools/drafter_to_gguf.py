@@ -105,6 +105,11 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
         raise SystemExit(f"drafter_to_gguf: {ddir}: architectures {cfg.get('architectures')} "
                          "is not DFlashDraftModel or DFlash2DraftModel")
     dflash2 = arch == "DFlash2DraftModel"
+    dc0 = cfg.get("dflash_config") or {}
+    if dflash2 and (dc0.get("output_multiplier", 1.0) != 1.0
+                    or dc0.get("final_logit_softcapping") is not None):
+        raise SystemExit(f"drafter_to_gguf: {ddir}: dflash_config sets output_multiplier or "
+                         "final_logit_softcapping, which llama.cpp's DFlash2 GGUF has no key for")
     D, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     KV = cfg.get("num_key_value_heads") or H
     hd = cfg.get("head_dim") or D // H
