@@ -9,7 +9,9 @@
  * forward runs the Laguna drafter (laguna_dflash_config.c and
  * laguna_dflash.c read it) with its differences: aux norms on the
  * features, context through each layer's input_layernorm, a softplus
- * output gate, causal or sliding-window rows. */
+ * output gate, causal or sliding-window rows. DFlash2 (dflash2.c,
+ * dflash2_config.c) runs it too, with a conv around each sublayer of the
+ * block rows and its candidate selector in place of the argmax. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
