@@ -1,6 +1,7 @@
 /* fuzz_draft_config.c - libFuzzer target: a Laguna DFlash drafter's
  * config.json against a fixed Laguna target (pairing, range checks, the
- * layer and RoPE rules), then the RoPE table a config that passed implies. */
+ * layer and RoPE rules), then the RoPE table a config that passed implies;
+ * and its dflash_config as a DFlash2 drafter's (conv and selector keys). */
 #include <cjson/cJSON.h>
 #include <string.h>
 
@@ -20,6 +21,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         dfl_rope_init(&r, &d.c);
         free(r.inv_freq);
     }
+    memset(&d, 0, sizeof d);
+    d.t = &t, d.c.dim = t.c.dim, d.c.vocab = t.c.vocab, d.block_size = 8;
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+    if (cJSON_IsObject(dc)) dfl_dflash2_config(&d, dc, "config.json", &e);
     cJSON_Delete(j);
     return 0;
 }

@@ -28,7 +28,7 @@ cd "$root"
 
 srcs=(src/base/base.c src/io/types.c src/io/gguf.c src/io/safetensors.c src/io/json.c
       src/models/config.c src/models/laguna_config.c src/models/qwen35_config.c
-      src/draft/draft_config.c src/draft/laguna_dflash_config.c)
+      src/draft/draft_config.c src/draft/laguna_dflash_config.c src/draft/dflash2_config.c)
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer -Wall -Iinclude -Isrc)
 for t in "${targets[@]}"; do
@@ -224,6 +224,16 @@ full = {**draft, "layer_types": ["full_attention"] * 2, "gating": "per-element",
                           "use_swa": False, "use_aux_hidden_state": True}}
 open(f"{seeds}/draft_config/published.json", "w").write(json.dumps(draft))
 open(f"{seeds}/draft_config/full.json", "w").write(json.dumps(full))
+# DFlash2 (DFlash2DraftModel) keys: the published shape, and softcap / multiplier set
+d2 = {**draft, "architectures": ["DFlash2DraftModel"], "model_type": "qwen3",
+      "dflash_config": {"block_size": 8, "mask_token_id": 12, "target_layer_ids": [1, 2],
+                        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256,
+                        "selector_top_k": 16}}
+open(f"{seeds}/draft_config/dflash2.json", "w").write(json.dumps(d2))
+d2["dflash_config"].update(conv_kernel_size=8, conv_group_size=64, selector_rank=1,
+                           selector_top_k=512, output_multiplier=0.25,
+                           final_logit_softcapping=30.0)
+open(f"{seeds}/draft_config/dflash2_edges.json", "w").write(json.dumps(d2))
 EOF
 
 fail=0

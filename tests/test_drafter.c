@@ -735,7 +735,9 @@ static void test_gguf(const char *dir, dfl_drafter *hf, const float *F, int nctx
         {"mask ids disagree", {"dflash", {2, 4}, MASK, MASK + 1, 0, 0, 0, 0}, DFL_EFORMAT, "mask_token_id"},
         {"no mask id", {"dflash", {2, 4}, -1, -1, 0, 0, 0, 0}, DFL_EFORMAT, "mask_token_id"},
         {"sliding layers", {"dflash", {2, 4}, MASK, -1, 1, 0, 0, 0}, DFL_EUNSUP, "sliding_window_pattern"},
-        {"DFlash2", {"dflash", {2, 4}, MASK, -1, 0, 1, 0, 0}, DFL_EUNSUP, "dflash.selector_rank"},
+        /* one DFlash2 key makes a DFlash2 drafter, which needs all four */
+        {"DFlash2 keys incomplete", {"dflash", {2, 4}, MASK, -1, 0, 1, 0, 0}, DFL_EFORMAT,
+         "dflash.conv_kernel_size is missing"},
         {"missing tensor", {"dflash", {2, 4}, MASK, -1, 0, 0, 1, 0}, DFL_EFORMAT, "blk.1.ffn_up.weight"},
         {"extra tensor", {"dflash", {2, 4}, MASK, -1, 0, 0, 0, 1}, DFL_EFORMAT, "token_embd.weight"},
         {"partial RoPE", {"dflash", {2, 4}, MASK, -1, 0, 0, 0, 0, HD / 2, 0}, DFL_EUNSUP, "dflash.rope.dimension_count"},

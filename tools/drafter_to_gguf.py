@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""drafter_to_gguf.py - a z-lab DFlash drafter folder -> llama.cpp's `dflash` GGUF.
+"""drafter_to_gguf.py - a z-lab DFlash (or DFlash2) drafter folder -> llama.cpp's `dflash` GGUF.
 
     tools/drafter_to_gguf.py DRAFTER_DIR TARGET_DIR OUT.gguf [--outtype auto|f32|f16|bf16]
 
@@ -22,7 +22,12 @@ the way its converter writes them (spec/dflash.md section 1.4):
 - tensors fc.weight, enc.output_norm.weight (hidden_norm),
   output_norm.weight (norm), blk.N.{attn_norm, attn_q, attn_k, attn_v,
   attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up,
-  ffn_down}.weight; no token_embd and no output (both come from the target).
+  ffn_down}.weight; no token_embd and no output (both come from the target);
+- a DFlash2DraftModel adds dflash.{conv_kernel_size, conv_group_size,
+  selector_rank, selector_top_k} and the tensors of llama.cpp's DFlash2
+  loader (PR #27342): blk.N.{attn,ffn}_conv_base (F32 [2, K, D]),
+  blk.N.{attn,ffn}_conv_proj.weight, selector_hidden.weight,
+  selector_predecessor.weight, selector_successor.weight ([V, r]).
 
 Matrices take --outtype (auto keeps the file's); norms stay F32. Quantize
 the result with `dflash quantize` (its matrices) like any other GGUF. Written
@@ -54,11 +59,24 @@ LAYER_NAMES = {
     "mlp.down_proj": "ffn_down",
 }
 TOP_NAMES = {"fc": "fc", "hidden_norm": "enc.output_norm", "norm": "output_norm"}
+DFLASH2_TOP = {"candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+               "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+               "candidate_selector.successor_codebook": "selector_successor.weight"}
+DFLASH2_LAYER = {"attention_conv.base_kernel": "attn_conv_base",
+                 "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+                 "mlp_conv.base_kernel": "ffn_conv_base",
+                 "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight"}
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def gguf_name(hf):
     """z-lab tensor name (with or without a `model.` prefix) -> GGUF name, or None."""
     n = hf[len("model."):] if hf.startswith("model.") else hf
+    if n in DFLASH2_TOP:
+        return DFLASH2_TOP[n]
+    parts = n.split(".", 2)
+    if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and parts[2] in DFLASH2_LAYER:
+        return f"blk.{int(parts[1])}.{DFLASH2_LAYER[parts[2]]}"
     if not n.endswith(".weight"):
         return None
     n = n[:-len(".weight")]
@@ -82,9 +100,16 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
         cfg = json.load(f)
     with open(os.path.join(tdir, "config.json")) as f:
         tcfg = json.load(f)
-    if "DFlashDraftModel" not in (cfg.get("architectures") or []):
+    arch = (cfg.get("architectures") or [None])[0]
+    if arch not in ("DFlashDraftModel", "DFlash2DraftModel"):
         raise SystemExit(f"drafter_to_gguf: {ddir}: architectures {cfg.get('architectures')} "
-                         "is not DFlashDraftModel")
+                         "is not DFlashDraftModel or DFlash2DraftModel")
+    dflash2 = arch == "DFlash2DraftModel"
+    dc0 = cfg.get("dflash_config") or {}
+    if dflash2 and (dc0.get("output_multiplier", 1.0) != 1.0
+                    or dc0.get("final_logit_softcapping") is not None):
+        raise SystemExit(f"drafter_to_gguf: {ddir}: dflash_config sets output_multiplier or "
+                         "final_logit_softcapping, which llama.cpp's DFlash2 GGUF has no key for")
     D, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     KV = cfg.get("num_key_value_heads") or H
     hd = cfg.get("head_dim") or D // H
@@ -116,7 +141,10 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
     w = gguf.GGUFWriter(out, a)
     hf_to_gguf.add_model_keys(w, cfg, os.path.basename(os.path.abspath(ddir)), mtype, V, D, L, H,
                               KV, hd)
-    w.add_uint32(f"{a}.block_size", int(cfg.get("block_size", 16)))
+    block = int(cfg.get("block_size") or (cfg.get("dflash_config") or {}).get("block_size", 16))
+    w.add_uint32(f"{a}.block_size", block)
+    for k in DFLASH2_KEYS if dflash2 else ():
+        w.add_uint32(f"{a}.{k}", int(dc[k]))
     w.add_key_value(f"{a}.target_layers", [int(i) + 1 for i in ids], gguf.GGUFValueType.ARRAY,
                     gguf.GGUFValueType.INT32)
     w.add_uint32(f"{a}.target_hidden_size", TD)
@@ -133,12 +161,15 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
         if g is None:
             if hf.endswith("rotary_emb.inv_freq"):
                 continue
-            raise SystemExit(f"drafter_to_gguf: tensor {hf} has no GGUF name (a DFlash2 or "
-                             "Laguna drafter? only DFlashDraftModel is converted)")
+            raise SystemExit(f"drafter_to_gguf: tensor {hf} has no GGUF name (a Laguna drafter? "
+                             "only DFlashDraftModel and DFlash2DraftModel are converted)")
         names[g] = hf
     # GGUF order: fc, norms, then layer by layer (what llama.cpp's converter does)
     order = ["fc.weight", "enc.output_norm.weight", "output_norm.weight"]
     order += [f"blk.{i}.{n}.weight" for i in range(L) for n in LAYER_NAMES.values()]
+    if dflash2:
+        order += [f"blk.{i}.{n}" for i in range(L) for n in DFLASH2_LAYER.values()]
+        order += list(DFLASH2_TOP.values())
     missing = [g for g in order if g not in names]
     if missing:
         raise SystemExit(f"drafter_to_gguf: {ddir}: missing tensors {missing[:4]}")
@@ -147,7 +178,7 @@ def convert(ddir, tdir, out, outtype="auto", quiet=False):
     hf_to_gguf.write(w, out, tensors)
     if not quiet:
         print(f"drafter_to_gguf: wrote {out} ({L} layers, target layers {ids} -> "
-              f"{[i + 1 for i in ids]}, mask {mask}, block {cfg.get('block_size', 16)})",
+              f"{[i + 1 for i in ids]}, mask {mask}, block {block})",
               file=sys.stderr)
     return {k: v.value for k, v in w.kv_data[0].items()}
 

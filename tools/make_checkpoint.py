@@ -9,6 +9,8 @@ drafters (spec section 1) paired with a target folder.
     make_checkpoint.py --arch llama --dim 64 --layers 2 --heads 4 --kv-heads 2 \\
         --ffn 128 --vocab 512 --dtype f32 --rope-scaling llama3 --out /tmp/tiny
     make_checkpoint.py --drafter --target /tmp/q06 --layers 2 --out /tmp/q06-dflash
+    make_checkpoint.py --drafter --dflash2 --target /tmp/q06 --layers 2 --block-size 8 \
+        --out /tmp/q06-dflash2    # DFlash2DraftModel: conv and candidate selector
 
 Weights are drawn from numpy's default_rng, seeded per (seed, model kind,
 tensor index, chunk index), so a given seed gives the same values whatever the
@@ -639,7 +641,29 @@ def drafter_config(tc, d):
         "use_sliding_window": False,
         "vocab_size": tc["vocab_size"],
     }
+    if d.get("dflash2"):
+        # SpecForge's DFlash2DraftModel export (the names SGLang loads)
+        c["architectures"] = ["DFlash2DraftModel"]
+        c["auto_map"] = {"AutoModel": "dflash2.DFlash2DraftModel"}
+        c["dflash_config"].update(d["dflash2"])
     return c
+
+
+def dflash2_tensors(D, d):
+    """DFlash2's tensors past z-lab's: per layer attention_conv and mlp_conv
+    (base_kernel [2, K, D], kernel_projection [2*K*D/group, D]), and the
+    candidate selector (codebooks [V, r] without a .weight suffix)."""
+    x = d["dflash2"]
+    K, G, r, V = x["conv_kernel_size"], D // x["conv_group_size"], x["selector_rank"], d["vocab"]
+    t = []
+    for i in range(d["layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            p = f"layers.{i}.{conv}."
+            t += [(p + "base_kernel", (2, K, D), ("normal", 0.5)),
+                  (p + "kernel_projection.weight", (2 * K * G, D), ("normal", 0.5 / math.sqrt(D)))]
+    return t + [("candidate_selector.hidden_projection.weight", (r, D), ("normal", 1 / math.sqrt(D))),
+                ("candidate_selector.predecessor_codebook", (V, r), ("normal", 1.0)),
+                ("candidate_selector.successor_codebook", (V, r), ("normal", 1.0))]
 
 
 def drafter_tensors(D, d):
@@ -662,7 +686,7 @@ def drafter_tensors(D, d):
               (p + "mlp.up_proj.weight", (F, D), ("normal", 1 / math.sqrt(D))),
               (p + "mlp.down_proj.weight", (D, F), ("normal", res / math.sqrt(F)))]
     t.append(("norm.weight", (D,), ("norm", 0.05)))
-    return t
+    return t + (dflash2_tensors(D, d) if d.get("dflash2") else [])
 
 
 def default_mask_id(target_dir, vocab):
@@ -684,8 +708,10 @@ def default_mask_id(target_dir, vocab):
 
 def make_drafter(out, target_dir, layers=None, heads=None, kv_heads=None, head_dim=None, ffn=None,
                  block_size=16, target_layer_ids=None, mask_id=None, dtype="bf16", seed=0,
-                 prefix_model=False, shard_mb=0, quiet=False, rope="target"):
-    """Writes a random z-lab DFlash drafter paired with target_dir; returns its config."""
+                 prefix_model=False, shard_mb=0, quiet=False, rope="target", dflash2=None):
+    """Writes a random z-lab DFlash drafter paired with target_dir; returns its config.
+    dflash2: {conv_kernel_size, conv_group_size, selector_rank, selector_top_k}
+    makes it a DFlash2DraftModel."""
     with open(os.path.join(target_dir, "config.json")) as f:
         tc = json.load(f)
     tc = tc.get("text_config", tc)   # a multimodal target (Qwen3.5) keeps its text model there
@@ -694,7 +720,8 @@ def make_drafter(out, target_dir, layers=None, heads=None, kv_heads=None, head_d
     d = dict(layers=layers or min(5, max(1, N // 2)), heads=H,
              kv_heads=kv_heads or tc.get("num_key_value_heads", H),
              head_dim=head_dim or tc.get("head_dim") or D // tc["num_attention_heads"],
-             ffn=ffn or tc["intermediate_size"], block_size=block_size, dtype=dtype, rope=rope)
+             ffn=ffn or tc["intermediate_size"], block_size=block_size, dtype=dtype, rope=rope,
+             dflash2=dflash2, vocab=tc["vocab_size"])
     if rope not in ("target", "none"):
         raise SystemExit("make_checkpoint: --drafter-rope must be target or none")
     if d["heads"] % d["kv_heads"]:
@@ -762,6 +789,12 @@ def main(argv=None):
     ap.add_argument("--prefix-model", action="store_true", help="drafter keys start with 'model.'")
     ap.add_argument("--drafter-rope", choices=["target", "none"], default="target",
                     help="drafter rope_scaling: copy the target's (default) or none")
+    ap.add_argument("--dflash2", action="store_true",
+                    help="a DFlash2DraftModel (grouped dynamic conv, candidate selector)")
+    ap.add_argument("--conv-kernel-size", type=int, default=2)
+    ap.add_argument("--conv-group-size", type=int, default=16)
+    ap.add_argument("--selector-rank", type=int, default=256)
+    ap.add_argument("--selector-top-k", type=int, default=16)
     a = ap.parse_args(argv)
     if a.drafter:
         if not a.target:
@@ -770,7 +803,11 @@ def main(argv=None):
         make_drafter(a.out, a.target, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
                      head_dim=a.head_dim, ffn=a.ffn, block_size=a.block_size, target_layer_ids=ids,
                      mask_id=a.mask_id, dtype=a.dtype, seed=a.seed, prefix_model=a.prefix_model,
-                     shard_mb=a.shard_mb, quiet=a.quiet, rope=a.drafter_rope)
+                     shard_mb=a.shard_mb, quiet=a.quiet, rope=a.drafter_rope,
+                     dflash2=dict(conv_kernel_size=a.conv_kernel_size,
+                                  conv_group_size=a.conv_group_size,
+                                  selector_rank=a.selector_rank,
+                                  selector_top_k=a.selector_top_k) if a.dflash2 else None)
         return 0
     kw = {k: getattr(a, k) for k in ("arch", "dim", "layers", "heads", "kv_heads", "head_dim", "ffn",
                                      "vocab", "max_ctx", "rope_theta", "eps", "tied", "rope_scaling",

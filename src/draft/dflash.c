@@ -9,7 +9,9 @@
  * forward runs the Laguna drafter (laguna_dflash_config.c and
  * laguna_dflash.c read it) with its differences: aux norms on the
  * features, context through each layer's input_layernorm, a softplus
- * output gate, causal or sliding-window rows. */
+ * output gate, causal or sliding-window rows. DFlash2 (dflash2.c,
+ * dflash2_config.c) runs it too, with a conv around each sublayer of the
+ * block rows and its candidate selector in place of the argmax. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -74,14 +76,15 @@ static int hf_arch(const cJSON *j, const char *file, dfl_error *err) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 1 || !cJSON_IsString(a->child))
         return dfl_fail(err, DFL_EFORMAT,
-                        "%s: architectures must be [\"DFlashDraftModel\"] (a z-lab DFlash drafter) "
-                        "or [\"DFlashLagunaForCausalLM\"]", file);
+                        "%s: architectures must be [\"DFlashDraftModel\"] (a z-lab DFlash drafter), "
+                        "[\"DFlash2DraftModel\"] or [\"DFlashLagunaForCausalLM\"]", file);
     const char *s = a->child->valuestring;
     if (strcmp(s, "DFlashDraftModel") == 0) return DFL_DRAFT_ZLAB;
+    if (strcmp(s, "DFlash2DraftModel") == 0) return DFL_DRAFT_DFLASH2;
     if (strcmp(s, "DFlashLagunaForCausalLM") == 0) return DFL_DRAFT_LAGUNA;
     return dfl_fail(err, DFL_EUNSUP,
-                    "%s: architectures is [\"%.64s\"]; only DFlashDraftModel and "
-                    "DFlashLagunaForCausalLM drafters are supported", file, s);
+                    "%s: architectures is [\"%.64s\"]; only DFlashDraftModel, DFlash2DraftModel "
+                    "and DFlashLagunaForCausalLM drafters are supported", file, s);
 }
 
 /* Features we do not implement are refused rather than silently ignored. */
@@ -115,6 +118,24 @@ static int hf_refuse_variants(const cJSON *j, const char *file, dfl_error *err) 
     return 0;
 }
 
+/* z-lab's block_size is top-level; DFlash2 exports (SpecForge) keep it in
+ * dflash_config: either will do, both must agree. */
+static int block_size(dfl_drafter *d, const cJSON *j, const cJSON *dc, const char *file,
+                      dfl_error *err) {
+    int top = 0, in = 0, dflash2 = d->kind == DFL_DRAFT_DFLASH2;
+    int rc = need_int(j, "block_size", 2, DFL_MAX_BLOCK, &top, !dflash2, file, err);
+    if (!rc && dflash2 && cJSON_IsObject(dc))
+        rc = need_int(dc, "block_size", 2, DFL_MAX_BLOCK, &in, 0, file, err);
+    if (!rc && top && in && top != in)
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: block_size %d and dflash_config.block_size %d "
+                      "disagree", file, top, in);
+    if (!rc && !top && !in)
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: block_size is missing (top-level or in "
+                      "dflash_config)", file);
+    d->block_size = top ? top : in;
+    return rc;
+}
+
 static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_error *err) {
     char file[4096];
     snprintf(file, sizeof file, "%s/config.json", dir);
@@ -145,7 +166,8 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     rc = rc ? rc : need_int(j, "vocab_size", 1, 1 << 24, &c->vocab, 0, file, err);
     c->max_ctx = t->c.max_ctx;
     rc = rc ? rc : need_int(j, "max_position_embeddings", 1, 1 << 24, &c->max_ctx, 0, file, err);
-    rc = rc ? rc : need_int(j, "block_size", 2, DFL_MAX_BLOCK, &d->block_size, 1, file, err);
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+    rc = rc ? rc : block_size(d, j, dc, file, err);
     int n_target = t->c.n_layers;
     rc = rc ? rc : need_int(j, "num_target_layers", 1, 1 << 16, &n_target, 0, file, err);
     if (!rc && n_target != t->c.n_layers)
@@ -157,7 +179,6 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     rc = rc ? rc : opt_num(j, "rope_theta", 1.0, 1e12, &theta, file, err);
     c->norm_eps = (float)eps;
     c->rope_theta = (float)theta;
-    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
     if (!rc && !cJSON_IsObject(dc))
         rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash_config is missing (expected an object with "
                       "mask_token_id and target_layer_ids)", file);
@@ -169,6 +190,7 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     }
     rc = rc ? rc : need_int(dc, "mask_token_id", 0, INT32_MAX, &d->mask_id, 1, file, err);
     rc = rc ? rc : dfl_draft_layer_ids(d, dc, t, 0, file, err);
+    if (!rc && d->kind == DFL_DRAFT_DFLASH2) rc = dfl_dflash2_config(d, dc, file, err);
     cJSON_Delete(j);
     return rc;
 }
@@ -194,12 +216,6 @@ static int gguf_int(const gguf_file *g, const char *key, int lo, int hi, int *ou
 
 static int gguf_refuse_variants(const gguf_file *g, dfl_error *err) {
     const char *src = g->tensors.source;
-    static const char *dflash2[] = {"dflash.conv_kernel_size", "dflash.conv_group_size",
-                                    "dflash.selector_rank", "dflash.selector_top_k"};
-    for (size_t i = 0; i < sizeof dflash2 / sizeof dflash2[0]; i++)
-        if (dfl_gguf_find(g, dflash2[i]))
-            return dfl_fail(err, DFL_EUNSUP, "%s: %s marks a DFlash2 drafter, which is not "
-                            "supported", src, dflash2[i]);
     int causal = 0;
     int rc = dfl_gguf_bool(g, "dflash.attention.causal", &causal, err);
     if (rc > 1 || rc < 0) return rc;
@@ -260,6 +276,26 @@ static int gguf_layer_ids(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
         d->cap[i] = (int)v - 1;
     }
     return 0;
+}
+
+/* llama.cpp's DFlash2 form (PR #27342: the same `dflash` architecture plus
+ * these keys): any of them makes the file a DFlash2 drafter, which needs all. */
+static int gguf_dflash2(dfl_drafter *d, const gguf_file *g, dfl_error *err) {
+    static const char *keys[] = {"dflash.conv_kernel_size", "dflash.conv_group_size",
+                                 "dflash.selector_rank", "dflash.selector_top_k"};
+    int any = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) any |= !!dfl_gguf_find(g, keys[i]);
+    if (!any) return 0;
+    d->kind = DFL_DRAFT_DFLASH2;
+    d->sel_mult = 1.0f;
+    int top_hi = d->c.vocab < DRAFT_MAX_SEL_TOP_K ? d->c.vocab : DRAFT_MAX_SEL_TOP_K;
+    int rc = gguf_int(g, keys[0], 1, d->block_size, &d->conv_k, 1, err);
+    rc = rc ? rc : gguf_int(g, keys[1], 1, d->c.dim, &d->conv_group, 1, err);
+    if (!rc && d->c.dim % d->conv_group)
+        rc = dfl_fail(err, DFL_EFORMAT, "%s: %s %d does not divide the hidden size %d",
+                      g->tensors.source, keys[1], d->conv_group, d->c.dim);
+    rc = rc ? rc : gguf_int(g, keys[2], 1, DRAFT_MAX_SEL_RANK, &d->sel_rank, 1, err);
+    return rc ? rc : gguf_int(g, keys[3], 1, top_hi, &d->sel_top_k, 1, err);
 }
 
 static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, dfl_error *err) {
@@ -324,7 +360,7 @@ static int gguf_config(dfl_drafter *d, const char *path, const dfl_target *t, df
                       c->rope_theta);
     rc = rc ? rc : gguf_mask(d, g, err);
     rc = rc ? rc : gguf_layer_ids(d, g, err);
-    return rc;
+    return rc ? rc : gguf_dflash2(d, g, err);
 }
 
 /* ---- checks against the paired target ------------------------------------ */
@@ -411,7 +447,8 @@ static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) 
     d->layers = xcalloc(c->n_layers, sizeof *d->layers);
     if (!rc && d->kind == DFL_DRAFT_LAGUNA) rc = dfl_laguna_draft_weights(d, &w, err);
     char b[256];
-    for (int l = 0; l < c->n_layers && !rc && d->kind == DFL_DRAFT_ZLAB; l++) {
+    int zlab = d->kind == DFL_DRAFT_ZLAB || d->kind == DFL_DRAFT_DFLASH2;
+    for (int l = 0; l < c->n_layers && !rc && zlab; l++) {
         dfl_dlayer *L = &d->layers[l];
         rc = dfl_w_mat(&w, lname(b, nm->wq, l), qd, c->dim, &L->wq, err);
         rc = rc ? rc : dfl_w_mat(&w, lname(b, nm->wk, l), kvd, c->dim, &L->wk, err);
@@ -426,6 +463,7 @@ static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) 
         rc = rc ? rc : dfl_w_vec(&w, lname(b, nm->k_norm, l), c->head_dim, &L->k_norm, err);
         if (o->progress) o->progress(o->progress_ud, "draft", l + 1, c->n_layers);
     }
+    if (!rc && d->kind == DFL_DRAFT_DFLASH2) rc = dfl_dflash2_weights(d, &w, !!d->gguf, err);
     if (!rc) rc = dfl_w_end(&w, err);
     d->owned = w.owned;
     return rc;
@@ -451,21 +489,31 @@ static void alloc_scratch(dfl_drafter *d) {
     d->rope_cs = dfl_aligned_alloc((size_t)R * c->head_dim * sizeof(float));
     d->feat_n = dfl_aligned_alloc((size_t)R * d->fc.cols * sizeof(float));
     if (d->kind == DFL_DRAFT_LAGUNA) d->gate = dfl_aligned_alloc((size_t)R * qd * sizeof(float));
+    if (d->conv_k) {
+        int K = d->sel_top_k;
+        d->dconv = dfl_aligned_alloc((size_t)R * d->layers[0].conv_proj[0].rows * sizeof(float));
+        d->sel_h = dfl_aligned_alloc((size_t)R * d->sel_rank * sizeof(float));
+        d->sel_unary = dfl_aligned_alloc((size_t)R * K * sizeof(float));
+        d->sel_cand = xcalloc((size_t)R * K, sizeof(int32_t));
+    }
     size_t qs = dfl_matmul_scratch(d->fc.type, R, d->fc.cols);
+    if (d->conv_k) qs = fmax_sz(qs, dfl_matmul_scratch(d->sel_proj.type, R, d->sel_proj.cols));
     qs = fmax_sz(qs, dfl_matmul_scratch(d->t->lm_head.type, LOGIT_ROWS, d->t->lm_head.cols));
     for (int l = 0; l < c->n_layers; l++) {
         const dfl_dlayer *L = &d->layers[l];
         const dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
-                               &L->wg};
+                               &L->wg, &L->conv_proj[0], &L->conv_proj[1]};
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
     }
     d->qscratch = dfl_aligned_alloc(qs);
     /* Cache-resident drafters: transposed copies for dfl_matmul. */
     dfl_mat_transpose(&d->fc);
+    if (d->sel_proj.rows) dfl_mat_transpose(&d->sel_proj);
     for (int l = 0; l < c->n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];
-        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg};
+        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg,
+                         &L->conv_proj[0], &L->conv_proj[1]};
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             if (ms[i]->rows) dfl_mat_transpose(ms[i]);
     }
@@ -528,7 +576,9 @@ void dfl_drafter_free(dfl_drafter *d) {
         dfl_dlayer *L = &d->layers[l];
         free(L->wq.wt), free(L->wk.wt), free(L->wv.wt), free(L->wo.wt);
         free(L->w_gate.wt), free(L->w_up.wt), free(L->w_down.wt), free(L->wg.wt);
+        free(L->conv_proj[0].wt), free(L->conv_proj[1].wt);
     }
+    free(d->sel_proj.wt);
     free(d->layers);
     free(d->rope.inv_freq);
     dfl_weights_free_owned(d->owned);
@@ -540,6 +590,7 @@ void dfl_drafter_free(dfl_drafter *d) {
     free(d->x), free(d->xn), free(d->ctx), free(d->q), free(d->k), free(d->v), free(d->att);
     free(d->h1), free(d->h2), free(d->logits), free(d->tok), free(d->n_keys);
     free(d->qscratch), free(d->rope_cs), free(d->feat_n), free(d->gate);
+    free(d->dconv), free(d->sel_h), free(d->sel_unary), free(d->sel_cand);
     free(d);
 }
 
@@ -731,21 +782,41 @@ static void output_gate(dfl_drafter *d, const dfl_dlayer *L, const float *xn, in
 
 /* The last layer passes only the rows whose drafts are read (not the anchor,
  * not the rows past the verify block, which only had to lend their keys):
- * each work's rows 1..n_out move down to be contiguous, x, xn and their
- * cos/sin alike (a row's result is the same wherever it sits). Sets each
- * work's row to its first kept row; returns the rows kept. */
-static int keep_out_rows(dfl_drafter *d, dfl_dwork **w, int k) {
+ * each work's rows lead..n_out move down to be contiguous, x, xn, their
+ * cos/sin and DFlash2's taps alike (a row's result is the same wherever it
+ * sits). lead 1 drops the anchor; 0 keeps it, for DFlash2's conv, whose rows
+ * read the rows before them. Sets each work's row to its first kept row;
+ * returns the rows kept. */
+static int keep_out_rows(dfl_drafter *d, dfl_dwork **w, int k, int lead) {
     int dim = d->c.dim, hd = d->c.head_dim, n = 0;
+    int dk = d->conv_k ? d->layers[0].conv_proj[0].rows : 0;
     for (int i = 0; i < k; i++) {
-        int from = w[i]->row + 1, m = w[i]->n_out;
+        int from = w[i]->row + lead, m = w[i]->n_out + 1 - lead;
         memmove(d->x + (size_t)n * dim, d->x + (size_t)from * dim, sizeof(float) * m * dim);
         memmove(d->xn + (size_t)n * dim, d->xn + (size_t)from * dim, sizeof(float) * m * dim);
         memmove(d->rope_cs + (size_t)n * hd, d->rope_cs + (size_t)from * hd,
                 sizeof(float) * m * hd);
+        if (dk)
+            memmove(d->dconv + (size_t)n * dk, d->dconv + (size_t)from * dk,
+                    sizeof(float) * m * dk);
         w[i]->row = n;
         n += m;
     }
     return n;
+}
+
+/* DFlash2: a sublayer's conv (side 0: prepare, 1: finish) over each work's
+ * block rows of y (from each work's row, rows[i] of them). Prepare first
+ * projects the taps of both sides from y (the normed sublayer input). */
+static void conv_works(dfl_drafter *d, const dfl_dlayer *L, int sub, int side, dfl_dwork **w,
+                       int k, const int *rows, int n, float *y) {
+    const dfl_mat *P = &L->conv_proj[sub];
+    if (side == 0) dfl_matmul(d->t->pool, P, n, y, d->c.dim, d->dconv, P->rows, d->qscratch);
+    int kg = P->rows / 2;
+    for (int i = 0; i < k; i++)
+        dfl_dflash2_conv(d, L->conv_base[sub] + (size_t)side * d->conv_k * d->c.dim,
+                         d->dconv + (size_t)w[i]->row * P->rows + (size_t)side * kg, P->rows,
+                         y + (size_t)w[i]->row * d->c.dim, rows[i]);
 }
 
 /* One drafter layer over every work's block rows in d->x (R rows). Every
@@ -756,11 +827,15 @@ static int block_layer(dfl_drafter *d, dfl_dwork **w, int k, int l, int R) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
     int hd = c->head_dim, qd = c->n_heads * hd, last = l == c->n_layers - 1;
+    int conv = d->conv_k > 0, lead = last && !conv, rows[DFL_MAX_PARALLEL];
     norm_rows(d->xn, d->x, L->attn_norm, R, c->dim, c->norm_eps);
+    for (int i = 0; i < k; i++) rows[i] = w[i]->B;
+    if (conv) conv_works(d, L, 0, 0, w, k, rows, R, d->xn);
     for (int i = 0; i < k; i++)
         project_kv(d, w[i]->s, l, d->xn + (size_t)w[i]->row * c->dim, w[i]->row, w[i]->B,
                    w[i]->s->len);
-    int n = last ? keep_out_rows(d, w, k) : R;
+    int n = last ? keep_out_rows(d, w, k, !conv) : R;
+    for (int i = 0; last && i < k; i++) rows[i] = w[i]->n_out + 1;
     matmul(d, &L->wq, n, d->xn, c->dim, d->q, qd);
     norm_rows(d->q, d->q, L->q_norm, n * c->n_heads, hd, c->norm_eps);
     for (int r = 0; r < n; r++)
@@ -768,19 +843,43 @@ static int block_layer(dfl_drafter *d, dfl_dwork **w, int k, int l, int R) {
                           d->rope_cs + (size_t)r * hd);
     for (int i = 0; i < k; i++) {
         size_t o = (size_t)w[i]->row;
-        block_attention(d, w[i]->s, l, w[i]->B, w[i]->s->len, last, last ? w[i]->n_out : w[i]->B,
-                        d->q + o * qd, d->att + o * qd, d->n_keys + o);
+        block_attention(d, w[i]->s, l, w[i]->B, w[i]->s->len, lead,
+                        last ? w[i]->n_out + 1 - lead : w[i]->B, d->q + o * qd, d->att + o * qd,
+                        d->n_keys + o);
     }
     output_gate(d, L, d->xn, n);
     matmul(d, &L->wo, n, d->att, qd, d->ctx, c->dim);
+    if (conv) conv_works(d, L, 0, 1, w, k, rows, n, d->ctx);
     for (size_t i = 0; i < (size_t)n * c->dim; i++) d->x[i] += d->ctx[i];
     norm_rows(d->xn, d->x, L->ffn_norm, n, c->dim, c->norm_eps);
+    if (conv) conv_works(d, L, 1, 0, w, k, rows, n, d->xn);
     matmul(d, &L->w_gate, n, d->xn, c->dim, d->h1, c->ffn_dim);
     matmul(d, &L->w_up, n, d->xn, c->dim, d->h2, c->ffn_dim);
     dfl_swiglu(d->h1, d->h1, d->h2, n * c->ffn_dim);
     matmul(d, &L->w_down, n, d->h1, c->ffn_dim, d->ctx, c->dim);
+    if (conv) conv_works(d, L, 1, 1, w, k, rows, n, d->ctx);
     for (size_t i = 0; i < (size_t)n * c->dim; i++) d->x[i] += d->ctx[i];
     return n;
+}
+
+/* DFlash2: each kept row's candidates from the target's head (chunked as
+ * below), P.h of every row, then each work's chain walk. */
+static void select_rows(dfl_drafter *d, dfl_dwork **w, int k, int R) {
+    int K = d->sel_top_k, V = d->c.vocab;
+    for (int a = 0; a < R; a += LOGIT_ROWS) {
+        int m = R - a < LOGIT_ROWS ? R - a : LOGIT_ROWS;
+        dfl_target_lm_head(d->t, d->xn + (size_t)a * d->c.dim, m, d->logits, d->qscratch);
+        for (int r = a; r < a + m; r++)
+            dfl_dflash2_topk(d, d->logits + (size_t)(r - a) * V, d->sel_cand + (size_t)r * K,
+                             d->sel_unary + (size_t)r * K);
+    }
+    matmul(d, &d->sel_proj, R, d->xn, d->c.dim, d->sel_h, d->sel_rank);
+    for (int i = 0; i < k; i++) {
+        size_t o = (size_t)w[i]->row;
+        dfl_dflash2_walk(d, w[i]->anchor, w[i]->n_out, d->sel_cand + o * K,
+                         d->sel_unary + o * K, d->sel_h + o * d->sel_rank, w[i]->logits,
+                         w[i]->draft);
+    }
 }
 
 /* Draft works: blocks [anchor, mask x (B-1)] of every work stacked, the
@@ -798,7 +897,12 @@ static void draft_pass(dfl_drafter *d, dfl_dwork **w, int k) {
     }
     dfl_target_embed(d->t, d->tok, R, d->x);
     for (int l = 0; l < c->n_layers; l++) R = block_layer(d, w, k, l, R);
+    if (d->conv_k) R = keep_out_rows(d, w, k, 1);   /* the conv's anchor rows are done */
     norm_rows(d->xn, d->x, d->out_norm, R, c->dim, c->norm_eps);
+    if (d->conv_k) {
+        select_rows(d, w, k, R);
+        return;
+    }
     for (int a = 0, i = 0; a < R; a += LOGIT_ROWS) {
         int m = R - a < LOGIT_ROWS ? R - a : LOGIT_ROWS;
         dfl_target_lm_head(d->t, d->xn + (size_t)a * c->dim, m, d->logits, d->qscratch);

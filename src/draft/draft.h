@@ -9,8 +9,10 @@
 
 #include "models/model.h"
 
-/* Which published drafter a checkpoint is: they pair with different targets. */
-enum { DFL_DRAFT_ZLAB = 0, DFL_DRAFT_LAGUNA = 1, DFL_DRAFT_MTP = 2 };
+/* Which published drafter a checkpoint is: they pair with different targets.
+ * DFL_DRAFT_DFLASH2 (DFlash2DraftModel) is z-lab's layer stack with a grouped
+ * dynamic conv around each sublayer and a candidate selector (dflash2.c). */
+enum { DFL_DRAFT_ZLAB = 0, DFL_DRAFT_LAGUNA = 1, DFL_DRAFT_MTP = 2, DFL_DRAFT_DFLASH2 = 3 };
 
 typedef struct dfl_dlayer {
     dfl_mat wqkv;              /* Laguna: ((n_heads+2*n_kv)*hd, dim) fused, rows q|k|v; wq, wk,
@@ -24,6 +26,10 @@ typedef struct dfl_dlayer {
     dfl_mat w_down;            /* (dim, ffn) */
     const float *attn_norm, *ffn_norm; /* (dim) */
     const float *q_norm, *k_norm;      /* (hd) */
+    /* DFlash2: [0] attention_conv, [1] mlp_conv */
+    dfl_mat conv_proj[2];      /* (2*K*G, dim) kernel_projection: a row's dynamic taps, index
+                                  side*K*G + t*G + g (K taps, G = dim/group groups) */
+    const float *conv_base[2]; /* (2, K, dim) base_kernel: [side][tap][channel] */
 } dfl_dlayer;
 
 /* The MTP head (mtp.*): u = fc([norm_e(embed(next token)) ; norm_h(hidden)]),
@@ -61,6 +67,13 @@ typedef struct dfl_drafter {
                                   its position over [context ; block] (sliding layers); 0: all */
     const float *hidden_norm;  /* (dim) */
     const float *out_norm;     /* (dim) */
+    /* DFlash2 (0 / NULL otherwise) */
+    int conv_k, conv_group;    /* conv taps K (1..block_size); channels per group (divides dim) */
+    int sel_rank, sel_top_k;   /* selector rank r; candidates K per row (top-K of the head) */
+    float sel_mult, sel_cap;   /* unary = cap ? cap*tanh(mult*logit/cap) : mult*logit */
+    dfl_mat sel_proj;          /* (r, dim) candidate_selector.hidden_projection */
+    const float *sel_pred;     /* (vocab, r) predecessor_codebook A */
+    const float *sel_succ;     /* (vocab, r) successor_codebook B */
     dfl_dlayer *layers;        /* [n_layers] */
     dfl_rope rope;
     dfl_target *t;             /* the target whose embed / lm_head are used */
@@ -80,6 +93,10 @@ typedef struct dfl_drafter {
     void *qscratch;
     int *n_keys;
     float *rope_cs;            /* (max_rows, hd) each row's RoPE cos | sin, once per call */
+    float *dconv;              /* DFlash2: (max_rows, 2*K*G) a sublayer's dynamic taps */
+    float *sel_h;              /* DFlash2: (max_rows, r) P.h of each output row */
+    float *sel_unary;          /* DFlash2: (max_rows, top_k) transformed top-K logits */
+    int32_t *sel_cand;         /* DFlash2: (max_rows, top_k) their ids, best first */
 } dfl_drafter;
 
 /* Per-sequence side store: context K/V per drafter layer, plus B slack rows. */
@@ -113,6 +130,12 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
  * [1, n_target-3] (one draft layer: n_target/2). Returns n_draft. */
 int dfl_dflash_default_layers(int n_target, int n_draft, int *ids);
 void dfl_drafter_free(dfl_drafter *d);
+/* A hyper-connection target's feature (hc_mult residual streams per row, as
+ * DeepSeek-V4 / GLM-5.3 keep them) contracted to the hidden size for a
+ * drafter: the mean of the streams, as the DFlash2 ports describe SGLang's
+ * hc_contract (UNVERIFIED; no such target is supported yet). x (n, hc, dim)
+ * -> y (n, dim); streams summed in order, then divided by hc. */
+void dfl_hc_mean(const float *x, int n, int hc, int dim, float *y);
 /* The target's own MTP head (--draft-mtp): refuses a target without mtp.*
  * tensors, naming what it looked for. */
 int dfl_mtp_load(dfl_target *t, const dfl_load_opts *o, dfl_drafter **out, dfl_error *err);
@@ -153,7 +176,10 @@ int dfl_drafter_pass(dfl_drafter *d, dfl_dwork *w, int k, dfl_error *err);
 
 /* Drafts a block of B rows [anchor, mask x (B-1)] at positions s->len .. ;
  * logits (B-1, vocab) of rows 1..B-1 when not NULL; draft[i] = argmax of row
- * i+1 (B-1 tokens). The store is left at its context length. */
+ * i+1 (B-1 tokens). A DFlash2 drafter's row i holds its selector's scores
+ * of the K candidates given draft[i-1] (the anchor for i = 0), -inf
+ * elsewhere: the distribution its draft is the argmax of, and the q a
+ * sampled round draws from. The store is left at its context length. */
 int dfl_drafter_draft(dfl_drafter *d, dfl_dstore *s, int32_t anchor, int B, float *logits,
                       int32_t *draft, dfl_error *err);
 /* The same block of B rows, with logits and drafts for its first n_out

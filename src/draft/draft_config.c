@@ -18,8 +18,11 @@ int dfl_dflash_default_layers(int n_target, int n_draft, int *ids) {
     return n_draft;
 }
 
-static const char *kind_name[] = {"a z-lab DFlash drafter (DFlashDraftModel)",
-                                  "a Laguna DFlash drafter (DFlashLagunaForCausalLM)"};
+static const char *kind_name[] = {
+    [DFL_DRAFT_ZLAB] = "a z-lab DFlash drafter (DFlashDraftModel)",
+    [DFL_DRAFT_LAGUNA] = "a Laguna DFlash drafter (DFlashLagunaForCausalLM)",
+    [DFL_DRAFT_MTP] = "an MTP head",
+    [DFL_DRAFT_DFLASH2] = "a z-lab DFlash2 drafter (DFlash2DraftModel)"};
 
 /* A drafter is trained on one target family's features, embedding and
  * lm_head: z-lab's on dense Llama/Qwen targets, Laguna's on Laguna. */

@@ -14,6 +14,8 @@
 enum {
     DRAFT_MAX_LAYERS = 64,        /* num_hidden_layers / dflash.block_count: 1..this */
     DRAFT_MAX_WINDOW = 1 << 20,   /* sliding_window of a Laguna drafter: 2..this */
+    DRAFT_MAX_SEL_RANK = 4096,    /* DFlash2 selector_rank: 1..this (published: 256) */
+    DRAFT_MAX_SEL_TOP_K = 1024,   /* DFlash2 selector_top_k: 1..this and the vocabulary */
 };
 
 /* draft_config.c: dflash_config.target_layer_ids into d->cap / d->n_cap; when absent,
@@ -30,6 +32,29 @@ int dfl_laguna_draft_config(dfl_drafter *d, cJSON *j, const dfl_target *t, const
                             dfl_error *err);
 /* Its tensors, names without the "model." prefix (laguna_dflash.c). */
 int dfl_laguna_draft_weights(dfl_drafter *d, dfl_weights *w, dfl_error *err);
+
+/* DFlash2DraftModel's dflash_config keys (dflash2_config.c): conv_kernel_size,
+ * conv_group_size, selector_rank, selector_top_k (all required), and the
+ * optional output_multiplier and final_logit_softcapping of the unary
+ * logits. Needs d->c.dim, d->c.vocab and d->block_size read first. */
+int dfl_dflash2_config(dfl_drafter *d, const cJSON *dc, const char *file, dfl_error *err);
+/* Its tensors past z-lab's (dflash2.c): each layer's attention_conv and
+ * mlp_conv, the candidate_selector; gguf: llama.cpp's names for them. */
+int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, int gguf, dfl_error *err);
+/* The grouped dynamic causal conv of one block's n rows y (n, dim), in place:
+ * y_i = sum_t (base[t] + dk_i[t][g]) * y_{i-t}, taps before row 0 zero;
+ * dk rows (n, ldk) hold the side's K*G taps, base (K, dim). */
+void dfl_dflash2_conv(const dfl_drafter *d, const float *base, const float *dk, int ldk,
+                      float *y, int n);
+/* A row's candidates: the top-K of its head logits (vocab) after the unary
+ * transform, best first (ties: lower id first), into cand and unary. */
+void dfl_dflash2_topk(const dfl_drafter *d, const float *logits, int32_t *cand, float *unary);
+/* The greedy chain over n rows (cand, unary (n, K), ph (n, r)): row i scores
+ * unary + <A[prev] * ph_i, B[cand]>, prev the anchor then the last pick;
+ * draft[i] = the best; logits (n, vocab) when not NULL get the scores at the
+ * candidates and -inf elsewhere. */
+void dfl_dflash2_walk(const dfl_drafter *d, int32_t anchor, int n, const int32_t *cand,
+                      const float *unary, const float *ph, float *logits, int32_t *draft);
 
 /* The MTP head's parts of the drafter and store calls (mtp.c). */
 void dfl_mtp_free(dfl_mtp *m, int n_experts);
