@@ -150,7 +150,33 @@ static void resume(void) {
           "resumed after high acceptance: the best block at once");
 }
 
+/* A stalled round moves a cost by at most DFL_COST_CLAMP, and a classic step
+ * whose cost went unmeasured for DFL_RECLASSIC rounds is taken once, so a
+ * stale step cost cannot keep the policy speculating. */
+static void stale_step(void) {
+    dfl_costs c;
+    table(&c, 8, 1.0, 0.05);
+    dfl_costs_update(&c, 1, 0, 100.0);
+    CHECK(fabs(c.t_round[0][1] - (0.8 + 0.2 * DFL_COST_CLAMP)) < 1e-12,
+          "a 100x stall moves the step's cost to %g", c.t_round[0][1]);
+    dfl_costs_update(&c, 1, 0, 1e-6);
+    CHECK(c.t_round[0][1] > 0.5, "and a near-zero one by at most a half: %g", c.t_round[0][1]);
+    dfl_policy p;
+    dfl_policy_init(&p, &c, 8);
+    feed(&p, 8, 0.9, 400);
+    CHECK(dfl_policy_choose(&p, 0) > 1, "cheap rows, good drafts: speculate");
+    for (int i = 0; i < DFL_RECLASSIC - 1; i++) dfl_costs_update(&c, 8, 0, c.t_round[0][8]);
+    CHECK(dfl_policy_choose(&p, 0) > 1, "the step's cost is still fresh");
+    dfl_costs_update(&c, 8, 0, c.t_round[0][8]);
+    CHECK(dfl_policy_choose(&p, 0) == 1, "after %d rounds without one, a classic step",
+          DFL_RECLASSIC);
+    CHECK(dfl_policy_choose(&p, 2000) > 1, "another depth's step is not stale");
+    dfl_costs_update(&c, 1, 0, c.t_round[0][1]);
+    CHECK(dfl_policy_choose(&p, 0) > 1, "measured again: speculate");
+}
+
 int main(void) {
+    stale_step();
     resume();
     closed_loop();
     /* Cheap verify rows and good drafts: speculation wins, at the argmax. */

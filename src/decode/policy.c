@@ -24,9 +24,14 @@ int dfl_costs_depth(int ctx) {
 
 void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
     if (B < 1 || B > c->max_block || !(seconds > 0)) return;
-    double *p = &c->t_round[dfl_costs_depth(ctx)][B], t = load(p);
+    int d = dfl_costs_depth(ctx);
+    double *p = &c->t_round[d][B], t = load(p);
+    if (t > 0 && seconds > DFL_COST_CLAMP * t) seconds = DFL_COST_CLAMP * t;
+    if (t > 0 && seconds * DFL_COST_CLAMP < t) seconds = t / DFL_COST_CLAMP;
     t = t > 0 ? 0.8 * t + 0.2 * seconds : seconds;
     __atomic_store(p, &t, __ATOMIC_RELAXED);
+    if (B == 1) __atomic_store_n(&c->since_step[d], 0, __ATOMIC_RELAXED);
+    else __atomic_add_fetch(&c->since_step[d], 1, __ATOMIC_RELAXED);
 }
 
 /* B's cost from one depth's row: measured, else interpolated between the
@@ -151,7 +156,8 @@ int dfl_policy_choose(dfl_policy *p, int ctx) {
     int B = best_block(p, p->ctx = ctx);
     if (B > 1) {
         p->reprobe_every = DFL_REPROBE_MIN;
-        return B;
+        int stale = __atomic_load_n(&p->costs->since_step[dfl_costs_depth(ctx)], __ATOMIC_RELAXED);
+        return stale >= DFL_RECLASSIC ? 1 : B;
     }
     /* Classic wins on current estimates; probe once in a while so a changed
      * text can win speculation back. A block of 2 would only ever test the

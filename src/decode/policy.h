@@ -19,6 +19,8 @@ typedef struct dfl_costs {
     double t_round[DFL_COST_DEPTHS][DFL_POLICY_MAX + 1];
                          /* seconds per round of block B at depth d (verify + draft + rest);
                             [d][1] is one classic step; 0 = not measured */
+    int since_step[DFL_COST_DEPTHS];
+                         /* rounds measured at depth d since its classic step last was */
 } dfl_costs;
 
 typedef struct dfl_policy {
@@ -36,6 +38,15 @@ typedef struct dfl_policy {
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
+/* Rounds after which one classic step is taken whatever the estimates say: a
+ * step's cost is measured only when one is taken, and under a changing load
+ * (a server's other slots come and go) a stale step cost would keep the
+ * policy speculating where plain steps now win. */
+enum { DFL_RECLASSIC = 64 };
+/* A measured round time moves its moving average by at most this factor of
+ * the current estimate: one forward stalled by the machine (another process,
+ * another slot's prefill) must not flip the policy for the rounds after it. */
+#define DFL_COST_CLAMP 2.0
 /* Per observed round, old evidence is weighted down by this factor, so the
  * estimates follow a text whose predictability changes (about the last 200
  * rounds count). */
