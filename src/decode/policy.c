@@ -170,3 +170,58 @@ void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
     p->reprobe_every = prev->reprobe_every;
     p->classic_run = prev->classic_run;
 }
+
+/* ---- chain or tree ------------------------------------------------------------ */
+
+void dfl_tree_policy_init(dfl_tree_policy *p, int max_budget) {
+    memset(p, 0, sizeof *p);
+    p->max_budget = max_budget < DFL_TREE_POLICY_MAX ? max_budget : DFL_TREE_POLICY_MAX;
+}
+
+void dfl_tree_policy_observe(dfl_tree_policy *p, const double *mass, int n, double predicted,
+                             int accepted) {
+    p->seen = p->seen * DFL_POLICY_DECAY + 1;
+    for (int N = 1; N <= p->max_budget; N++) {   /* a smaller tree: its mass stops growing */
+        double m = mass[N < n ? N : n - 1];
+        p->mass[N] += (m - p->mass[N]) / p->seen;
+    }
+    p->predicted = p->predicted * DFL_POLICY_DECAY + predicted;
+    p->actual = p->actual * DFL_POLICY_DECAY + accepted;
+    p->since = 0;
+}
+
+double dfl_tree_policy_expected(const dfl_tree_policy *p, int N) {
+    if (N < 1 || N > p->max_budget) return 1;
+    /* the calibration starts at 1 (the drafter taken at its word), worth a few rounds */
+    double cal = (p->actual + DFL_POLICY_PRIOR) / (p->predicted + DFL_POLICY_PRIOR);
+    return 1 + cal * p->mass[N];
+}
+
+static double tree_cost(const dfl_costs *tc, const dfl_costs *cc, int N, int ctx) {
+    double t = tc && N + 1 <= tc->max_block ? dfl_costs_get(tc, N + 1, ctx) : 0;
+    return t > 0 ? t : N + 1 <= cc->max_block ? dfl_costs_get(cc, N + 1, ctx) : 0;
+}
+
+int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
+                           const dfl_costs *chain_costs, int ctx, double chain_rate) {
+    if (p->max_budget < 2) return 0;
+    if (!(p->seen > 0)) return p->max_budget;
+    int best = 0;
+    double best_rate = chain_rate;
+    for (int N = 2; N <= p->max_budget; N++) {
+        double t = tree_cost(tree_costs, chain_costs, N, ctx);
+        double rate = t > 0 ? dfl_tree_policy_expected(p, N) / t : 0;
+        if (rate > best_rate) best_rate = rate, best = N;
+    }
+    if (best) return best;
+    if (++p->since < DFL_TREE_REPROBE) return 0;
+    /* a probe: the budget with the best rate per predicted token, unknown costs aside */
+    int probe = p->max_budget;
+    double probe_rate = 0;
+    for (int N = 2; N <= p->max_budget; N++) {
+        double t = tree_cost(tree_costs, chain_costs, N, ctx);
+        double rate = t > 0 ? dfl_tree_policy_expected(p, N) / t : 0;
+        if (rate > probe_rate) probe_rate = rate, probe = N;
+    }
+    return probe;
+}

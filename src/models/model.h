@@ -220,6 +220,8 @@ uint64_t dfl_target_params(const dfl_target *t);
 
 /* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
+/* 1 when its sequences can take tree rows: every layer full attention. */
+int dfl_target_tree_ok(const dfl_target *t);
 /* Bytes of one sequence's state at cap positions (what dfl_kv_new allocates). */
 uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap);
 

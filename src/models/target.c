@@ -316,6 +316,12 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     return dfl_kv_make(&s, cap);
 }
 
+int dfl_target_tree_ok(const dfl_target *t) {
+    for (int l = 0; l < t->c.n_layers; l++)
+        if (t->c.layer_kind[l] != DFL_LAYER_FULL) return 0;
+    return 1;
+}
+
 uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap) {
     dfl_kv_shape s = kv_shape(t);
     return dfl_kv_bytes(&s, cap);
