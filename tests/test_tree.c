@@ -10,11 +10,18 @@
  *    on gives the bits of decoding that path from the start.
  * 3. A cache with sliding or recurrent layers refuses tree rows and path
  *    compaction (the decode loop falls back to the chain there).
+ * 4. Generation: greedy tree decoding equals classic decode id for id over
+ *    many prompts and budgets 1..32 and the policy's pick; exact-sampled
+ *    trees (temperature 0.7, penalties) equal classic sampled decode with
+ *    the same seed; the rejection rule and a sliding-window target keep the
+ *    chain (no tree rounds) and stay exact.
  * Models: the built-in default target, and stories260K when the shared
  * assets are there. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "dflash.h"
+#include "api/engine.h"
 #include "models/model.h"
 #include "testutil.h"
 
@@ -183,6 +190,95 @@ static void test_refuse(void) {
     dfl_kv_free(kv);
 }
 
+/* ---- 4. generation -------------------------------------------------------- */
+
+enum { GEN = 120 };
+
+typedef struct out {
+    int32_t ids[GEN];
+    int n;
+} out;
+
+static int on_tok(void *ud, const dfl_token_info *ti) {
+    out *o = ud;
+    if (o->n < GEN) o->ids[o->n++] = ti->id;
+    return 0;
+}
+
+static int gen(dfl_engine *e, const int32_t *prompt, int n, const dfl_gen_params *p, out *o,
+               dfl_stats *st) {
+    dfl_session *s;
+    dfl_error err = {0};
+    o->n = 0;
+    int rc = dfl_session_new(e, &s, &err);
+    if (!rc) rc = dfl_generate(s, prompt, n, p, on_tok, o, st, &err);
+    if (rc) fprintf(stderr, "generate: %s\n", err.msg);
+    dfl_session_free(s);
+    return rc;
+}
+
+/* Every prompt and budget against classic decode with the same parameters;
+ * want_trees: tree rounds must have run (else: none may). */
+static void gen_case(dfl_engine *e, const char *name, const dfl_gen_params *base, int want_trees,
+                     int n_prompts) {
+    static const int budgets[] = {1, 4, 8, 16, 32, -1};
+    int V = e->t->c.vocab;
+    for (int k = 0; k < n_prompts; k++) {
+        int32_t prompt[24];
+        int n = 3 + (k * 5) % 20;
+        for (int i = 0; i < n; i++) prompt[i] = (int32_t)((i * 131 + k * 977 + 7) % V);
+        dfl_gen_params p = *base;
+        p.max_tokens = GEN, p.ignore_eos = 1, p.block_size = 1;
+        out ref, o;
+        dfl_stats st;
+        CHECK(gen(e, prompt, n, &p, &ref, &st) == 0 && ref.n == GEN, "%s: classic", name);
+        for (int b = 0; b < 6; b++) {
+            p.block_size = 0, p.tree_budget = budgets[b];
+            int rc = gen(e, prompt, n, &p, &o, &st);
+            CHECK(rc == 0 && o.n == GEN && !memcmp(o.ids, ref.ids, sizeof ref.ids),
+                  "%s, prompt %d, tree budget %d: ids differ from classic", name, k, budgets[b]);
+            if (budgets[b] > 0 && want_trees)
+                CHECK(st.tree_rounds > 0 && st.tree_nodes <= st.tree_rounds * budgets[b],
+                      "%s, budget %d: %llu tree rounds of %llu nodes", name, budgets[b],
+                      (unsigned long long)st.tree_rounds, (unsigned long long)st.tree_nodes);
+            if (!want_trees)
+                CHECK(st.tree_rounds == 0, "%s, budget %d: %llu tree rounds where the chain "
+                      "was due", name, budgets[b], (unsigned long long)st.tree_rounds);
+        }
+    }
+}
+
+static void test_generate(const char *model, const char *draft, const char *name, int tree_ok) {
+    dfl_engine_opts eo;
+    dfl_engine_opts_default(&eo);
+    eo.model_path = model, eo.draft_path = draft, eo.n_threads = 2, eo.ctx_size = 512;
+    dfl_engine *e;
+    dfl_error err = {0};
+    if (dfl_engine_load(&eo, &e, &err)) {
+        CHECK(0, "%s: load: %s", name, err.msg);
+        return;
+    }
+    char what[128];
+    dfl_gen_params p;
+    dfl_gen_params_default(&p);
+    snprintf(what, sizeof what, "%s greedy", name);
+    gen_case(e, what, &p, tree_ok, tree_ok ? 6 : 2);
+    p.temperature = 0.7f, p.top_k = 40, p.repeat_penalty = 1.1f, p.seed = 42;
+    snprintf(what, sizeof what, "%s sampled", name);
+    gen_case(e, what, &p, tree_ok, tree_ok ? 4 : 1);
+    /* the rejection rule is not token-identical to classic decode: only that it
+     * never runs a tree is checked (a tree would not keep its distribution) */
+    p.spec_accept = DFL_ACCEPT_REJECTION, p.tree_budget = 8, p.max_tokens = 40;
+    p.ignore_eos = 1;
+    int32_t prompt[4] = {5, 6, 7, 8};
+    out o;
+    dfl_stats st;
+    CHECK(gen(e, prompt, 4, &p, &o, &st) == 0 && st.tree_rounds == 0 && st.rounds > 0,
+          "%s rejection: %llu tree rounds, %llu rounds", name,
+          (unsigned long long)st.tree_rounds, (unsigned long long)st.rounds);
+    dfl_engine_free(e);
+}
+
 int main(void) {
     test_refuse();
     const char *src = getenv("DFLASH_SRC");
@@ -192,5 +288,18 @@ int main(void) {
     const char *st = test_asset("stories260K/stories260K.gguf");
     if (st) run(st, "stories260K");
     else test_skipped++;
+    char draft[512];
+    snprintf(draft, sizeof draft, "%s/models/default/draft", src ? src : ".");
+    test_generate(def, draft, "default", 1);
+    snprintf(draft, sizeof draft, "%s/models/stories260K-dflash", src ? src : ".");
+    if (st) test_generate(st, draft, "stories260K", 1);
+    /* a sliding-window target: the chain, exact */
+    const char *dir = test_tmpdir();
+    char model[512];
+    if (!test_make_pair(dir, "--arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 "
+                        "--head-dim 16 --ffn 192 --vocab 512 --untied --dtype bf16 "
+                        "--sliding-window 16", model, draft))
+        test_generate(model, draft, "sliding window", 0);
+    test_rmdir(dir);
     return test_summary();
 }
