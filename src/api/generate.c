@@ -181,7 +181,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
 
     dfl_seq q = {.t = t, .kv = s->kv, .hist = s->hist, .logits = s->logits,
                  .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block,
-                 .max_tree = e->max_tree};
+                 .max_tree = e->max_tree, .tree_depth = e->d ? e->d->block_size - 1 : 0};
     dfl_dflash_proposer dp;
     dfl_replay_proposer rp;
     dfl_ngram_proposer np;

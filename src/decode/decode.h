@@ -102,6 +102,8 @@ typedef struct dfl_seq {
     int max_block;        /* rows of a chain's verify block (logits holds at least these) */
     int max_tree;         /* nodes of a draft tree: logits holds max_tree + 1 rows too (0: no
                              trees; they need a cache of full-attention layers only) */
+    int tree_depth;       /* a tree's deepest level: the drafter's trained block - 1 (a
+                           wider block, bidirectional inside, drafts every depth worse) */
     dfl_proposer *pr;     /* NULL without a drafter; kept in step with kv even
                              when a call decodes classically */
     dfl_proposer *ng;     /* the n-gram lane, or NULL; kept in step as pr is */

@@ -232,7 +232,7 @@ static int round_step(run *r, int B, int lane, int *accepted, double *cost, dfl_
  * commits at most one per depth, and the bonus). */
 static int tree_depths(const run *r, int N) {
     const dfl_seq *q = r->q;
-    int d = imin(N, imin(q->pr->max_block, q->max_block) - 1);
+    int d = imin(imin(N, q->tree_depth), imin(q->pr->max_block, q->max_block) - 1);
     return imin(d, r->o->max_tokens - r->gen - 1);
 }
 
