@@ -97,10 +97,6 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l)
     }
 }
 
-/* Each sequence's rows attend to its own cache: a row's result never
- * depends on the other sequences in the call. A sliding layer's rows each
- * start at their own first key, so they go one call each (the kernel's key
- * blocks count from a row's first key: the same split alone or batched). */
 /* Rows [0, c) of a tree whose ancestors are all the rows before them (the
  * first branch, a chain): their keys lie in order in the cache. */
 static int chain_rows(const dfl_fwd *f) {
@@ -126,6 +122,10 @@ static void attend_tree(dfl_target *t, const dfl_layer *L, const dfl_fwd *f, int
     }
 }
 
+/* Each sequence's rows attend to its own cache: a row's result never
+ * depends on the other sequences in the call. A sliding layer's rows each
+ * start at their own first key, so they go one call each (the kernel's key
+ * blocks count from a row's first key: the same split alone or batched). */
 static void attend(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     const dfl_config *c = &t->c;
     int hd = c->head_dim, qd = L->n_heads * hd;
