@@ -30,6 +30,7 @@ struct dfl_engine {
     dfl_policy carry_replay; /* the same for replayed requests (benchmarks): their
                                 acceptance is the replay's, not the drafter's */
     dfl_policy carry_ngram;  /* the n-gram lane's evidence, as carry */
+    dfl_tree_policy carry_tree; /* the tree policy's evidence, as carry */
     struct dfl_fmt_vocab *fmt_vocab; /* the vocabulary sorted for structured output,
                                         made by the first dfl_format_new (under mu) */
 };

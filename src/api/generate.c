@@ -219,20 +219,24 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */
     dfl_policy carry, carry_ng, *kept = path ? &e->carry_replay : &e->carry;
+    dfl_tree_policy carry_tree;
     int carried = !smp;
     if (carried) {
         pthread_mutex_lock(&e->mu);
         carry = *kept;
         carry_ng = e->carry_ngram;
+        carry_tree = e->carry_tree;
         pthread_mutex_unlock(&e->mu);
         o.carry = &carry;
         o.carry_ngram = &carry_ng;
+        o.carry_tree = &carry_tree;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
     if (carried) {
         pthread_mutex_lock(&e->mu);
         if (carry.max_block) *kept = carry;
         if (carry_ng.max_block) e->carry_ngram = carry_ng;
+        if (carry_tree.max_budget) e->carry_tree = carry_tree;
         pthread_mutex_unlock(&e->mu);
     }
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;

@@ -142,6 +142,8 @@ typedef struct dfl_loop_opts {
      * sampled accept rule and no choose, every round is a chain. */
     int32_t (*choose)(void *ud, const float *row, const int32_t *hist, int n_hist);
     dfl_costs *costs_tree; /* measured tree round costs by rows (N + 1), or NULL */
+    dfl_tree_policy *carry_tree; /* NULL, or the tree policy's evidence from earlier calls,
+                                    as carry (else each call starts with a probe tree) */
 } dfl_loop_opts;
 
 /* A request's sampler behind the acceptance seam (generate.c): sets o's

@@ -457,6 +457,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     r.tree_max = r.spec ? tree_cap(q, o) : 0;
     if (!tree_costs) dfl_costs_init(tree_costs = &local_tree, DFL_MAX_TREE + 1);
     dfl_tree_policy_init(&tp, r.tree_max);
+    if (o->carry_tree && o->carry_tree->max_budget == tp.max_budget) tp = *o->carry_tree;
     dfl_policy pol[DFL_LANES], *carry[DFL_LANES] = {o->carry, o->carry_ngram};
     for (int l = 0; l < DFL_LANES; l++) {
         dfl_proposer *pr = lane_proposer(q, l);
@@ -499,6 +500,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     dfl_target_leave(q->t);
     for (int l = 0; l < DFL_LANES; l++)
         if (carry[l] && r.spec && o->block == 0 && lane_proposer(q, l)) *carry[l] = pol[l];
+    if (o->carry_tree && o->tree_budget < 0 && tp.max_budget) *o->carry_tree = tp;
     double t2 = dfl_now();
     st->t_decode += t2 - t1;
     st->t_other += (t2 - t1) - (st->t_draft - d0) - (st->t_verify - v0);
