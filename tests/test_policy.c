@@ -181,8 +181,8 @@ static void tree_policy(void) {
             dfl_tree_policy p;
             dfl_tree_policy_init(&p, MAXN);
             double chain = 1.8 / c.t_round[0][4];   /* a chain of 4 committing 1.8 */
-            CHECK(dfl_tree_policy_choose(&p, NULL, &c, 0, chain) == MAXN,
-                  "a fresh tree policy probes the largest budget first");
+            CHECK(dfl_tree_policy_choose(&p, NULL, &c, 0, chain) == DFL_TREE_FIRST,
+                  "a fresh tree policy probes a small tree first");
             for (int r = 0; r < 400; r++)   /* trees of the largest budget, accepting cal x */
                 dfl_tree_policy_observe(&p, m, MAXN + 1, m[MAXN],
                                         (int)floor(cals[ci] * m[MAXN] + (r % 2 ? 0.6 : 0.4)));

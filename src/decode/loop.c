@@ -291,9 +291,12 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
     q->hist[pos] = r->anchor;
     if ((rc = flush_pending(r, err))) return rc;
     if ((rc = pr->draft(pr, r->anchor, pos, depths + 1, drafts, q->dlogits, err))) return rc;
+    /* the largest tree's mass tells the policy of every budget; a budget's tree
+     * is its first N nodes (best-first pops are a prefix of a larger tree's) */
     dfl_tree_cands c;
-    dfl_tree_topk(q->dlogits, depths, t->c.vocab, N, &c);
-    dfl_tree_build(&c, N, r->anchor, tr);
+    dfl_tree_topk(q->dlogits, depths, t->c.vocab, r->tree_max, &c);
+    dfl_tree_build(&c, r->tree_max, r->anchor, tr);
+    tr->n = imin(tr->n, N + 1);
     double t1 = dfl_now();
     int n_cap = seq_ncap(q);
     dfl_fwd f = {.kv = q->kv, .tok = tr->tok, .n = tr->n, .logits = q->logits,
@@ -480,7 +483,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             dfl_tree tr;
             if ((rc = tree_round(&r, N, &tr, &a, &cost, err))) break;
             dfl_costs_update(tree_costs, tr.n, ctx, cost);
-            dfl_tree_policy_observe(&tp, tr.mass, tr.n, tr.mass[tr.n - 1], a);
+            dfl_tree_policy_observe(&tp, tr.mass, tr.full, tr.mass[tr.n - 1], a);
             for (int l = 0; l < DFL_LANES; l++) dfl_policy_classic_step(&pol[l]);
             continue;
         }

@@ -205,7 +205,7 @@ static double tree_cost(const dfl_costs *tc, const dfl_costs *cc, int N, int ctx
 int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
                            const dfl_costs *chain_costs, int ctx, double chain_rate) {
     if (p->max_budget < 2) return 0;
-    if (!(p->seen > 0)) return p->max_budget;
+    if (!(p->seen > 0)) return p->max_budget < DFL_TREE_FIRST ? p->max_budget : DFL_TREE_FIRST;
     int best = 0;
     double best_rate = chain_rate;
     for (int N = 2; N <= p->max_budget; N++) {

@@ -80,6 +80,7 @@ void dfl_tree_build(const dfl_tree_cands *c, int budget, int32_t anchor, dfl_tre
         if (x.depth < c->depths)
             heap_push(heap, &nh, (cand){x.score + c->lp[x.depth][0], x.depth + 1, 0, i});
     }
+    t->full = t->n;
 }
 
 int dfl_tree_child(const dfl_tree *t, int node, int32_t tok) {

@@ -28,6 +28,7 @@ typedef struct dfl_tree_cands {
  * nodes in pop order; parent[i] < i (row 0: -1). */
 typedef struct dfl_tree {
     int n;
+    int full;                      /* rows built (n may be cut to a smaller budget's) */
     int32_t tok[DFL_MAX_TREE + 1];
     int parent[DFL_MAX_TREE + 1];
     int depth[DFL_MAX_TREE + 1];
