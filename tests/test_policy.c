@@ -217,6 +217,16 @@ static void tree_policy(void) {
     for (int B = 2; B <= MAXN + 1; B++) tc.t_round[0][B] = 1.0 + 0.001 * (B - 1);
     int N = dfl_tree_policy_choose(&p, &tc, &c, 0, 3.5 / c.t_round[0][4]);
     CHECK(N >= 16, "cheap measured trees: budget %d", N);
+    /* One measured tree size (9 rows, at the chain's price) does not make every
+     * larger tree as cheap: past the chain's table (8 rows) costs follow its slope. */
+    dfl_costs c8, t9;
+    table(&c8, 8, 10.0, 1.0);   /* a round 10 + rows - 1: a flat 9-row price favours 32 */
+    dfl_costs_init(&t9, MAXN + 1);
+    t9.t_round[0][9] = 18.0;
+    dfl_tree_policy_init(&p, MAXN);
+    for (int r = 0; r < 50; r++) dfl_tree_policy_observe(&p, m, MAXN + 1, m[8], (int)m[8]);
+    N = dfl_tree_policy_choose(&p, &t9, &c8, 0, 0);
+    CHECK(N <= 8, "one measured 9-row tree, rows dear: budget %d (the chain or a small tree)", N);
     dfl_tree_policy_init(&p, 0);
     CHECK(dfl_tree_policy_choose(&p, &tc, &c, 0, 0) == 0, "budget 0: never a tree");
 }

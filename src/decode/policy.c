@@ -1,5 +1,6 @@
 #include "decode/policy.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 void dfl_costs_init(dfl_costs *c, int max_block) {
@@ -197,9 +198,33 @@ double dfl_tree_policy_expected(const dfl_tree_policy *p, int N) {
     return 1 + cal * p->mass[N];
 }
 
+/* A verify of `rows` rows by the chain's table: measured or interpolated up
+ * to its largest block, extended past it along the slope of its upper half
+ * (on a CPU a row costs about the same as the next). */
+static double chain_rows_cost(const dfl_costs *cc, int rows, int ctx) {
+    int mb = cc->max_block, half = mb / 2 > 1 ? mb / 2 : 1;
+    if (rows <= mb) return dfl_costs_get(cc, rows, ctx);
+    double hi = dfl_costs_get(cc, mb, ctx), lo = dfl_costs_get(cc, half, ctx);
+    if (!(hi > 0) || !(lo > 0) || mb <= half) return 0;
+    double slope = (hi - lo) / (mb - half);
+    return hi + (slope > 0 ? slope : 0) * (rows - mb);
+}
+
+/* A tree of N nodes: measured at N + 1 rows at this depth, else the chain's
+ * N + 1 rows scaled by what the nearest measured tree cost against the
+ * chain's rows of its size (a tree drafts every depth and gathers keys), else
+ * the chain's rows alone. Never a flat extension of one measured size: a
+ * 33-row tree is not the price of a 9-row one. */
 static double tree_cost(const dfl_costs *tc, const dfl_costs *cc, int N, int ctx) {
-    double t = tc && N + 1 <= tc->max_block ? dfl_costs_get(tc, N + 1, ctx) : 0;
-    return t > 0 ? t : N + 1 <= cc->max_block ? dfl_costs_get(cc, N + 1, ctx) : 0;
+    double chain = chain_rows_cost(cc, N + 1, ctx);
+    if (!tc) return chain;
+    const double *t = tc->t_round[dfl_costs_depth(ctx)];
+    int near = 0;
+    for (int m = 2; m <= tc->max_block; m++)
+        if (load(&t[m]) > 0 && (!near || abs(m - (N + 1)) < abs(near - (N + 1)))) near = m;
+    if (near == N + 1) return load(&t[near]);
+    double at = near ? chain_rows_cost(cc, near, ctx) : 0;
+    return at > 0 ? chain * load(&t[near]) / at : chain;
 }
 
 int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
