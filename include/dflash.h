@@ -47,6 +47,7 @@ typedef struct dfl_session dfl_session;
 /* Limits of the API, written once. */
 enum {
     DFL_MAX_BLOCK = 512,          /* largest verify block (max_block, block_size) */
+    DFL_MAX_TREE = 32,            /* nodes of a draft tree (dfl_gen_params.tree_budget) */
     DFL_MAX_TOP_LOGPROBS = 20,    /* alternatives per token (n_top_logprobs) */
     DFL_MAX_CAPTURE_LAYERS = 64,  /* target layers one capture reads (drafter features) */
     DFL_MAX_PARALLEL = 256,       /* sequences generating at once (dfl_engine_opts.n_parallel) */
@@ -197,6 +198,10 @@ typedef struct dfl_gen_params {
     const int32_t *bias_ids; const float *bias_vals; int n_bias;  /* logit_bias */
     uint64_t seed;
     int block_size;         /* 0: auto (adaptive); 1: classic decode; N: pin N */
+    int tree_budget;        /* draft trees (DDTree): -1 the policy picks chain or a budget
+                               (the default), 0 the chain, N trees of N nodes (1..32);
+                               greedy or exact-sampled rounds with a drafter, on targets
+                               of full-attention layers only (else the chain) */
     int spec_accept;        /* DFL_ACCEPT_* */
     float typical_d;
     const int32_t *stop_ids; int n_stop_ids; /* extra stop tokens */
@@ -244,6 +249,9 @@ typedef struct dfl_stats {
     /* rounds, proposed, accepted and committed by the lane that drafted (DFL_LANE_*) */
     uint64_t lane_rounds[DFL_LANES], lane_proposed[DFL_LANES], lane_accepted[DFL_LANES];
     uint64_t lane_committed[DFL_LANES];
+    /* drafter rounds verified as a draft tree (DDTree), the nodes they verified and the
+     * drafts they accepted (also counted in rounds, proposed, accepted) */
+    uint64_t tree_rounds, tree_nodes, tree_accepted;
 } dfl_stats;
 
 /* Why dfl_generate returned 0. The stop token itself (EOS/EOT or one of

@@ -175,8 +175,90 @@ static void stale_step(void) {
     CHECK(dfl_policy_choose(&p, 0) > 1, "measured again: speculate");
 }
 
+/* ---- chain or tree ---------------------------------------------------------- */
+
+/* A drafter's mass for budgets 0..max: node i's path probability 0.9 * 0.85^(i-1). */
+static void tree_mass(double *m, int max) {
+    m[0] = 0;
+    for (int i = 1; i <= max; i++) m[i] = m[i - 1] + 0.9 * pow(0.85, i - 1);
+}
+
+/* The best budget by (1 + cal * mass[N]) / cost(N + 1), chain_rate to beat. */
+static int tree_brute(const dfl_costs *c, const double *m, double cal, int max, double chain) {
+    int best = 0;
+    double best_rate = chain;
+    for (int N = 2; N <= max; N++) {
+        double r = (1 + cal * m[N]) / c->t_round[0][N + 1];
+        if (r > best_rate) best_rate = r, best = N;
+    }
+    return best;
+}
+
+static void tree_policy(void) {
+    enum { MAXN = 32 };
+    double m[MAXN + 1];
+    tree_mass(m, MAXN);
+    double slopes[] = {0.005, 0.05, 0.2, 1.0}, cals[] = {1.0, 0.5};
+    for (int si = 0; si < 4; si++)
+        for (int ci = 0; ci < 2; ci++) {
+            dfl_costs c;
+            table(&c, MAXN + 1, 1.0, slopes[si]);
+            dfl_tree_policy p;
+            dfl_tree_policy_init(&p, MAXN);
+            double chain = 1.8 / c.t_round[0][4];   /* a chain of 4 committing 1.8 */
+            CHECK(dfl_tree_policy_choose(&p, NULL, &c, 0, chain) == DFL_TREE_FIRST,
+                  "a fresh tree policy probes a small tree first");
+            for (int r = 0; r < 400; r++)   /* trees of the largest budget, accepting cal x */
+                dfl_tree_policy_observe(&p, m, MAXN + 1, m[MAXN],
+                                        (int)floor(cals[ci] * m[MAXN] + (r % 2 ? 0.6 : 0.4)));
+            double e = dfl_tree_policy_expected(&p, 8), want_e = 1 + cals[ci] * m[8];
+            CHECK(fabs(e - want_e) < 0.05 * want_e, "calibration %.1f: expected %.3f, want %.3f",
+                  cals[ci], e, want_e);
+            int want = tree_brute(&c, m, cals[ci], MAXN, chain);
+            int got = dfl_tree_policy_choose(&p, NULL, &c, 0, chain);
+            double rg = got ? (1 + cals[ci] * m[got]) / c.t_round[0][got + 1] : chain;
+            double rw = want ? (1 + cals[ci] * m[want]) / c.t_round[0][want + 1] : chain;
+            CHECK(rg >= 0.98 * rw && (got == 0) == (want == 0),
+                  "slope %.3f cal %.1f: budget %d, best %d", slopes[si], cals[ci], got, want);
+        }
+    /* Dear rows and a good chain (4 rows committing 3.5): the chain, with a
+     * probe tree once in DFL_TREE_REPROBE rounds. */
+    dfl_costs c;
+    table(&c, MAXN + 1, 1.0, 1.0);
+    dfl_tree_policy p;
+    dfl_tree_policy_init(&p, MAXN);
+    dfl_tree_policy_observe(&p, m, MAXN + 1, m[MAXN], 1);
+    int trees = 0;
+    for (int r = 0; r < 4 * DFL_TREE_REPROBE; r++) {
+        int N = dfl_tree_policy_choose(&p, NULL, &c, 0, 3.5 / c.t_round[0][4]);
+        if (N) trees++, dfl_tree_policy_observe(&p, m, MAXN + 1, m[N], 1);
+    }
+    CHECK(trees >= 3 && trees <= 5, "dear rows: %d probe trees in %d rounds", trees,
+          4 * DFL_TREE_REPROBE);
+    /* Measured tree rounds override the chain table's guess: trees cheaper than
+     * the chain's rows of the same count win. */
+    dfl_costs tc;
+    dfl_costs_init(&tc, MAXN + 1);
+    for (int B = 2; B <= MAXN + 1; B++) tc.t_round[0][B] = 1.0 + 0.001 * (B - 1);
+    int N = dfl_tree_policy_choose(&p, &tc, &c, 0, 3.5 / c.t_round[0][4]);
+    CHECK(N >= 16, "cheap measured trees: budget %d", N);
+    /* One measured tree size (9 rows, at the chain's price) does not make every
+     * larger tree as cheap: past the chain's table (8 rows) costs follow its slope. */
+    dfl_costs c8, t9;
+    table(&c8, 8, 10.0, 1.0);   /* a round 10 + rows - 1: a flat 9-row price favours 32 */
+    dfl_costs_init(&t9, MAXN + 1);
+    t9.t_round[0][9] = 18.0;
+    dfl_tree_policy_init(&p, MAXN);
+    for (int r = 0; r < 50; r++) dfl_tree_policy_observe(&p, m, MAXN + 1, m[8], (int)m[8]);
+    N = dfl_tree_policy_choose(&p, &t9, &c8, 0, 0);
+    CHECK(N <= 8, "one measured 9-row tree, rows dear: budget %d (the chain or a small tree)", N);
+    dfl_tree_policy_init(&p, 0);
+    CHECK(dfl_tree_policy_choose(&p, &tc, &c, 0, 0) == 0, "budget 0: never a tree");
+}
+
 int main(void) {
     stale_step();
+    tree_policy();
     resume();
     closed_loop();
     /* Cheap verify rows and good drafts: speculation wins, at the argmax. */

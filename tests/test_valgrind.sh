@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the real program under valgrind (memcheck) on a real model: generate
-# classic and speculative-less paths, the n-gram lane with the drafter, a two-turn chat, tokenize, and a malformed file. Any
+# classic and speculative-less paths, the n-gram lane with the drafter, draft trees, a two-turn chat, tokenize, and a malformed file. Any
 # invalid access or leak fails the test.
 set -u
 bin=${DFLASH_BIN:?}
@@ -31,6 +31,9 @@ vg generate "$bin" generate -m "$model" -p "Once upon a time" -n 24 -t 2 -q
 draft=${DFLASH_SRC:-.}/models/stories260K-dflash
 [ -d "$draft" ] && vg ngram "$bin" generate -m "$model" --draft "$draft" --ngram -n 40 -t 2 -q \
   -p "Once upon a time, Lily had a ball. Once upon a time, Lily"
+# draft trees (DDTree): parent-tagged rows, the walk, path compaction
+[ -d "$draft" ] && vg tree "$bin" generate -m "$model" --draft "$draft" --tree-budget 16 -n 40 \
+  -t 2 -q --ignore-eos -p "Once upon a time"
 vg tokenize "$bin" tokenize -m "$model" --text "Lily saw a big red ball."
 vg chat "$bin" chat -m "$model" -n 8 -t 2 -q < <(printf 'Once upon a time\nThe end\n')
 bad=$(mktemp); head -c 5000 "$model" > "$bad"

@@ -11,7 +11,8 @@ Prompts are the first --words words of documents (separated by --sep) from
 mode -- classic (--block-size 1, no drafter), N (a fixed block), auto (the
 adaptive block), ngram (the n-gram lane alone, adaptive: --ngram, no
 drafter), and N+ngram / auto+ngram (the drafter and the n-gram lane, the
-policy picking per round) -- temperature and, above temperature 0, acceptance rule
+policy picking per round), tN (draft trees of budget N every round: --tree-budget N),
+chain (the adaptive policy without trees: --tree-budget 0) -- temperature and, above temperature 0, acceptance rule
 (--spec-accept), with --stats-json. Reported per mode:
 tau (tokens committed per verify round, the bonus included), acceptance by
 block position (drafts accepted / proposed, pooled over prompts, each
@@ -60,6 +61,12 @@ def generate(binary, model, draft, prompt, n, mode, temp, seed, threads, rule="e
             cmd += ["--draft", "none", "--block-size", "1"]
         elif mode == "ngram":
             cmd += ["--draft", "none", "--ngram", "--block-size", "auto", "--spec-accept", rule]
+        elif base.startswith("t"):   # a draft tree of budget N (DDTree) every round
+            cmd += ["--draft", draft, "--block-size", "auto", "--tree-budget", base[1:],
+                    "--spec-accept", rule]
+        elif base == "chain":   # the adaptive policy without trees
+            cmd += ["--draft", draft, "--block-size", "auto", "--tree-budget", "0",
+                    "--spec-accept", rule]
         else:
             cmd += ["--draft", draft, "--block-size", base, "--spec-accept", rule]
             if base != mode:

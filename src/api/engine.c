@@ -19,6 +19,7 @@ void dfl_gen_params_default(dfl_gen_params *p) {
     p->repeat_penalty = 1.0f;
     p->seed = 0x5eed;
     p->typical_d = 0.2f;
+    p->tree_budget = -1;
 }
 
 static int is_dir(const char *path) {
@@ -73,6 +74,11 @@ static int load_models(dfl_engine *e, dfl_error *err) {
         if (!o->max_block && !o->ngram && e->d->block_size < e->max_block)
             e->max_block = e->d->block_size;
     }
+    /* Draft trees: verify rows for DFL_MAX_TREE nodes when the drafter drafts
+     * blocks (not an MTP head's one token) and the target's cache can hold
+     * tree rows (full-attention layers only) */
+    if (e->d && !e->d->mtp && dfl_target_tree_ok(e->t))
+        e->max_tree = DFL_MAX_TREE < e->t->max_rows - 1 ? DFL_MAX_TREE : e->t->max_rows - 1;
     int max_ctx = e->t->c.max_ctx;
     e->ctx_size = o->ctx_size > 0 ? o->ctx_size : (max_ctx < 4096 ? max_ctx : 4096);
     if (e->ctx_size > max_ctx)
@@ -197,7 +203,8 @@ int dfl_session_new(dfl_engine *e, dfl_session **out, dfl_error *err) {
     s->e = e;
     s->kv = dfl_kv_new(e->t, e->ctx_size);
     s->hist = xcalloc(e->ctx_size, sizeof(int32_t));
-    s->logits = dfl_aligned_alloc((size_t)e->max_block * c->vocab * sizeof(float));
+    int rows = e->max_block > e->max_tree + 1 ? e->max_block : e->max_tree + 1;
+    s->logits = dfl_aligned_alloc((size_t)rows * c->vocab * sizeof(float));
     if (e->d) {
         s->ds = dfl_dstore_new(e->d, e->ctx_size);
         s->dlogits = dfl_aligned_alloc((size_t)e->max_block * c->vocab * sizeof(float));

@@ -23,11 +23,14 @@ struct dfl_engine {
     pthread_mutex_t mu;      /* guards the memo below (probe_state, costs) across sessions */
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
     dfl_costs costs_ngram;   /* the same for the n-gram lane's rounds (no drafter pass) */
+    dfl_costs costs_tree;    /* measured draft tree rounds by rows (nodes + 1) */
+    int max_tree;            /* nodes a session's draft tree may have (0: no trees) */
     dfl_policy carry;        /* greedy requests' acceptance evidence, handed from one
                                 request to the next (dfl_loop_opts.carry) */
     dfl_policy carry_replay; /* the same for replayed requests (benchmarks): their
                                 acceptance is the replay's, not the drafter's */
     dfl_policy carry_ngram;  /* the n-gram lane's evidence, as carry */
+    dfl_tree_policy carry_tree; /* the tree policy's evidence, as carry */
     struct dfl_fmt_vocab *fmt_vocab; /* the vocabulary sorted for structured output,
                                         made by the first dfl_format_new (under mu) */
 };

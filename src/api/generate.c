@@ -40,6 +40,11 @@ static int accept_sampled(void *ud, const float *logits, int vocab, const int32_
     return r.n_accepted;
 }
 
+/* The keyed sample of a tree node's row (the exact rule along a tree). */
+static int32_t choose_sampled(void *ud, const float *row, const int32_t *hist, int n_hist) {
+    return dfl_sample(((dfl_spec_sampling *)ud)->s, row, hist, n_hist);
+}
+
 static void redraft_sampled(void *ud, const float *dlogits, int n, const int32_t *hist, int pos,
                             int32_t *draft) {
     dfl_sample_drafts(((dfl_spec_sampling *)ud)->s, dlogits, n, hist, pos + 1, draft);
@@ -55,6 +60,10 @@ void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *
     if (!s) return;
     o->accept = accept_sampled;
     o->accept_ud = sm;
+    /* along a tree only the exact rule stays lossless (and a format's mask is
+     * the chain's alone): other rules keep the chain */
+    if ((rule == DFL_ACCEPT_EXACT || !(s->temperature > 0)) && !s->fmt)
+        o->choose = choose_sampled;
     if (s->temperature > 0 && rule == DFL_ACCEPT_REJECTION)   /* drafts drawn, masked too */
         o->need_dlogits = 1, o->redraft = redraft_sampled;
     else if (s->fmt)
@@ -80,6 +89,9 @@ static int check_params(const dfl_gen_params *p, dfl_error *err) {
     if (p->n_top_logprobs < 0 || p->n_top_logprobs > DFL_MAX_TOP_LOGPROBS)
         return dfl_fail(err, DFL_EARG, "top logprobs %d outside 0..%d", p->n_top_logprobs,
                         DFL_MAX_TOP_LOGPROBS);
+    if (p->tree_budget < -1 || p->tree_budget > DFL_MAX_TREE)
+        return dfl_fail(err, DFL_EARG, "tree budget %d outside -1 (auto), 0 (chain) .. %d",
+                        p->tree_budget, DFL_MAX_TREE);
     if (p->replay_ref && (p->n_replay_ref < 1 || !(p->replay_tau >= 1)))
         return dfl_fail(err, DFL_EARG, "replay: %d reference tokens at tau %g (need >= 1, >= 1)",
                         p->n_replay_ref, p->replay_tau);
@@ -168,7 +180,8 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     }
 
     dfl_seq q = {.t = t, .kv = s->kv, .hist = s->hist, .logits = s->logits,
-                 .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block};
+                 .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block,
+                 .max_tree = e->max_tree, .tree_depth = e->d ? e->d->block_size - 1 : 0};
     dfl_dflash_proposer dp;
     dfl_replay_proposer rp;
     dfl_ngram_proposer np;
@@ -187,6 +200,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     pthread_mutex_lock(&e->mu);
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
     if (!e->costs_ngram.max_block) dfl_costs_init(&e->costs_ngram, e->max_block);
+    if (!e->costs_tree.max_block) dfl_costs_init(&e->costs_tree, DFL_MAX_TREE + 1);
     /* adaptive: round costs measured once per engine before the first round */
     if (block == 0 && (q.pr || q.ng)) rc = dfl_spec_calibrate(e, 0, err);
     pthread_mutex_unlock(&e->mu);
@@ -199,25 +213,30 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
                        .no_logprob = p->no_logprob, .costs = &e->costs,
                        .costs_ngram = &e->costs_ngram,
-                       .exact = st->exact_checked == 1 ? e->probe_state : NULL};
+                       .exact = st->exact_checked == 1 ? e->probe_state : NULL,
+                       .tree_budget = path ? 0 : p->tree_budget, .costs_tree = &e->costs_tree};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */
     dfl_policy carry, carry_ng, *kept = path ? &e->carry_replay : &e->carry;
+    dfl_tree_policy carry_tree;
     int carried = !smp;
     if (carried) {
         pthread_mutex_lock(&e->mu);
         carry = *kept;
         carry_ng = e->carry_ngram;
+        carry_tree = e->carry_tree;
         pthread_mutex_unlock(&e->mu);
         o.carry = &carry;
         o.carry_ngram = &carry_ng;
+        o.carry_tree = &carry_tree;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
     if (carried) {
         pthread_mutex_lock(&e->mu);
         if (carry.max_block) *kept = carry;
         if (carry_ng.max_block) e->carry_ngram = carry_ng;
+        if (carry_tree.max_budget) e->carry_tree = carry_tree;
         pthread_mutex_unlock(&e->mu);
     }
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;

@@ -51,6 +51,9 @@ static void help(void) {
         "  --temps LIST           temperatures of the rules section (default 0.6,1.0;\n"
         "                         0 = greedy, exact rule only)\n"
         "  --rule-block N         pinned block of the rules section (default 8)\n"
+        "  --tree-budget LIST     draft trees (DDTree) of these budgets in the rules section:\n"
+        "                         a row per budget with the exact rule, beside the chain's\n"
+        "                         (pinned block: the chain; adaptive: the policy's pick)\n"
         "  --typical D            the typical rule's threshold factor (default 0.2)\n"
         "  --ctx LIST             context ladder (default 1024,2048,4096,8192,16384,32768)\n"
         "  --ttft-max N           real prefills up to N tokens for time to first token;\n"
@@ -85,6 +88,7 @@ typedef struct opts {
     int n_tau, n_temps;
     const char *prompt;
     int blocks[MAXL], n_blocks;
+    int trees[MAXL], n_trees;  /* --tree-budget: budgets of the rules section's tree rows */
     int ctx[MAXL], n_ctx;
     uint64_t seed;
     const char *json;
@@ -178,7 +182,9 @@ static void parse(opts *o, int argc, char **argv) {
             char *p[MAXL];
             o->n_temps = split(a, cli_need(argc, argv, &i), p);
             for (int k = 0; k < o->n_temps; k++) o->temps[k] = cli_num(a, p[k], 0, 100);
-        } else if (!strcmp(a, "--rule-block"))
+        } else if (!strcmp(a, "--tree-budget"))
+            o->n_trees = int_list(a, cli_need(argc, argv, &i), o->trees, 1, DFL_MAX_TREE);
+        else if (!strcmp(a, "--rule-block"))
             o->rule_block = cli_int(a, cli_need(argc, argv, &i), 2, 64);
         else if (!strcmp(a, "--typical"))
             o->typical_d = cli_num(a, cli_need(argc, argv, &i), 0, 1e6);
@@ -609,6 +615,7 @@ static const char *rule_name[] = {"exact", "rejection", "typical"};
 typedef struct rule_run {
     double temp, tau_profile;   /* tau_profile: replayed profile, 0 for a real run */
     int rule, block;            /* block 1: classic, 0: adaptive */
+    int tree;                   /* a pinned tree budget (mode T=N), or 0 */
     const char *drafter;        /* "none", "replay" or "real" */
     const dfl_stats *st;
     int exact;                  /* output equals classic: 1, differs: 0, not checked: -1 */
@@ -620,7 +627,8 @@ static void rule_row(cJSON *rows, const rule_run *u, double classic_tps) {
     double tau = st->rounds ? (double)(st->accepted + st->rounds) / st->rounds : 1;
     double acc = st->proposed ? (double)st->accepted / st->proposed : 0;
     char mode[16], drafter[24];
-    if (u->block == 1) snprintf(mode, sizeof mode, "classic");
+    if (u->tree > 0) snprintf(mode, sizeof mode, "T=%d", u->tree);
+    else if (u->block == 1) snprintf(mode, sizeof mode, "classic");
     else if (u->block == 0) snprintf(mode, sizeof mode, "adaptive");
     else snprintf(mode, sizeof mode, "B=%d", u->block);
     if (u->tau_profile > 0) snprintf(drafter, sizeof drafter, "replay %.2f", u->tau_profile);
@@ -637,6 +645,8 @@ static void rule_row(cJSON *rows, const rule_run *u, double classic_tps) {
     cJSON_AddNumberToObject(o, "tau_profile", u->tau_profile);
     cJSON_AddStringToObject(o, "mode", mode);
     cJSON_AddNumberToObject(o, "block", u->block);
+    cJSON_AddNumberToObject(o, "tree_budget", u->tree);
+    cJSON_AddNumberToObject(o, "tree_rounds", (double)st->tree_rounds);
     cJSON_AddNumberToObject(o, "tok_s", tps);
     cJSON_AddNumberToObject(o, "x_classic", classic_tps > 0 ? tps / classic_tps : 1);
     cJSON_AddNumberToObject(o, "tau", tau);
@@ -667,11 +677,11 @@ static void rules_at(bench *b, cJSON *rows, double temp, int *done, int n_runs) 
     replay(b, &ref, 1, 1, 0, &gp, r);
     cli_progress(NULL, "rules", ++*done, n_runs);
     double classic = r->st.n_gen / r->st.t_decode;
-    rule_row(rows, &(rule_run){temp, 0, 0, 1, "none", &r->st, -1}, classic);
+    rule_row(rows, &(rule_run){temp, 0, 0, 1, 0, "none", &r->st, -1}, classic);
     for (int i = 0; i < o->n_tau; i++) {
         replay(b, &ref, block, o->tau[i], 0, &gp, r);
         cli_progress(NULL, "rules", ++*done, n_runs);
-        rule_row(rows, &(rule_run){temp, o->tau[i], 0, block, "replay", &r->st,
+        rule_row(rows, &(rule_run){temp, o->tau[i], 0, block, 0, "replay", &r->st,
                                    r->matches_ref}, classic);
     }
     for (int rule = 0; rule < 3; rule++) {
@@ -683,9 +693,18 @@ static void rules_at(bench *b, cJSON *rows, double temp, int *done, int n_runs) 
             cli_progress(NULL, "rules", ++*done, n_runs);
             int exact = rule ? -1 : out.n == o->n_gen &&
                         !memcmp(out.ids, ref.ids, sizeof(int32_t) * o->n_gen);
-            rule_row(rows, &(rule_run){temp, 0, rule, modes[m], "real", &st, exact}, classic);
+            rule_row(rows, &(rule_run){temp, 0, rule, modes[m], 0, "real", &st, exact},
+                     classic);
         }
     }
+    for (int k = 0; k < o->n_trees; k++) {   /* trees: the exact rule, the same check */
+        gp.spec_accept = DFL_ACCEPT_EXACT, gp.block_size = 0, gp.tree_budget = o->trees[k];
+        gen_ids(b, &gp, o->n_gen, &out, &st);
+        cli_progress(NULL, "rules", ++*done, n_runs);
+        int exact = out.n == o->n_gen && !memcmp(out.ids, ref.ids, sizeof(int32_t) * o->n_gen);
+        rule_row(rows, &(rule_run){temp, 0, 0, 0, o->trees[k], "real", &st, exact}, classic);
+    }
+    gp.tree_budget = -1;
     free(r);
     free(ref.ids);
     free(out.ids);
@@ -710,7 +729,8 @@ static void sec_rules(bench *b) {
     printf("%4s %-9s %-11s %-8s %8s %8s %6s %7s %6s\n", "T", "rule", "drafter", "mode",
            "tok/s", "x classic", "tau", "acc", "exact");
     int n_runs = 0, done = 0;
-    for (int i = 0; i < o->n_temps; i++) n_runs += 1 + o->n_tau + (o->temps[i] > 0 ? 6 : 2);
+    for (int i = 0; i < o->n_temps; i++)
+        n_runs += 1 + o->n_tau + (o->temps[i] > 0 ? 6 : 2) + o->n_trees;
     for (int i = 0; i < o->n_temps; i++) rules_at(b, rows, o->temps[i], &done, n_runs);
     printf("(tau: tokens committed per verify round; acc: drafts accepted over proposed;\n"
            " exact: output equals classic decode at the same seed -- the exact rule's promise)\n\n");

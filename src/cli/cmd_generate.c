@@ -58,6 +58,9 @@ static void help(void) {
         "  --json                 the answer is one JSON object (any)\n"
         "speculation:\n"
         "  --block-size auto|N    verify block: auto (adaptive, default), 1 (classic), N\n"
+        "  --tree-budget auto|N   draft trees (DDTree) of N nodes (1..32) verified in one\n"
+        "                         forward; 0: the chain; auto (default): the policy picks\n"
+        "                         per round (full-attention targets, greedy or exact rule)\n"
         "  --spec-accept RULE     exact (default; output identical to classic decode),\n"
         "                         rejection (target distribution, not token-identical),\n"
         "                         typical (LOSSY: accepts plausible drafts, see --typical)\n"
@@ -129,6 +132,9 @@ static void parse(opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--block-size")) {
             const char *v = cli_need(argc, argv, &i);
             o->gp.block_size = !strcmp(v, "auto") ? 0 : cli_int(a, v, 1, DFL_MAX_BLOCK);
+        } else if (!strcmp(a, "--tree-budget")) {
+            const char *v = cli_need(argc, argv, &i);
+            o->gp.tree_budget = !strcmp(v, "auto") ? -1 : cli_int(a, v, 0, DFL_MAX_TREE);
         } else if (!strcmp(a, "--spec-accept"))
             o->gp.spec_accept = parse_accept(cli_need(argc, argv, &i));
         else if (!strcmp(a, "--typical"))
@@ -250,6 +256,10 @@ static void print_stats(const dfl_stats *s) {
                         (unsigned long long)s->lane_accepted[l],
                         (unsigned long long)s->lane_proposed[l],
                         (double)s->lane_committed[l] / s->lane_rounds[l]);
+        if (s->tree_rounds)
+            fprintf(stderr, "trees: %llu rounds of %.1f nodes, %.2f accepted/round\n",
+                    (unsigned long long)s->tree_rounds, (double)s->tree_nodes / s->tree_rounds,
+                    (double)s->tree_accepted / s->tree_rounds);
         fprintf(stderr, "acceptance by position:");
         for (int i = 0; i < DFL_MAX_POS_STATS && s->pos_proposed[i]; i++)
             fprintf(stderr, " %d:%.2f", i + 1, (double)s->pos_accepted[i] / s->pos_proposed[i]);
@@ -290,7 +300,11 @@ static void write_stats_json(const char *path, const dfl_stats *s, const dfl_mod
                    "\"committed\": %llu}", l ? ", " : "", dfl_lane_name(l),
                 (unsigned long long)s->lane_rounds[l], (unsigned long long)s->lane_proposed[l],
                 (unsigned long long)s->lane_accepted[l], (unsigned long long)s->lane_committed[l]);
-    fprintf(f, "},\n  \"exact_checked\": %d, \"note\": \"", s->exact_checked);
+    fprintf(f, "},\n  \"tree_rounds\": %llu, \"tree_nodes\": %llu, \"tree_accepted\": %llu, "
+               "\"tree_mean_accepted\": %.4f,\n", (unsigned long long)s->tree_rounds,
+            (unsigned long long)s->tree_nodes, (unsigned long long)s->tree_accepted,
+            s->tree_rounds ? (double)s->tree_accepted / s->tree_rounds : 0);
+    fprintf(f, "  \"exact_checked\": %d, \"note\": \"", s->exact_checked);
     for (const char *p = s->note; *p; p++)
         if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
         else if ((unsigned char)*p >= 0x20) fputc(*p, f);

@@ -16,6 +16,9 @@ static void usage(FILE *f) {
             "  --draft-mtp             draft with the model's own MTP head (mtp.* of a\n"
             "                          Qwen3.5 / Qwen3-Next folder) instead; a request's\n"
             "                          block_size sets its drafts + 1\n"
+            "  --tree-budget auto|N    draft trees (DDTree) of N nodes (1..32), 0: the chain,\n"
+            "                          auto (default): the policy's pick; a request's\n"
+            "                          tree_budget overrides it\n"
             "  --ngram                 also draft by prompt lookup (the n-gram lane), with or\n"
             "                          without a drafter; /metrics counts rounds by lane\n"
             "  --no-mmap               copy the weights into memory (huge pages) instead of\n"
@@ -136,6 +139,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--heavy-requests")) o.heavy_max = cli_int(a, v, 1, 1024);
         else if (!strcmp(a, "--shutdown-grace")) o.shutdown_grace_s = cli_num(a, v, 0, 86400);
         else if (!strcmp(a, "--temp")) o.default_temp = cli_num(a, v, 0, 2);
+        else if (!strcmp(a, "--tree-budget"))
+            o.tree_budget = !strcmp(v, "auto") ? -1 : cli_int(a, v, 0, DFL_MAX_TREE);
         else if (!strcmp(a, "--reasoning-format")) {
             if (strcmp(v, "none") && strcmp(v, "deepseek")) {
                 fprintf(stderr, "dflash serve: --reasoning-format %s: expected none or deepseek\n", v);

@@ -18,6 +18,7 @@
 #include "draft/ngram.h"
 #include "models/model.h"
 #include "decode/policy.h"
+#include "decode/tree.h"
 
 /* ---- the proposer seam ---------------------------------------------------- */
 
@@ -98,7 +99,11 @@ typedef struct dfl_seq {
     float *logits;        /* (max_block, vocab) verify logits */
     float *dlogits;       /* (max_block, vocab) drafter logits, or NULL */
     float *feat;          /* (t->max_rows, n_cap*dim) captured features, or NULL */
-    int max_block;        /* rows logits holds */
+    int max_block;        /* rows of a chain's verify block (logits holds at least these) */
+    int max_tree;         /* nodes of a draft tree: logits holds max_tree + 1 rows too (0: no
+                             trees; they need a cache of full-attention layers only) */
+    int tree_depth;       /* a tree's deepest level: the drafter's trained block - 1 (a
+                           wider block, bidirectional inside, drafts every depth worse) */
     dfl_proposer *pr;     /* NULL without a drafter; kept in step with kv even
                              when a call decodes classically */
     dfl_proposer *ng;     /* the n-gram lane, or NULL; kept in step as pr is */
@@ -128,6 +133,17 @@ typedef struct dfl_loop_opts {
                              starts from it and leaves this call's in it (a server's
                              requests are alike; each would otherwise learn from the prior) */
     dfl_policy *carry_ngram; /* the same for the n-gram lane */
+    /* Draft trees (DDTree) on the drafter's rounds: -1 the policy picks chain or a
+     * budget each round, 0 the chain always, N > 0 trees of N nodes (at most
+     * q->max_tree). Trees run greedy, or sampled when choose is set. */
+    int tree_budget;
+    /* The target's token at position n_hist from its row, history hist[0..n_hist)
+     * (a rule that is exact along a tree: the keyed sample); NULL: argmax. With a
+     * sampled accept rule and no choose, every round is a chain. */
+    int32_t (*choose)(void *ud, const float *row, const int32_t *hist, int n_hist);
+    dfl_costs *costs_tree; /* measured tree round costs by rows (N + 1), or NULL */
+    dfl_tree_policy *carry_tree; /* NULL, or the tree policy's evidence from earlier calls,
+                                    as carry (else each call starts with a probe tree) */
 } dfl_loop_opts;
 
 /* A request's sampler behind the acceptance seam (generate.c): sets o's

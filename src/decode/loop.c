@@ -80,6 +80,7 @@ typedef struct run {
     int32_t anchor;
     int stop;
     int pending;          /* classic rows whose features wait in feat rows 1.. */
+    int tree_max;         /* nodes a draft tree may have in this call (0: chain only) */
 } run;
 
 /* Commits token id chosen from logits row, produced as kind (DFL_TOKEN_*);
@@ -224,6 +225,133 @@ static int round_step(run *r, int B, int lane, int *accepted, double *cost, dfl_
     return 0;
 }
 
+/* ---- draft trees (DDTree) ------------------------------------------------------ */
+
+/* Depths a tree of N nodes drafts: no deeper than the drafter's block, the
+ * drafter rows q->dlogits holds, nor the tokens left to generate (the walk
+ * commits at most one per depth, and the bonus). */
+static int tree_depths(const run *r, int N) {
+    const dfl_seq *q = r->q;
+    int d = imin(imin(N, q->tree_depth), imin(q->pr->max_block, q->max_block) - 1);
+    return imin(d, r->o->max_tokens - r->gen - 1);
+}
+
+static void count_tree(run *r, const dfl_tree *tr, int a, int emitted) {
+    dfl_stats *st = r->st;
+    int depths = 0;
+    for (int i = 0; i < tr->n; i++) depths = tr->depth[i] > depths ? tr->depth[i] : depths;
+    a = imin(a, emitted);
+    st->lane_rounds[DFL_LANE_DRAFTER]++;
+    st->lane_proposed[DFL_LANE_DRAFTER] += tr->n - 1;
+    st->lane_accepted[DFL_LANE_DRAFTER] += a;
+    st->lane_committed[DFL_LANE_DRAFTER] += emitted;
+    st->rounds++, st->proposed += tr->n - 1, st->accepted += a, st->committed += emitted;
+    st->tree_rounds++, st->tree_nodes += tr->n - 1, st->tree_accepted += a;
+    for (int i = 0; i <= a && i < depths && i < DFL_MAX_POS_STATS; i++) {
+        st->pos_proposed[i]++;   /* depth i + 1 was tried: every depth above it accepted */
+        if (i < a) st->pos_accepted[i]++;
+    }
+}
+
+/* Walks the target's choices down the verified tree from the root: at each
+ * node the token the target picks there (argmax, or the rule's keyed sample
+ * with the node's path as history), into the child that drafted it, until
+ * no child did: that choice is the bonus. Commits as it goes; path gets the
+ * rows kept (the root, then the accepted nodes); returns how many. */
+static int tree_walk(run *r, const dfl_tree *tr, int pos, int *path, int *emitted) {
+    dfl_seq *q = r->q;
+    const dfl_loop_opts *o = r->o;
+    int vocab = q->t->c.vocab, kept = 1, node = 0;
+    path[0] = 0;
+    for (;;) {
+        const float *row = q->logits + (size_t)node * vocab;
+        int n_hist = pos + tr->depth[node] + 1;   /* hist[pos + d]: the path's tokens */
+        int32_t id = o->choose ? o->choose(o->accept_ud, row, q->hist, n_hist)
+                               : dfl_argmax(row, vocab);
+        int child = dfl_tree_child(tr, node, id);
+        (*emitted)++;
+        if (child >= 0) q->hist[n_hist] = id, path[kept++] = child;
+        else r->anchor = id;
+        if (commit(r, id, child >= 0 ? DFL_TOKEN_DRAFT : DFL_TOKEN_BONUS, row) || child < 0)
+            return kept;
+        node = child;
+    }
+}
+
+/* One drafter round verified as a best-first tree of N nodes in one forward
+ * (rows tagged with their parents), the accepted path's K/V and features
+ * then moved where a chain would have left them. */
+static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, dfl_error *err) {
+    dfl_seq *q = r->q;
+    dfl_proposer *pr = q->pr;
+    dfl_target *t = q->t;
+    int pos = q->kv->len, rc, depths = tree_depths(r, N);
+    int32_t drafts[DFL_MAX_TREE];
+    double s0 = pr->spent ? pr->spent(pr) : 0, t0 = dfl_now();
+    q->hist[pos] = r->anchor;
+    if ((rc = flush_pending(r, err))) return rc;
+    if ((rc = pr->draft(pr, r->anchor, pos, depths + 1, drafts, q->dlogits, err))) return rc;
+    /* the largest tree's mass tells the policy of every budget; a budget's tree
+     * is its first N nodes (best-first pops are a prefix of a larger tree's) */
+    dfl_tree_cands c;
+    dfl_tree_topk(q->dlogits, depths, t->c.vocab, r->tree_max, &c);
+    dfl_tree_build(&c, r->tree_max, r->anchor, tr);
+    tr->n = imin(tr->n, N + 1);
+    double t1 = dfl_now();
+    int n_cap = seq_ncap(q);
+    dfl_fwd f = {.kv = q->kv, .tok = tr->tok, .n = tr->n, .logits = q->logits,
+                 .cap = n_cap ? pr->cap : NULL, .n_cap = n_cap, .feat = q->feat,
+                 .parent = tr->parent};
+    if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
+    double t2 = dfl_now();
+    int path[DFL_MAX_TREE + 1], emitted = 0;
+    int kept = tree_walk(r, tr, pos, path, &emitted);
+    dfl_kv_keep_path(q->kv, pos, path, kept);   /* (tree_ok: checked when trees were allowed) */
+    size_t fd = (size_t)n_cap * t->c.dim;
+    for (int i = 1; i < kept && fd; i++)
+        memcpy(q->feat + i * fd, q->feat + path[i] * fd, fd * sizeof(float));
+    double t3 = dfl_now();
+    if ((rc = feed_lanes(q, q->feat, q->hist + pos, kept, err))) return rc;
+    double t4 = dfl_now();
+    r->st->t_draft += (t1 - t0) + (t4 - t3);
+    r->st->t_verify += t2 - t1;
+    count_tree(r, tr, kept - 1, emitted);
+    *accepted = kept - 1;
+    double drafter = pr->spent ? pr->spent(pr) - s0 : (t1 - t0) + (t4 - t3);
+    *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
+    if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
+    return 0;
+}
+
+/* Nodes of this call's trees at most (0: chain only): trees need the
+ * drafter's rows, a cache of full-attention layers only, and a rule exact
+ * along a tree (greedy, or one that gives the keyed sample per node); a
+ * pinned block with the budget left to the policy keeps the chain. */
+static int tree_cap(const dfl_seq *q, const dfl_loop_opts *o) {
+    if (!o->tree_budget || !q->pr || !q->dlogits || q->max_tree < 1 || !dfl_kv_tree_ok(q->kv))
+        return 0;
+    if ((o->accept && !o->choose) || (o->tree_budget < 0 && o->block > 0)) return 0;
+    int m = imin(imin(q->max_tree, DFL_MAX_TREE), q->t->max_rows - 1);
+    return o->tree_budget > 0 ? imin(o->tree_budget, m) : m;
+}
+
+/* The budget of this round's tree, or 0 (the chain): pinned, or the tree
+ * policy's pick against the chain block B the chain policy chose; no more
+ * rows than the cache has left. */
+static int pick_tree(run *r, dfl_tree_policy *tp, const dfl_policy *chain, dfl_costs *tree_costs,
+                     const dfl_costs *chain_costs, int B, int lane) {
+    dfl_seq *q = r->q;
+    if (!r->tree_max || lane != DFL_LANE_DRAFTER || tree_depths(r, 1) < 1) return 0;
+    int ctx = q->kv->len, N = r->tree_max;
+    if (r->o->tree_budget < 0) {
+        if (B < 2) return 0;
+        N = dfl_tree_policy_choose(tp, tree_costs, chain_costs, ctx,
+                                   dfl_policy_rate(chain, B, ctx));
+    }
+    N = imin(N, q->kv->cap - ctx - 1);
+    return N >= 1 ? N : 0;
+}
+
 /* The lane and block of the next round. The n-gram lane bids only when its
  * lookup found a match; then the lane whose block promises more tokens per
  * second (its own measured acceptance over its own measured round cost)
@@ -327,6 +455,12 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     st->t_prefill += t1 - t0;
 
     dfl_costs local_costs[DFL_LANES], *costs[DFL_LANES] = {o->costs, o->costs_ngram};
+    dfl_costs local_tree, *tree_costs = o->costs_tree;
+    dfl_tree_policy tp;
+    r.tree_max = r.spec ? tree_cap(q, o) : 0;
+    if (!tree_costs) dfl_costs_init(tree_costs = &local_tree, DFL_MAX_TREE + 1);
+    dfl_tree_policy_init(&tp, r.tree_max);
+    if (o->carry_tree && o->carry_tree->max_budget == tp.max_budget) tp = *o->carry_tree;
     dfl_policy pol[DFL_LANES], *carry[DFL_LANES] = {o->carry, o->carry_ngram};
     for (int l = 0; l < DFL_LANES; l++) {
         dfl_proposer *pr = lane_proposer(q, l);
@@ -343,6 +477,16 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (r.stop) break;
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
+        int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, costs[DFL_LANE_DRAFTER],
+                          B, r.o->tree_budget > 0 && q->pr ? DFL_LANE_DRAFTER : lane);
+        if (N) {   /* a tree round: its own costs and evidence; the chain's sat it out */
+            dfl_tree tr;
+            if ((rc = tree_round(&r, N, &tr, &a, &cost, err))) break;
+            dfl_costs_update(tree_costs, tr.n, ctx, cost);
+            dfl_tree_policy_observe(&tp, tr.mass, tr.full, tr.mass[tr.n - 1], a);
+            for (int l = 0; l < DFL_LANES; l++) dfl_policy_classic_step(&pol[l]);
+            continue;
+        }
         if ((rc = round_step(&r, B, lane, &a, &cost, err))) break;
         /* a classic step is every lane's baseline */
         for (int l = 0; l < DFL_LANES; l++)
@@ -359,6 +503,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     dfl_target_leave(q->t);
     for (int l = 0; l < DFL_LANES; l++)
         if (carry[l] && r.spec && o->block == 0 && lane_proposer(q, l)) *carry[l] = pol[l];
+    if (o->carry_tree && o->tree_budget < 0 && tp.max_budget) *o->carry_tree = tp;
     double t2 = dfl_now();
     st->t_decode += t2 - t1;
     st->t_other += (t2 - t1) - (st->t_draft - d0) - (st->t_verify - v0);

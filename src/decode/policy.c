@@ -1,5 +1,6 @@
 #include "decode/policy.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 void dfl_costs_init(dfl_costs *c, int max_block) {
@@ -175,4 +176,83 @@ void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
     memcpy(p->hits, prev->hits, sizeof p->hits);
     p->reprobe_every = prev->reprobe_every;
     p->classic_run = prev->classic_run;
+}
+
+/* ---- chain or tree ------------------------------------------------------------ */
+
+void dfl_tree_policy_init(dfl_tree_policy *p, int max_budget) {
+    memset(p, 0, sizeof *p);
+    p->max_budget = max_budget < DFL_TREE_POLICY_MAX ? max_budget : DFL_TREE_POLICY_MAX;
+}
+
+void dfl_tree_policy_observe(dfl_tree_policy *p, const double *mass, int n, double predicted,
+                             int accepted) {
+    p->seen = p->seen * DFL_POLICY_DECAY + 1;
+    for (int N = 1; N <= p->max_budget; N++) {   /* a smaller tree: its mass stops growing */
+        double m = mass[N < n ? N : n - 1];
+        p->mass[N] += (m - p->mass[N]) / p->seen;
+    }
+    p->predicted = p->predicted * DFL_POLICY_DECAY + predicted;
+    p->actual = p->actual * DFL_POLICY_DECAY + accepted;
+    p->since = 0;
+}
+
+double dfl_tree_policy_expected(const dfl_tree_policy *p, int N) {
+    if (N < 1 || N > p->max_budget) return 1;
+    /* the calibration starts at 1 (the drafter taken at its word), worth a few rounds */
+    double cal = (p->actual + DFL_POLICY_PRIOR) / (p->predicted + DFL_POLICY_PRIOR);
+    return 1 + cal * p->mass[N];
+}
+
+/* A verify of `rows` rows by the chain's table: measured or interpolated up
+ * to its largest block, extended past it along the slope of its upper half
+ * (on a CPU a row costs about the same as the next). */
+static double chain_rows_cost(const dfl_costs *cc, int rows, int ctx) {
+    int mb = cc->max_block, half = mb / 2 > 1 ? mb / 2 : 1;
+    if (rows <= mb) return dfl_costs_get(cc, rows, ctx);
+    double hi = dfl_costs_get(cc, mb, ctx), lo = dfl_costs_get(cc, half, ctx);
+    if (!(hi > 0) || !(lo > 0) || mb <= half) return 0;
+    double slope = (hi - lo) / (mb - half);
+    return hi + (slope > 0 ? slope : 0) * (rows - mb);
+}
+
+/* A tree of N nodes: measured at N + 1 rows at this depth, else the chain's
+ * N + 1 rows scaled by what the nearest measured tree cost against the
+ * chain's rows of its size (a tree drafts every depth and gathers keys), else
+ * the chain's rows alone. Never a flat extension of one measured size: a
+ * 33-row tree is not the price of a 9-row one. */
+static double tree_cost(const dfl_costs *tc, const dfl_costs *cc, int N, int ctx) {
+    double chain = chain_rows_cost(cc, N + 1, ctx);
+    if (!tc) return chain;
+    const double *t = tc->t_round[dfl_costs_depth(ctx)];
+    int near = 0;
+    for (int m = 2; m <= tc->max_block; m++)
+        if (load(&t[m]) > 0 && (!near || abs(m - (N + 1)) < abs(near - (N + 1)))) near = m;
+    if (near == N + 1) return load(&t[near]);
+    double at = near ? chain_rows_cost(cc, near, ctx) : 0;
+    return at > 0 ? chain * load(&t[near]) / at : chain;
+}
+
+int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
+                           const dfl_costs *chain_costs, int ctx, double chain_rate) {
+    if (p->max_budget < 2) return 0;
+    if (!(p->seen > 0)) return p->max_budget < DFL_TREE_FIRST ? p->max_budget : DFL_TREE_FIRST;
+    int best = 0;
+    double best_rate = chain_rate;
+    for (int N = 2; N <= p->max_budget; N++) {
+        double t = tree_cost(tree_costs, chain_costs, N, ctx);
+        double rate = t > 0 ? dfl_tree_policy_expected(p, N) / t : 0;
+        if (rate > best_rate) best_rate = rate, best = N;
+    }
+    if (best) return best;
+    if (++p->since < DFL_TREE_REPROBE) return 0;
+    /* a probe: the budget with the best rate per predicted token, unknown costs aside */
+    int probe = p->max_budget;
+    double probe_rate = 0;
+    for (int N = 2; N <= p->max_budget; N++) {
+        double t = tree_cost(tree_costs, chain_costs, N, ctx);
+        double rate = t > 0 ? dfl_tree_policy_expected(p, N) / t : 0;
+        if (rate > probe_rate) probe_rate = rate, probe = N;
+    }
+    return probe;
 }

@@ -88,4 +88,41 @@ void dfl_policy_classic_step(dfl_policy *p);
  * not under way (it is asked for again on a later round). */
 void dfl_policy_skip(dfl_policy *p);
 
+/* ---- chain or tree (DDTree) ----------------------------------------------
+ * A tree of N nodes is verified as N + 1 rows: on a CPU each row costs
+ * about what a chain's does, so a tree pays only while the acceptance it
+ * adds beats the rows it adds. Its expected accepted drafts come from the
+ * drafter's own probabilities (the mass of the first N best-first nodes,
+ * averaged over recent trees), scaled by how far the accepted drafts of
+ * tree rounds have fallen short of (or beaten) that prediction. */
+enum { DFL_TREE_POLICY_MAX = 64,   /* budgets tracked (>= DFL_MAX_TREE) */
+       DFL_TREE_REPROBE = 32,      /* drafter rounds between trees while the chain wins */
+       DFL_TREE_FIRST = 8 };       /* the first tree's budget: its mass (of the largest tree)
+                                      and cost start the evidence, cheaply */
+
+typedef struct dfl_tree_policy {
+    int max_budget;                        /* largest budget considered; 0: never a tree */
+    double mass[DFL_TREE_POLICY_MAX + 1];  /* decayed mean drafter mass of a budget-N tree */
+    double predicted, actual;              /* decayed sums over tree rounds: the mass of the
+                                              tree verified, and the drafts it accepted */
+    double seen;                           /* decayed count of trees drafted */
+    int since;                             /* chain rounds since the last tree */
+} dfl_tree_policy;
+
+void dfl_tree_policy_init(dfl_tree_policy *p, int max_budget);
+/* A tree round: mass[0..n) of the largest tree drafted (n - 1 nodes), the
+ * mass of the budget it verified, and the drafts it accepted. */
+void dfl_tree_policy_observe(dfl_tree_policy *p, const double *mass, int n, double predicted,
+                             int accepted);
+/* Expected tokens a budget-N tree commits (the bonus counts). */
+double dfl_tree_policy_expected(const dfl_tree_policy *p, int N);
+/* The budget for the drafter's next round (0: the chain), given the chain's
+ * rate (tokens per second of the block the chain policy picked), tree round
+ * costs (measured tree rounds, NULL or empty: the chain table's verify of
+ * N + 1 rows) and the chain's table. The first round is a tree of
+ * DFL_TREE_FIRST nodes, and one in every DFL_TREE_REPROBE while the chain
+ * wins a tree of the best predicted budget, so the evidence stays fresh. */
+int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
+                           const dfl_costs *chain_costs, int ctx, double chain_rate);
+
 #endif

@@ -35,7 +35,7 @@
 #include "kernels/vec.h"
 
 enum {
-    BK = 64,        /* keys per block */
+    BK = DFL_ATT_BLOCK, /* keys per block */
     UNITS = 32,     /* (row, head) units per task */
     PACK_HD = 256,  /* head dims up to which a K or V block is packed */
     SMALL_HD = 32,  /* head dims (multiples of 8) up to which scores go 8 keys a vector */
@@ -52,10 +52,23 @@ typedef struct {
     float scale;
     size_t hs;   /* elements from one kv head's keys to the next's */
     const float *sinks;  /* (n_heads) sink logits, or NULL */
+    const char *K2, *V2; /* keys from split on (dfl_kv_view), or NULL */
+    int split;
+    size_t hs2;
 } att_job;
 
 /* Element bytes; a literal the inlined kernels fold (dfl_type_block_bytes is a table). */
 static size_t kv_size(dfl_type t) { return t == DFL_F16 ? 2 : 4; }
+
+/* Kv head kh's key block from key j0 (a multiple of BK): in the view, or
+ * past its split in the gathered tail. Byte offsets into K and V alike. */
+static const char *block_at(const att_job *a, const char *base, const char *tail, int kh,
+                            int j0) {
+    size_t es = kv_size(a->kt);
+    if (tail && j0 >= a->split)
+        return tail + ((size_t)(j0 - a->split) * a->ldk + (size_t)kh * a->hs2) * es;
+    return base + ((size_t)j0 * a->ldk + (size_t)kh * a->hs) * es;
+}
 
 /* Element i of a K or V array of type t. */
 static float kv_at(dfl_type t, const char *p, size_t i) {
@@ -110,9 +123,9 @@ static void att_units_ref(const att_job *a, int kh, int u0, int u1) {
         memset(o, 0, (size_t)a->hd * sizeof(float));
         for (int j0 = 0; j0 < a->n_keys[r]; j0 += BK) {
             int nk = a->n_keys[r] - j0 < BK ? a->n_keys[r] - j0 : BK;
-            size_t ko = ((size_t)j0 * a->ldk + (size_t)kh * a->hs) * kv_size(a->kt);
-            block_ref(a->q + off, a->K + ko, a->V + ko, a->kt, a->ldk, nk, a->hd, a->scale, &m, &l,
-                      o);
+            block_ref(a->q + off, block_at(a, a->K, a->K2, kh, j0),
+                      block_at(a, a->V, a->V2, kh, j0), a->kt, a->ldk, nk, a->hd, a->scale, &m,
+                      &l, o);
         }
         finish_unit(a, h, m, l, o);
     }
@@ -617,11 +630,11 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
             int left = a->n_keys[(u0 + u) / a->g] - j0;
             nk[u] = left < 0 ? 0 : left < BK ? left : BK;
         }
-        size_t es = kv_size(a->kt), off = ((size_t)j0 * a->ldk + (size_t)kh * a->hs) * es;
-        size_t noff = off + (size_t)BK * a->ldk * es;
         int next_nk = max_keys - j0 - BK < BK ? max_keys - j0 - BK : BK;
-        kv_block b = {a->K + off, a->V + off, next_nk > 0 ? a->K + noff : NULL,
-                      next_nk > 0 ? a->V + noff : NULL, a->kt, a->ldk, next_nk};
+        kv_block b = {block_at(a, a->K, a->K2, kh, j0), block_at(a, a->V, a->V2, kh, j0),
+                      next_nk > 0 ? block_at(a, a->K, a->K2, kh, j0 + BK) : NULL,
+                      next_nk > 0 ? block_at(a, a->V, a->V2, kh, j0 + BK) : NULL, a->kt, a->ldk,
+                      next_nk};
         /* Few units (decode): one at a time, reading the block with many
          * misses in flight; the others then find it in cache. Small heads
          * with rows close together (a model in cache) take block_units,
@@ -659,7 +672,7 @@ static void att_task(void *ctx, int i, int ntask) {
 static att_job make_job(int n, const float *q, const dfl_kv_view *kv, const int *n_keys,
                         int n_heads, int n_kv, int hd, float scale, float *out) {
     att_job a = {q, kv->K, kv->V, kv->type, n_keys, out, n, kv->ldk, n_heads, n_kv, hd,
-                 n_heads / n_kv, 0, 0, scale, kv->hs, NULL};
+                 n_heads / n_kv, 0, 0, scale, kv->hs, NULL, kv->K2, kv->V2, kv->split, kv->hs2};
     a.tpk = (n * a.g + UNITS - 1) / UNITS;
     return a;
 }

@@ -100,7 +100,17 @@ typedef struct dfl_kv_view {
     dfl_type type;        /* DFL_F32 or DFL_F16 */
     int ldk;              /* elements from one key to the next */
     size_t hs;            /* elements from one kv head's keys to the next's */
+    /* Keys from `split` on (a multiple of DFL_ATT_BLOCK) are read from K2 / V2
+     * instead, key j at element h * hs2 + (j - split) * ldk: a tree row's last
+     * prefix block and its ancestors, gathered (models/forward.c). Whole key
+     * blocks come from one source, so the sums are those of the plain view.
+     * K2 NULL: none. */
+    const void *K2, *V2;
+    int split;
+    size_t hs2;
 } dfl_kv_view;
+/* Keys per online-softmax block of the attention kernels (a row's sums split there). */
+enum { DFL_ATT_BLOCK = 64 };
 
 /* Attention for n query rows. q: [n, n_heads*hd]; row r attends keys
  * [0, n_keys[r]) of kv. out: [n, n_heads*hd]. No scratch: bounded stack

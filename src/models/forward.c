@@ -97,6 +97,31 @@ static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l)
     }
 }
 
+/* Rows [0, c) of a tree whose ancestors are all the rows before them (the
+ * first branch, a chain): their keys lie in order in the cache. */
+static int chain_rows(const dfl_fwd *f) {
+    int c = 0;
+    while (c < f->n && f->parent[c] == c - 1) c++;
+    return c;
+}
+
+/* The tree rows past the leading chain, one call each: the prefix's whole
+ * key blocks in place, the rest gathered in key order (dfl_kv_path_keys). */
+static void attend_tree(dfl_target *t, const dfl_layer *L, const dfl_fwd *f, int r0, int from,
+                        int l, float scale) {
+    int hd = t->c.head_dim, qd = L->n_heads * hd, rows2 = DFL_ATT_BLOCK + t->max_rows;
+    for (int i = from; i < f->n; i++) {
+        int d = 0;
+        for (int a = i; a >= 0; a = f->parent[a]) d++;
+        for (int a = i, k = d; a >= 0; a = f->parent[a]) t->tree_path[--k] = a;
+        int nk;
+        dfl_kv_view v = dfl_kv_path_keys(f->kv, l, t->tree_path, d, t->tree_k, t->tree_v, rows2,
+                                         &nk);
+        dfl_attention_sinks(t->pool, 1, t->q + (size_t)(r0 + i) * qd, &v, &nk, L->n_heads,
+                            t->c.n_kv_heads, hd, scale, L->sinks, t->att + (size_t)(r0 + i) * qd);
+    }
+}
+
 /* Each sequence's rows attend to its own cache: a row's result never
  * depends on the other sequences in the call. A sliding layer's rows each
  * start at their own first key, so they go one call each (the kernel's key
@@ -108,6 +133,11 @@ static void attend(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     for (int i = 0; i < b->n_seq; i++) {
         dfl_kv *kv = b->f[i].kv;
         int r0 = b->off[i], m = b->off[i + 1] - r0, one = kv->layer[l].kind != DFL_LAYER_FULL;
+        if (b->f[i].parent) {
+            int ch = chain_rows(&b->f[i]);
+            attend_tree(t, L, &b->f[i], r0, ch, l, scale);
+            m = ch;
+        }
         for (int r = r0; r < r0 + m; r += one ? 1 : m) {
             int nk;
             dfl_kv_view v = dfl_kv_keys(kv, l, kv->len + r - r0, &nk);
@@ -348,6 +378,8 @@ void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq) {
         b.off[i + 1] = b.off[i] + f[i].n;
         for (int r = 0; r < f[i].n; r++) {
             int row = b.off[i] + r, pos = f[i].kv->len + r;
+            if (f[i].parent)   /* a tree row: at its depth (rows before it are placed) */
+                pos = f[i].parent[r] < 0 ? f[i].kv->len : t->n_keys[b.off[i] + f[i].parent[r]];
             float *x = t->x + (size_t)row * c->dim;
             if (f[i].embeds) memcpy(x, f[i].embeds + (size_t)r * c->dim, sizeof(float) * c->dim);
             else dfl_target_embed(t, f[i].tok + r, 1, x);

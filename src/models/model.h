@@ -190,6 +190,9 @@ typedef struct dfl_target {
     float *lin_g;         /* (R, C + Vd) grouped projections before they are split */
     int n_snap;           /* recurrent states kept per sequence besides the live one */
     uint64_t rec_bytes;   /* recurrent state of one sequence, its snapshots included */
+    void *tree_k, *tree_v;/* (n_kv, DFL_ATT_BLOCK + max_rows, hd) of kv_type: one tree row's
+                             keys past the prefix's whole blocks (dfl_kv_path_keys) */
+    int *tree_path;       /* (max_rows) that row's path, root first */
     float *logits;        /* (R - max_rows, vocab) logits of a several-sequence forward,
                              before they go to each caller; NULL when R == max_rows */
 } dfl_target;
@@ -217,12 +220,19 @@ uint64_t dfl_target_params(const dfl_target *t);
 
 /* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
+/* 1 when its sequences can take tree rows: every layer full attention. */
+int dfl_target_tree_ok(const dfl_target *t);
 /* Bytes of one sequence's state at cap positions (what dfl_kv_new allocates). */
 uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap);
 
 /* One sequence's rows in a forward: tok[i] at position kv->len + i, each row's
- * parent the row before it (tree rows, whose parent is a node of a draft
- * tree, come with tree verification).
+ * parent the row before it; or, with parent tags (tree verification), row i
+ * continues parent[i] (-1: the committed prefix, an earlier row of the call
+ * otherwise) at position kv->len + its depth, and attends the prefix, its
+ * ancestors and itself in the order single-row decode of its path would:
+ * its logits and features have that decode's bits. Row i's K/V lie in slot
+ * kv->len + i either way (dfl_kv_keep_path then compacts a kept path). Tree
+ * rows need a cache of full-attention layers only (dfl_kv_tree_ok).
  * logits: when not NULL, rows [logits_from, n) get logits at
  *         logits[(r - logits_from) * vocab].
  * feat:   when n_cap > 0, [n, n_cap*dim]: output of decoder layer cap[j]
@@ -237,6 +247,7 @@ typedef struct dfl_fwd {
     const int *cap;
     int n_cap;
     float *feat;
+    const int *parent;    /* (n) parent tags, parent[i] < i; NULL: a chain */
     /* filled by the forward */
     int others;           /* rows of other sequences that shared the call */
     double seconds;       /* the call's time */

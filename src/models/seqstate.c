@@ -182,3 +182,47 @@ int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n) {
     dst->snap_n = 0;
     return dst->len = n;
 }
+
+/* ---- tree rows ---------------------------------------------------------------- */
+
+int dfl_kv_tree_ok(const dfl_kv *kv) {
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layer[l].kind != DFL_LAYER_FULL || kv->layer[l].ring) return 0;
+    return 1;
+}
+
+/* Copies one row (slot from of every kv head) of K and V to row to of dk / dv,
+ * whose heads are drows rows apart. */
+static void copy_row(const dfl_kv *kv, const dfl_kv_layer *L, int from, void *dk, void *dv,
+                     size_t drows, int to) {
+    size_t row = (size_t)kv->head_dim * elem(kv);
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+        size_t off = ((size_t)h * drows + to) * row;
+        memmove((char *)dk + off, slot(kv, L->k, L, h, from), row);
+        memmove((char *)dv + off, slot(kv, L->v, L, h, from), row);
+    }
+}
+
+dfl_kv_view dfl_kv_path_keys(const dfl_kv *kv, int l, const int *path, int n, void *k2, void *v2,
+                             int rows2, int *n_keys) {
+    const dfl_kv_layer *L = &kv->layer[l];
+    int split = kv->len / DFL_ATT_BLOCK * DFL_ATT_BLOCK, m = 0;
+    for (int pos = split; pos < kv->len; pos++) copy_row(kv, L, pos, k2, v2, rows2, m++);
+    for (int i = 0; i < n; i++) copy_row(kv, L, kv->len + path[i], k2, v2, rows2, m++);
+    *n_keys = kv->len + n;
+    dfl_kv_view v = {slot(kv, L->k, L, 0, 0), slot(kv, L->v, L, 0, 0), kv->type, kv->head_dim,
+                     stored_rows(L) * kv->head_dim, k2, v2, split,
+                     (size_t)rows2 * kv->head_dim};
+    return v;
+}
+
+int dfl_kv_keep_path(dfl_kv *kv, int base, const int *rows, int n) {
+    if (!dfl_kv_tree_ok(kv)) return -1;
+    for (int l = 0; l < kv->n_layers; l++) {
+        dfl_kv_layer *L = &kv->layer[l];
+        for (int i = 0; i < n; i++)
+            if (rows[i] != i)
+                copy_row(kv, L, base + rows[i], L->k, L->v, stored_rows(L), base + i);
+    }
+    return kv->len = base + n;
+}

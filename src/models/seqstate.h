@@ -76,6 +76,23 @@ void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v);
 /* The keys a row at pos reads in layer l: the view starts at the first of
  * them; *n_keys gets how many (pos + 1, or at most window when sliding). */
 dfl_kv_view dfl_kv_keys(const dfl_kv *kv, int l, int pos, int *n_keys);
+/* The keys of a tree row in full-attention layer l, in the order single-row
+ * decode of its path reads them: the committed prefix [0, kv->len), then
+ * the rows of the current forward at slots kv->len + path[0..n) (its
+ * ancestors from the shallowest, then itself). The prefix's whole key
+ * blocks are read in place; its last partial block and the path are copied
+ * into k2 / v2 ((n_kv_heads, rows2, head_dim) of kv->type, rows2 >=
+ * DFL_ATT_BLOCK - 1 + n), the view's tail. *n_keys gets kv->len + n. */
+dfl_kv_view dfl_kv_path_keys(const dfl_kv *kv, int l, const int *path, int n, void *k2, void *v2,
+                             int rows2, int *n_keys);
+/* After a tree forward from base: keeps rows base + rows[0..n) (increasing,
+ * rows[i] >= i) as rows base .. base + n - 1 and drops the rest, so the
+ * accepted path lies where decode would have put it. Full-attention layers
+ * only: returns the new length, or -1 (nothing changed) when a layer is a
+ * sliding ring or recurrent, whose state cannot be rearranged so. */
+int dfl_kv_keep_path(dfl_kv *kv, int base, const int *rows, int n);
+/* 1 when every layer is full attention (tree rows are possible). */
+int dfl_kv_tree_ok(const dfl_kv *kv);
 /* Recurrent state of layer l: the live one, or snapshot i (state after
  * snap_base + i rows). */
 float *dfl_kv_rec(const dfl_kv *kv, int l);

@@ -184,6 +184,10 @@ static void alloc_scratch(dfl_target *t) {
     t->h1 = dfl_aligned_alloc((size_t)R * c->dim * sizeof(float));
     t->h2 = dfl_aligned_alloc((size_t)R * 2 * ffn * sizeof(float));
     t->n_keys = xcalloc(R, sizeof(int));
+    size_t tree = (size_t)c->n_kv_heads * (DFL_ATT_BLOCK + t->max_rows) * c->head_dim;
+    t->tree_k = dfl_aligned_alloc(tree * dfl_type_block_bytes(t->kv_type));
+    t->tree_v = dfl_aligned_alloc(tree * dfl_type_block_bytes(t->kv_type));
+    t->tree_path = xcalloc(t->max_rows, sizeof(int));
     t->rope_cs = dfl_aligned_alloc((size_t)R * 2 * c->head_dim * sizeof(float));
     if (c->n_experts) {
         t->router = dfl_aligned_alloc((size_t)R * c->n_experts * sizeof(float));
@@ -295,7 +299,7 @@ void dfl_target_free(dfl_target *t) {
     free(t->router), free(t->moe_x), free(t->moe_y), free(t->moe_rows), free(t->moe_w);
     free(t->moe_e), free(t->sh_gate);
     free(t->qg), free(t->lin_x), free(t->lin_z), free(t->lin_ba), free(t->lin_o), free(t->lin_g);
-    free(t->logits);
+    free(t->logits), free(t->tree_k), free(t->tree_v), free(t->tree_path);
     free(t);
 }
 
@@ -310,6 +314,12 @@ static dfl_kv_shape kv_shape(const dfl_target *t) {
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     dfl_kv_shape s = kv_shape(t);
     return dfl_kv_make(&s, cap);
+}
+
+int dfl_target_tree_ok(const dfl_target *t) {
+    for (int l = 0; l < t->c.n_layers; l++)
+        if (t->c.layer_kind[l] != DFL_LAYER_FULL) return 0;
+    return 1;
 }
 
 uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap) {

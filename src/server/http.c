@@ -47,6 +47,7 @@ void srv_opts_default(srv_opts *o) {
     o->heavy_max = 2;
     o->shutdown_grace_s = 10;
     o->default_temp = 1.0;
+    o->tree_budget = -1;
     o->reasoning = 1;
 }
 

@@ -299,6 +299,8 @@ static int parse_sampling(srv_job *j, const cJSON *root, srv_err *e) {
     INT("repeat_last_n", 0, 1e9, p->repeat_last_n);
     INT("block_size", 0, DFL_MAX_BLOCK, p->block_size);
     j->user_block = r;
+    p->tree_budget = j->srv->o.tree_budget;
+    INT("tree_budget", -1, DFL_MAX_TREE, p->tree_budget);
     if (parse_seed(p, root, e) < 0) return -1;
     if ((r = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
     if (r) p->ignore_eos = b;
@@ -620,7 +622,7 @@ static const char *const known_common[] = {
     "model", "n", "best_of", "stream", "stream_options", "stop", "seed", "temperature", "top_p",
     "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n",
     "logit_bias", "logprobs", "top_logprobs", "max_tokens", "max_completion_tokens",
-    "ignore_eos", "block_size", "spec_accept", "typical", "return_provenance",
+    "ignore_eos", "block_size", "tree_budget", "spec_accept", "typical", "return_provenance",
     "user", /* an end-user id: OpenAI keeps it for abuse monitoring; it changes no output */
     "response_format",
 };

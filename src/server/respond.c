@@ -160,6 +160,10 @@ static void add_stats(cJSON *o, const srv_job *j) {
     num3(d, "acceptance_rate", s->proposed ? (double)s->accepted / (double)s->proposed : 0);
     cJSON_AddNumberToObject(d, "classic_steps", (double)s->classic_steps);
     cJSON_AddNumberToObject(d, "block_size", j->gp.block_size);
+    cJSON_AddNumberToObject(d, "tree_budget", j->gp.tree_budget);
+    cJSON_AddNumberToObject(d, "tree_rounds", (double)s->tree_rounds);
+    num3(d, "tree_mean_accepted",
+         s->tree_rounds ? (double)s->tree_accepted / (double)s->tree_rounds : 0);
     cJSON *lanes = cJSON_AddObjectToObject(d, "lanes");   /* who drafted the rounds */
     for (int l = 0; l < DFL_LANES; l++) {
         cJSON *x = cJSON_AddObjectToObject(lanes, dfl_lane_name(l));
@@ -432,6 +436,8 @@ static void sum_choice(srv_job *g, const srv_job *j) {
     a->t_draft += b->t_draft, a->t_verify += b->t_verify, a->t_other += b->t_other;
     a->rounds += b->rounds, a->proposed += b->proposed, a->accepted += b->accepted;
     a->committed += b->committed, a->classic_steps += b->classic_steps;
+    a->tree_rounds += b->tree_rounds, a->tree_nodes += b->tree_nodes;
+    a->tree_accepted += b->tree_accepted;
     for (int l = 0; l < DFL_LANES; l++) {
         a->lane_rounds[l] += b->lane_rounds[l], a->lane_proposed[l] += b->lane_proposed[l];
         a->lane_accepted[l] += b->lane_accepted[l], a->lane_committed[l] += b->lane_committed[l];

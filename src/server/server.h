@@ -50,6 +50,8 @@ typedef struct srv_opts {
     int heavy_max;             /* requests with bodies over SRV_LIGHT_BODY at once */
     double shutdown_grace_s;   /* let in-flight requests finish this long on SIGTERM */
     double default_temp;       /* temperature when a request gives none */
+    int tree_budget;           /* draft trees when a request gives no tree_budget: -1 the
+                                  policy's pick, 0 the chain, N nodes (--tree-budget) */
     int reasoning;             /* split <think> blocks into reasoning_content (default 1) */
     double replay_tau;         /* > 0: benchmarks' replayed drafter (dfl_gen_params.replay_*) */
     const char *web_path;      /* --path: the page's files come from this folder; NULL:
