@@ -159,8 +159,6 @@ static void stale_step(void) {
     dfl_costs_update(&c, 1, 0, 100.0);
     CHECK(fabs(c.t_round[0][1] - (0.8 + 0.2 * DFL_COST_CLAMP)) < 1e-12,
           "a 100x stall moves the step's cost to %g", c.t_round[0][1]);
-    dfl_costs_update(&c, 1, 0, 1e-6);
-    CHECK(c.t_round[0][1] > 0.5, "and a near-zero one by at most a half: %g", c.t_round[0][1]);
     dfl_policy p;
     dfl_policy_init(&p, &c, 8);
     feed(&p, 8, 0.9, 400);

@@ -155,14 +155,15 @@ static int park_row(run *r, dfl_error *err) {
 
 /* What the forward of a round cost its sequence: its time alone, or, when it
  * carried other sequences' rows, the marginal cost of its own rows in that
- * batch (rows are cheap next to others while the weights' read dominates,
- * dear once the machine computes), so the policy sees what a bigger block
- * costs under the load it runs in. The wait for the others is not counted. */
+ * batch: its rows times what a row adds to a forward. The weights are read
+ * for the others anyway, so a plain step's row costs its arithmetic and a
+ * verify block B times that; under load the policy then sees that a block
+ * pays only while its drafts beat its rows, and backs off to steps. The wait
+ * for the others is not counted. */
 static double marginal(const dfl_target *t, const dfl_fwd *f, double call) {
     if (!f->others) return call;
-    double all = dfl_target_tick_cost(t, f->others + f->n);
-    double rest = dfl_target_tick_cost(t, f->others);
-    if (all > rest && rest > 0) return all - rest;
+    double b = dfl_target_row_cost(t);
+    if (b > 0) return b * f->n;
     return f->seconds * f->n / (f->others + f->n);
 }
 

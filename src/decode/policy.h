@@ -43,9 +43,10 @@ enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
  * (a server's other slots come and go) a stale step cost would keep the
  * policy speculating where plain steps now win. */
 enum { DFL_RECLASSIC = 64 };
-/* A measured round time moves its moving average by at most this factor of
- * the current estimate: one forward stalled by the machine (another process,
- * another slot's prefill) must not flip the policy for the rounds after it. */
+/* A measured round time counts at most this factor of the current estimate:
+ * one forward stalled by the machine (another process, another slot's
+ * prefill) must not flip the policy for the rounds after it. A faster round
+ * counts in full: costs fall at once when a server's other slots go idle. */
 #define DFL_COST_CLAMP 2.0
 /* Per observed round, old evidence is weighted down by this factor, so the
  * estimates follow a text whose predictability changes (about the last 200

@@ -29,6 +29,11 @@ enum { DFL_GATHER_US = 20000 };
  * neither queued for a forward nor for the drafter: they are committing
  * tokens (the server streams them out) and draft next; shorter than a pass. */
 enum { DFL_SIDE_GATHER_US = 3000 };
+/* The line of a forward's time against its rows weights each forward by this
+ * factor less than the next one (about the last 200 count), and has a slope
+ * once this many forwards of spread row counts are in it. */
+#define DFL_FIT_DECAY 0.995
+enum { DFL_FIT_MIN = 8 };
 
 typedef struct waiter {
     dfl_fwd *f;
@@ -44,7 +49,8 @@ struct dfl_combiner {
     int n_active;              /* joined sequences */
     int n_side;                /* sequences in their drafter's work (holding t->lock) */
     double side_end;           /* when the last such work ended: its sequence queues next */
-    double *tick;              /* (batch_rows + 1) seconds per forward by its rows */
+    double fit[5];             /* forwards' (rows, seconds), recent ones weighted most:
+                                  sums of 1, rows, seconds, rows^2, rows * seconds */
     int max_rows;
     dfl_side_call *side_q[DFL_MAX_PARALLEL];   /* sequences waiting for a drafter pass */
     int n_side_q;
@@ -56,7 +62,6 @@ dfl_combiner *dfl_combiner_new(int batch_rows) {
     dfl_combiner *c = xcalloc(1, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    c->tick = xcalloc((size_t)batch_rows + 1, sizeof *c->tick);
     c->max_rows = batch_rows;
     return c;
 }
@@ -65,7 +70,6 @@ void dfl_combiner_free(dfl_combiner *c) {
     if (!c) return;
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    free(c->tick);
     free(c);
 }
 
@@ -82,14 +86,19 @@ void dfl_target_leave(dfl_target *t) {
     pthread_mutex_unlock(&t->comb->mu);
 }
 
-double dfl_target_tick_cost(const dfl_target *t, int rows) {
+/* The slope of a least-squares line through the forwards' times against
+ * their rows. A table of the time per row count, differenced, was too sparse:
+ * under a server's mix of decode rows, blocks and prefill chunks most counts
+ * are seen rarely, and one stalled forward set a round's cost for long. */
+double dfl_target_row_cost(const dfl_target *t) {
     dfl_combiner *c = t->comb;
-    if (rows <= 0) return 0;
-    if (rows > c->max_rows) rows = c->max_rows;
     pthread_mutex_lock(&c->mu);
-    double s = c->tick[rows];
+    double n = c->fit[0], x = c->fit[1], y = c->fit[2], xx = c->fit[3], xy = c->fit[4];
     pthread_mutex_unlock(&c->mu);
-    return s;
+    double var = n * xx - x * x;   /* n^2 times the variance of the rows */
+    if (n < DFL_FIT_MIN || !(var > 0.25 * n * n)) return 0;
+    double b = (n * xy - x * y) / var;
+    return b > 0 ? b : 0;
 }
 
 static struct timespec deadline(double from_now_s) {
@@ -220,7 +229,8 @@ static void lead(dfl_target *t) {
     pthread_mutex_unlock(&c->mu);
     double dt = run(t, ws, k, &rows);
     pthread_mutex_lock(&c->mu);
-    c->tick[rows] = c->tick[rows] > 0 ? 0.9 * c->tick[rows] + 0.1 * dt : dt;
+    double obs[5] = {1, rows, dt, (double)rows * rows, rows * dt};
+    for (int i = 0; i < 5; i++) c->fit[i] = DFL_FIT_DECAY * c->fit[i] + obs[i];
     for (int i = 0; i < k; i++) ws[i]->done = 1;
     c->busy = 0;
     c->fwd_end = dfl_now();

@@ -288,9 +288,10 @@ struct dfl_side_call {
 void dfl_target_side_run(dfl_target *t, dfl_side_call *call, int max_rows);
 void dfl_combiner_free(dfl_combiner *c);
 void dfl_target_leave(dfl_target *t);
-/* Moving average of a forward's seconds by its total rows (0 when unmeasured):
- * the marginal cost of B rows joining `others` is cost(others + B) - cost(others). */
-double dfl_target_tick_cost(const dfl_target *t, int rows);
+/* Seconds a row adds to a forward: the slope of forwards' times against their
+ * rows (0 until forwards of different sizes were seen). B rows joining
+ * others' in a forward cost B times it. */
+double dfl_target_row_cost(const dfl_target *t);
 
 /* The drafter borrows these. */
 void dfl_target_embed(const dfl_target *t, const int32_t *tok, int n, float *out /* (n, dim) */);
