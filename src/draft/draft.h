@@ -62,9 +62,11 @@ typedef struct dfl_drafter {
                                   layer's RMSNorm before fc; NULL: none (z-lab) */
     int ctx_norm;              /* 1: context rows pass each layer's input_layernorm before
                                   its K/V (Laguna); 0: they do not (z-lab) */
-    int causal;                /* 1: a block row sees only the block rows up to itself */
-    int swa;                   /* keys a block row attends, itself included, counted back from
-                                  its position over [context ; block] (sliding layers); 0: all */
+    int causal;                /* 1: a full layer's block row sees only the block rows up to
+                                  itself (sliding layers always do) */
+    int swa;                   /* keys a sliding layer's block row attends, itself included,
+                                  counted back from its position over [context ; block]; 0: none */
+    uint64_t sliding;          /* bit l: layer l slides (window swa); 0: every layer full */
     const float *hidden_norm;  /* (dim) */
     const float *out_norm;     /* (dim) */
     /* DFlash2 (0 / NULL otherwise) */
