@@ -74,8 +74,10 @@ typedef struct dfl_drafter {
     int sel_rank, sel_top_k;   /* selector rank r; candidates K per row (top-K of the head) */
     float sel_mult, sel_cap;   /* unary = cap ? cap*tanh(mult*logit/cap) : mult*logit */
     dfl_mat sel_proj;          /* (r, dim) candidate_selector.hidden_projection */
-    const float *sel_pred;     /* (vocab, r) predecessor_codebook A */
-    const float *sel_succ;     /* (vocab, r) successor_codebook B */
+    dfl_mat sel_pred;          /* (vocab, r) predecessor_codebook A, as stored (f32 of a
+                                  152K vocabulary at rank 256 would be 156 MB each): a walk
+                                  converts the rows it reads */
+    dfl_mat sel_succ;          /* (vocab, r) successor_codebook B, as stored */
     dfl_dlayer *layers;        /* [n_layers] */
     dfl_rope rope;
     dfl_target *t;             /* the target whose embed / lm_head are used */
