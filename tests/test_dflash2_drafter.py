@@ -341,7 +341,7 @@ def test_refusals(binary, dirs, tmp):
     swa = os.path.join(tmp, DRAFTERS[2][0])
     lt = ["layer_types"]
     cases = [
-        ("window 1", dset(["sliding_window"], 1), ["sliding_window = 1 outside 2..1048576"]),
+        ("window 1", dset(["sliding_window"], 1), ["sliding_window = 1 (expected an integer in 2..1048576)"]),
         ("window 2^20 + 1", dset(["sliding_window"], (1 << 20) + 1), ["sliding_window = 1048577"]),
         ("window missing", dset(["sliding_window"], None), ["sliding_window is missing"]),
         ("window a string", dset(["sliding_window"], "5"), ["sliding_window"]),
@@ -349,7 +349,7 @@ def test_refusals(binary, dirs, tmp):
                                         "full_attention"]), ["layer_types[1]"]),
         ("layer_types too short", dset(lt, ["full_attention"]), ["layer_types must be an array"]),
         ("non-causal sliding", dset(["is_causal"], False), ["non-causal sliding-window"]),
-        ("use_swa disagreeing", dset(k + ["use_swa"], False), ["dflash_config.use_swa = false"]),
+        ("use_swa disagreeing", dset(k + ["use_swa"], False), ["use_swa = false but layer_types has sliding_attention"]),
         ("swa_window_size disagreeing", dset(k + ["swa_window_size"], 6),
          ["swa_window_size = 6 differs"]),
     ]

@@ -92,9 +92,9 @@ int dfl_draft_swa_rules(dfl_drafter *d, const cJSON *j, const cJSON *dc, uint64_
     int use = sliding != 0, rc = dfl_json_bool(dc, "use_swa", &use, file, err);
     if (rc < 0) return rc;
     if (use != (sliding != 0))
-        return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.use_swa = %s but no layer_types "
-                        "entry is %s", file, use ? "true" : "false",
-                        use ? "sliding_attention" : "full_attention");
+        return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.use_swa = %s but %s", file,
+                        use ? "true" : "false", use ? "no layer is sliding_attention"
+                                                    : "layer_types has sliding_attention layers");
     rc = causality(d, j, dc, sliding != 0, file, err);
     if (rc || !sliding) return rc;
     if (window < 2 || window > DRAFT_MAX_WINDOW)
@@ -150,7 +150,7 @@ int dfl_draft_sliding(dfl_drafter *d, const cJSON *j, const cJSON *dc, const cha
     if (bits && (!sw || cJSON_IsNull(sw)))
         return dfl_fail(err, DFL_EFORMAT, "%s: sliding_window is missing (sliding_attention "
                         "layers need it, 2..%d)", file, DRAFT_MAX_WINDOW);
-    if (bits && (rc = dfl_json_int(j, "sliding_window", INT32_MIN, INT32_MAX, &w, file, err)))
+    if (bits && (rc = dfl_json_int(j, "sliding_window", 2, DRAFT_MAX_WINDOW, &w, file, err)))
         return rc;
     return dfl_draft_swa_rules(d, j, dc, bits, (int)w, file, err);
 }
