@@ -1,7 +1,9 @@
 /* fuzz_draft_config.c - libFuzzer target: a Laguna DFlash drafter's
  * config.json against a fixed Laguna target (pairing, range checks, the
  * layer and RoPE rules), then the RoPE table a config that passed implies;
- * and its dflash_config as a DFlash2 drafter's (conv and selector keys). */
+ * its dflash_config as a DFlash2 drafter's (conv and selector keys); and
+ * its sliding-window keys as a z-lab / DFlash2 drafter's (layer_types or
+ * use_sliding_window + max_window_layers, sliding_window, causality). */
 #include <cjson/cJSON.h>
 #include <string.h>
 
@@ -25,6 +27,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d.t = &t, d.c.dim = t.c.dim, d.c.vocab = t.c.vocab, d.block_size = 8;
     const cJSON *dc = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
     if (cJSON_IsObject(dc)) dfl_dflash2_config(&d, dc, "config.json", &e);
+    memset(&d, 0, sizeof d);
+    d.c.n_layers = 3;
+    dfl_draft_sliding(&d, j, dc, "config.json", &e);
     cJSON_Delete(j);
     return 0;
 }

@@ -114,6 +114,8 @@ typedef struct dfl_model_info {
     int rec_snapshots;     /* recurrent states kept for rollback besides the live one */
     int has_draft;
     int draft_mtp;         /* the drafter is the target's MTP head (one token per step) */
+    char draft_kind[16];   /* "DFlash" (z-lab, Laguna or llama.cpp GGUF), "DFlash2" (with its
+                              conv and candidate selector), "MTP"; "" without a drafter */
     int draft_block;       /* drafter's trained block size (MTP: the default max block) */
     int draft_layers;
     int ngram;             /* the n-gram lane is on (dfl_engine_opts.ngram) */

@@ -234,6 +234,15 @@ d2["dflash_config"].update(conv_kernel_size=8, conv_group_size=64, selector_rank
                            selector_top_k=512, output_multiplier=0.25,
                            final_logit_softcapping=30.0)
 open(f"{seeds}/draft_config/dflash2_edges.json", "w").write(json.dumps(d2))
+# z-lab / DFlash2 sliding layers (3 drafter layers): layer_types mixed, and the legacy form
+d2s = {**d2, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+       "sliding_window": 2048}
+open(f"{seeds}/draft_config/dflash2_sliding.json", "w").write(json.dumps(d2s))
+leg = {**d2, "use_sliding_window": True, "max_window_layers": 1, "sliding_window": 4,
+       "is_causal": True}
+leg.pop("layer_types")
+leg["dflash_config"] = {**d2["dflash_config"], "use_swa": True, "swa_window_size": 4}
+open(f"{seeds}/draft_config/dflash2_legacy_swa.json", "w").write(json.dumps(leg))
 EOF
 
 fail=0

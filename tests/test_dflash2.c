@@ -102,7 +102,9 @@ static void test_walk(void) {
     A[4 * R + 0] = -1, A[4 * R + 1] = 0;   /* from 4, candidate 2 scores lower */
     dfl_drafter d;
     memset(&d, 0, sizeof d);
-    d.c.vocab = V, d.sel_top_k = K, d.sel_rank = R, d.sel_pred = A, d.sel_succ = B;
+    d.c.vocab = V, d.sel_top_k = K, d.sel_rank = R;
+    d.sel_pred = (dfl_mat){DFL_F32, V, R, (const uint8_t *)A, R * sizeof(float), NULL};
+    d.sel_succ = (dfl_mat){DFL_F32, V, R, (const uint8_t *)B, R * sizeof(float), NULL};
     int32_t cand[2 * K] = {2, 4, 2, 4}, draft[2];
     float u[2 * K] = {0.5f, 1.5f, 100.0f, 0.0f}, ph[2 * R] = {17, 19, 1, 1}, lg[2 * V];
     dfl_dflash2_walk(&d, 1, 2, cand, u, ph, lg, draft);
@@ -113,6 +115,17 @@ static void test_walk(void) {
     /* row 1 from prev 4: 2 scores 100 + (-1*1)*5 = 95, 4 scores 0 - 11 */
     CHECK(draft[1] == 2 && lg[V + 2] == 95.0f && lg[V + 4] == -11.0f,
           "walk: prev advances to the pick (%d, %g, %g)", draft[1], lg[V + 2], lg[V + 4]);
+    /* codebooks kept as bf16 (every value here exact in it): the rows converted
+     * on the fly give the same bytes */
+    uint16_t A16[V * R], B16[V * R];
+    for (int i = 0; i < V * R; i++) A16[i] = dfl_f32_to_bf16(A[i]), B16[i] = dfl_f32_to_bf16(B[i]);
+    d.sel_pred = (dfl_mat){DFL_BF16, V, R, (const uint8_t *)A16, R * 2, NULL};
+    d.sel_succ = (dfl_mat){DFL_BF16, V, R, (const uint8_t *)B16, R * 2, NULL};
+    float lg16[2 * V];
+    int32_t draft16[2];
+    dfl_dflash2_walk(&d, 1, 2, cand, u, ph, lg16, draft16);
+    CHECK(!memcmp(lg, lg16, sizeof lg) && draft16[0] == draft[0] && draft16[1] == draft[1],
+          "walk: bf16 codebooks give the f32 ones' scores and picks");
 }
 
 static void test_hc_mean(void) {

@@ -53,7 +53,15 @@ DRAFTERS = [
      "--ffn 64 --block-size 6 --target-layer-ids 1 --conv-kernel-size 3 --conv-group-size 8 "
      "--selector-rank 16 --selector-top-k 8 --seed 4",
      {"output_multiplier": 0.7, "final_logit_softcapping": 3.0}),
+    # sliding layers (the published 27B drafter has some): a window of 5 rows over
+    # [context ; block], shorter than the contexts and blocks here, so it matters
+    ("k2-g16-r8-top4-swa5-f32", "f32", "--layers 3 --heads 4 --kv-heads 2 --head-dim 16 "
+     "--ffn 96 --block-size 8 --target-layer-ids 0,2 --conv-kernel-size 2 --conv-group-size 16 "
+     "--selector-rank 8 --selector-top-k 4 --seed 5", {"use_swa": True}),
 ]
+# top-level config.json extras per drafter name
+TOP = {"k2-g16-r8-top4-swa5-f32": {"layer_types": ["sliding_attention", "full_attention",
+                                                    "sliding_attention"], "sliding_window": 5}}
 PROMPT = "the quick brown fox jumps over the lazy dog by the river and"
 N_GEN = 60
 MIN_ACCEPTED = 10    # drafts the few-token target's rounds must accept at B=8
@@ -107,6 +115,11 @@ def ref_drafts(target, dd, ids, B, feats=None):
                               max_position_embeddings=cfg["max_position_embeddings"])
         cos, sin = q3.Qwen3RotaryEmbedding(rcfg)(x, torch.arange(S + B)[None])
         cos, sin = cos[0][:, None], sin[0][:, None]                       # (S+B, 1, hd)
+        # a sliding layer's row at position S+r sees keys S+r-W+1..S+r (causal)
+        pos_k, pos_q = torch.arange(S + B)[None], torch.arange(S, S + B)[:, None]
+        win = cfg.get("sliding_window") or 0
+        swa_mask = (pos_k <= pos_q) & (pos_k > pos_q - win)
+        kinds = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
         for i in range(cfg["num_hidden_layers"]):
             p = f"layers.{i}."
             w = lambda s: sd[p + s]  # noqa: E731
@@ -119,7 +132,10 @@ def ref_drafts(target, dd, ids, B, feats=None):
             q = q * cos[S:] + q3.rotate_half(q) * sin[S:]
             k = k * cos + q3.rotate_half(k) * sin
             k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
-            a = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * hd ** -0.5, dim=-1)
+            sc = torch.einsum("qhd,khd->hqk", q, k) * hd ** -0.5
+            if kinds[i] == "sliding_attention":
+                sc = sc.masked_fill(~swa_mask[None], float("-inf"))
+            a = torch.softmax(sc, dim=-1)
             att = torch.einsum("hqk,khd->qhd", a, v).reshape(B, H * hd)
             x = x + finish_(att @ w("self_attn.o_proj.weight").T, p + "attention_conv.", dk)
             xn, dk = prepare(rms(x, w("post_attention_layernorm.weight")), p + "mlp_conv.")
@@ -157,10 +173,12 @@ def compare(ref, got, kv):
 def make_drafter(tdir, out, dt, args, extra):
     o.run([sys.executable, TOOL, "--drafter", "--dflash2", "--target", tdir, "--out", out,
            "--mask-id", str(o.TOK_SIZE), "--dtype", dt, "--quiet"] + args.split())
-    if extra:
+    top = TOP.get(os.path.basename(out), {})
+    if extra or top:
         p = os.path.join(out, "config.json")
         cfg = json.load(open(p))
         cfg["dflash_config"].update(extra)
+        cfg.update(top)
         json.dump(cfg, open(p, "w"), indent=2)
     return out
 
@@ -192,7 +210,8 @@ def test_drafts(binary, dirs, tmp):
         # the transition term must change some choice, or the test would not see it
         check(moved > 0, f"{name}: every pick is the head's argmax: the selector is not tested")
         print(f"  {name}: {moved} rows whose selector pick is not the best unary", flush=True)
-        test_gguf(binary, dirs[dt], name, dd, B, extra)
+        if name not in TOP:   # llama.cpp's form has no sliding drafter layers here
+            test_gguf(binary, dirs[dt], name, dd, B, extra)
 
 
 def test_gguf(binary, tdir, name, dd, B, extra):
@@ -264,7 +283,15 @@ def test_generate(binary, dirs, few, tmp):
 
 
 def test_probe(binary, dirs, tmp):
-    for name, dt, _, _ in DRAFTERS:
+    for name, dt, args, _ in DRAFTERS:
+        # the load summary names the drafter's kind
+        r = subprocess.run([binary, "generate", "-m", dirs[dt], "--draft", os.path.join(tmp, name),
+                            "-p", PROMPT, "-n", "2", "-t", "1"], capture_output=True, text=True,
+                           timeout=300)
+        blk = re.search(r"--block-size (\d+)", args).group(1)
+        want = f"DFlash2 drafter of {args.split()[1]} layers, block {blk}"
+        check(r.returncode == 0 and want in r.stderr, f"{name}: load summary lacks '{want}': "
+              f"{r.stderr[-300:]}")
         r = subprocess.run([binary, "probe", "-m", dirs[dt], "--draft", os.path.join(tmp, name),
                             "--ids", o.PROBE_IDS, "--block-size", "16", "-n", "24", "-t", "2"],
                            capture_output=True, text=True, timeout=300)
@@ -311,6 +338,33 @@ def test_refusals(binary, dirs, tmp):
     ]
     for i, (what, edit, words) in enumerate(cases):
         refused(binary, t, variant(src, os.path.join(tmp, f"bad{i}"), edit), words, what)
+    swa = os.path.join(tmp, DRAFTERS[2][0])
+    lt = ["layer_types"]
+    cases = [
+        ("window 1", dset(["sliding_window"], 1), ["sliding_window = 1 (expected an integer in 2..1048576)"]),
+        ("window 2^20 + 1", dset(["sliding_window"], (1 << 20) + 1), ["sliding_window = 1048577"]),
+        ("window missing", dset(["sliding_window"], None), ["sliding_window is missing"]),
+        ("window a string", dset(["sliding_window"], "5"), ["sliding_window"]),
+        ("layer kind unknown", dset(lt, ["sliding_attention", "chunked_attention",
+                                        "full_attention"]), ["layer_types[1]"]),
+        ("layer_types too short", dset(lt, ["full_attention"]), ["layer_types must be an array"]),
+        ("non-causal sliding", dset(["is_causal"], False), ["non-causal sliding-window"]),
+        ("use_swa disagreeing", dset(k + ["use_swa"], False), ["use_swa = false but layer_types has sliding_attention"]),
+        ("swa_window_size disagreeing", dset(k + ["swa_window_size"], 6),
+         ["swa_window_size = 6 differs"]),
+    ]
+    for i, (what, edit, words) in enumerate(cases):
+        refused(binary, t, variant(swa, os.path.join(tmp, f"bad-swa{i}"), edit), words, what)
+    # Qwen2's legacy form: layers from max_window_layers on slide
+    a = variant(swa, os.path.join(tmp, "swa-legacy"), lambda c: (
+        c.pop("layer_types"), c.update(use_sliding_window=True, max_window_layers=1)))
+    b = variant(swa, os.path.join(tmp, "swa-types"),
+                dset(lt, ["full_attention", "sliding_attention", "sliding_attention"]))
+    ids = np.random.default_rng(78).integers(0, o.TOK_SIZE, 23).tolist()
+    da, db = (o.dump(binary, t, ids, "f32", draft=x, block=8)[2] for x in (a, b))
+    same = da.tobytes() == db.tobytes()
+    check(same, "use_sliding_window + max_window_layers drafts unlike its layer_types form")
+    print(f"  legacy use_sliding_window form == layer_types form: {'ok' if same else 'FAIL'}")
     # block_size only in dflash_config (SpecForge's export) is read
     d = variant(src, os.path.join(tmp, "good-inner-block"),
                 lambda c: (c.pop("block_size"), c["dflash_config"].update(block_size=8)))

@@ -285,7 +285,7 @@ static void test_refusals(const char *dir) {
         {"no dflash_config", m_no_dc, DFL_EFORMAT, "dflash_config"},
         {"num_target_layers vs target", m_ntarget, DFL_EFORMAT, "num_target_layers"},
         {"rope_scaling", m_rope_scaling, DFL_EUNSUP, "rope_scaling"},
-        {"sliding layers", m_sliding, DFL_EUNSUP, "layer_types"},
+        {"sliding layers, no window", m_sliding, DFL_EFORMAT, "sliding_window is missing"},
         {"heads vs kv heads", m_kv_heads, DFL_EFORMAT, "KV heads"},
         {"attention bias", m_bias, DFL_EUNSUP, "attention_bias"},
     };

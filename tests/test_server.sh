@@ -33,7 +33,13 @@ for mode in draft none; do
     grep -q "^HTTP/1.1 204" <<<"$pre" && grep -qi "^access-control-allow-origin: https://page.example" <<<"$pre" &&
       grep -qi "^access-control-allow-methods: POST" <<<"$pre" || die "CORS preflight: $pre"
     grep -qi "^access-control-allow-origin: https://page.example" <<<"$got" || die "no CORS header: $got"
+    # the drafter's kind: in /v1/models, /props and the ready line
+    grep -q '"draft_kind":"DFlash"' <<<"$got" || die "/v1/models: no draft_kind DFlash: $got"
+    curl -s -H "Authorization: Bearer $key" "$SERVER_URL/props" | grep -q '"drafter_kind":"DFlash"' ||
+      die "/props: no drafter_kind DFlash"
+    grep -q "ready: .*, DFlash drafter, " "$WORK/server-$mode.log" || die "ready line without the drafter's kind"
   else
+    grep -q '"draft_kind":""' <<<"$got" || die "/v1/models: draft_kind not empty without a drafter: $got"
     grep -q "^HTTP/1.1 405" <<<"$pre" && ! grep -qi "^access-control" <<<"$pre$got" ||
       die "CORS is on without --cors: $pre"
   fi

@@ -187,6 +187,8 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     if (e->d) {
         info->has_draft = 1;
         info->draft_mtp = e->d->kind == DFL_DRAFT_MTP;
+        snprintf(info->draft_kind, sizeof info->draft_kind, "%s",
+                 info->draft_mtp ? "MTP" : e->d->kind == DFL_DRAFT_DFLASH2 ? "DFlash2" : "DFlash");
         info->draft_block = e->d->block_size;
         info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
     }

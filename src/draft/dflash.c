@@ -97,24 +97,10 @@ static int hf_refuse_variants(const cJSON *j, const char *file, dfl_error *err) 
     if (dfl_json_bool(j, "attention_bias", &b, file, err) == 0 && b)
         return dfl_fail(err, DFL_EUNSUP, "%s: attention_bias is true; DFlash drafters have no "
                         "biases", file);
-    b = 0;
-    if (dfl_json_bool(j, "use_sliding_window", &b, file, err) == 0 && b)
-        return dfl_fail(err, DFL_EUNSUP, "%s: use_sliding_window is true; sliding-window "
-                        "drafters are not supported", file);
     const char *act = dfl_json_str(j, "hidden_act");
     if (act && strcmp(act, "silu") != 0)
         return dfl_fail(err, DFL_EUNSUP, "%s: hidden_act is \"%.32s\", expected \"silu\"", file,
                         act);
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
-    if (lt && !cJSON_IsNull(lt)) {
-        if (!cJSON_IsArray(lt))
-            return dfl_fail(err, DFL_EFORMAT, "%s: layer_types must be an array", file);
-        for (const cJSON *e = lt->child; e; e = e->next)
-            if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention") != 0)
-                return dfl_fail(err, DFL_EUNSUP, "%s: layer_types holds \"%.32s\"; only "
-                                "full_attention drafter layers are supported", file,
-                                cJSON_IsString(e) ? e->valuestring : "?");
-    }
     return 0;
 }
 
@@ -182,12 +168,7 @@ static int hf_config(dfl_drafter *d, const char *dir, const dfl_target *t, dfl_e
     if (!rc && !cJSON_IsObject(dc))
         rc = dfl_fail(err, DFL_EFORMAT, "%s: dflash_config is missing (expected an object with "
                       "mask_token_id and target_layer_ids)", file);
-    if (!rc) {
-        int swa = 0;
-        if (dfl_json_bool(dc, "use_swa", &swa, file, err) == 0 && swa)
-            rc = dfl_fail(err, DFL_EUNSUP, "%s: dflash_config.use_swa is true; sliding-window "
-                          "drafters are not supported", file);
-    }
+    rc = rc ? rc : dfl_draft_sliding(d, j, dc, file, err);
     rc = rc ? rc : need_int(dc, "mask_token_id", 0, INT32_MAX, &d->mask_id, 1, file, err);
     rc = rc ? rc : dfl_draft_layer_ids(d, dc, t, 0, file, err);
     if (!rc && d->kind == DFL_DRAFT_DFLASH2) rc = dfl_dflash2_config(d, dc, file, err);
@@ -603,9 +584,12 @@ dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
         return s;
     }
     s->cap = ctx + d->max_rows;
-    /* A sliding drafter's rows older than its window are never read again:
-     * they need not be projected (the tighter of the two windows bounds). */
-    s->window = d->window && (!d->swa || d->window < d->swa) ? d->window : d->swa;
+    /* When every layer slides, rows older than the window are never read
+     * again: they need not be projected (the tighter of the two windows
+     * bounds). A full layer reads them all. */
+    uint64_t all = ~(uint64_t)0 >> (64 - d->c.n_layers);
+    int swa = d->swa && (d->sliding & all) == all ? d->swa : 0;
+    s->window = d->window && (!swa || d->window < swa) ? d->window : swa;
     s->n_layers = d->c.n_layers;
     s->kv_dim = d->c.n_kv_heads * d->c.head_dim;
     s->type = d->t->kv_type;
@@ -739,7 +723,7 @@ static void context_pass(dfl_drafter *d, dfl_dwork **w, int k) {
 
 /* Attention of n block rows, from block row r0 on (queries q, out att, key
  * counts nk), over [store ; block]: z-lab's rows see every key; causal rows
- * (Laguna) only keys up to their own position; sliding rows (Laguna) the
+ * (Laguna) only keys up to their own position; a sliding layer's rows the
  * last swa of those, one call per row since each starts at its own key. */
 static void block_attention(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos0, int r0,
                             int n, const float *q, float *att, int *nk) {
@@ -748,7 +732,8 @@ static void block_attention(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos
     float scale = 1.0f / sqrtf((float)hd);
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
     if (lo < s->lo) lo = s->lo;
-    if (!d->swa) {
+    int swa = d->sliding >> l & 1 ? d->swa : 0;
+    if (!swa) {
         for (int r = 0; r < n; r++) nk[r] = (d->causal ? pos0 + r0 + r + 1 : pos0 + B) - lo;
         dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), s->type,
                          s->kv_dim, (size_t)hd};
@@ -756,7 +741,7 @@ static void block_attention(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos
         return;
     }
     for (int r = 0; r < n; r++) {   /* sliding rows are causal (checked at load) */
-        int p = pos0 + r0 + r, first = p + 1 - d->swa > lo ? p + 1 - d->swa : lo;
+        int p = pos0 + r0 + r, first = p + 1 - swa > lo ? p + 1 - swa : lo;
         nk[r] = p + 1 - first;
         dfl_kv_view v = {store_row(s, s->k, l, first), store_row(s, s->v, l, first), s->type,
                          s->kv_dim, (size_t)hd};

@@ -52,10 +52,20 @@ int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, int gguf, dfl_error *err
             snprintf(b, sizeof b, nm->proj[sub], l);
             rc = rc ? rc : dfl_w_mat(w, b, 2 * kg, dim, &L->conv_proj[sub], err);
         }
-    int cb[2] = {V, r};
     rc = rc ? rc : dfl_w_mat(w, nm->hidden, r, dim, &d->sel_proj, err);
-    rc = rc ? rc : dfl_w_array(w, nm->pred, 2, cb, 0.0f, &d->sel_pred, err);
-    return rc ? rc : dfl_w_array(w, nm->succ, 2, cb, 0.0f, &d->sel_succ, err);
+    /* The codebooks stay in their file type whatever --dtype says: a walk
+     * converts its rows to the f32 values a load-time conversion gave. */
+    int convert = w->convert;
+    w->convert = 0;
+    rc = rc ? rc : dfl_w_mat(w, nm->pred, V, r, &d->sel_pred, err);
+    rc = rc ? rc : dfl_w_mat(w, nm->succ, V, r, &d->sel_succ, err);
+    w->convert = convert;
+    return rc;
+}
+
+/* Row v of a codebook as f32. */
+static void codebook_row(const dfl_mat *m, int32_t v, float *out) {
+    dfl_dequant_row(m->type, m->data + (size_t)v * m->row_bytes, out, m->cols);
 }
 
 /* Rows descending, so every y_{i-t} read is still the input. One sum order
@@ -103,9 +113,10 @@ void dfl_dflash2_walk(const dfl_drafter *d, int32_t anchor, int n, const int32_t
                       const float *u, const float *ph, float *logits, int32_t *draft) {
     int K = d->sel_top_k, r = d->sel_rank, V = d->c.vocab;
     int32_t prev = anchor;
-    float ctx[DRAFT_MAX_SEL_RANK];
+    float ctx[DRAFT_MAX_SEL_RANK], a[DRAFT_MAX_SEL_RANK], b[DRAFT_MAX_SEL_RANK];
     for (int i = 0; i < n; i++) {
-        const float *a = d->sel_pred + (size_t)prev * r, *p = ph + (size_t)i * r;
+        const float *p = ph + (size_t)i * r;
+        codebook_row(&d->sel_pred, prev, a);
         for (int k = 0; k < r; k++) ctx[k] = a[k] * p[k];
         float *row = logits ? logits + (size_t)i * V : NULL;
         if (row)
@@ -113,7 +124,7 @@ void dfl_dflash2_walk(const dfl_drafter *d, int32_t anchor, int n, const int32_t
         int best = 0;
         float bs = -INFINITY;
         for (int j = 0; j < K; j++) {
-            const float *b = d->sel_succ + (size_t)cand[i * K + j] * r;
+            codebook_row(&d->sel_succ, cand[i * K + j], b);
             float s = 0.0f;
             for (int k = 0; k < r; k++) s += ctx[k] * b[k];
             s += u[i * K + j];

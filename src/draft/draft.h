@@ -62,9 +62,11 @@ typedef struct dfl_drafter {
                                   layer's RMSNorm before fc; NULL: none (z-lab) */
     int ctx_norm;              /* 1: context rows pass each layer's input_layernorm before
                                   its K/V (Laguna); 0: they do not (z-lab) */
-    int causal;                /* 1: a block row sees only the block rows up to itself */
-    int swa;                   /* keys a block row attends, itself included, counted back from
-                                  its position over [context ; block] (sliding layers); 0: all */
+    int causal;                /* 1: a full layer's block row sees only the block rows up to
+                                  itself (sliding layers always do) */
+    int swa;                   /* keys a sliding layer's block row attends, itself included,
+                                  counted back from its position over [context ; block]; 0: none */
+    uint64_t sliding;          /* bit l: layer l slides (window swa); 0: every layer full */
     const float *hidden_norm;  /* (dim) */
     const float *out_norm;     /* (dim) */
     /* DFlash2 (0 / NULL otherwise) */
@@ -72,8 +74,10 @@ typedef struct dfl_drafter {
     int sel_rank, sel_top_k;   /* selector rank r; candidates K per row (top-K of the head) */
     float sel_mult, sel_cap;   /* unary = cap ? cap*tanh(mult*logit/cap) : mult*logit */
     dfl_mat sel_proj;          /* (r, dim) candidate_selector.hidden_projection */
-    const float *sel_pred;     /* (vocab, r) predecessor_codebook A */
-    const float *sel_succ;     /* (vocab, r) successor_codebook B */
+    dfl_mat sel_pred;          /* (vocab, r) predecessor_codebook A, as stored (f32 of a
+                                  152K vocabulary at rank 256 would be 156 MB each): a walk
+                                  converts the rows it reads */
+    dfl_mat sel_succ;          /* (vocab, r) successor_codebook B, as stored */
     dfl_dlayer *layers;        /* [n_layers] */
     dfl_rope rope;
     dfl_target *t;             /* the target whose embed / lm_head are used */

@@ -13,7 +13,7 @@
 /* Limits of a drafter's config, every form. */
 enum {
     DRAFT_MAX_LAYERS = 64,        /* num_hidden_layers / dflash.block_count: 1..this */
-    DRAFT_MAX_WINDOW = 1 << 20,   /* sliding_window of a Laguna drafter: 2..this */
+    DRAFT_MAX_WINDOW = 1 << 20,   /* a drafter's sliding_window: 2..this */
     DRAFT_MAX_SEL_RANK = 4096,    /* DFlash2 selector_rank: 1..this (published: 256) */
     DRAFT_MAX_SEL_TOP_K = 1024,   /* DFlash2 selector_top_k: 1..this and the vocabulary */
 };
@@ -22,6 +22,19 @@ enum {
  * required refuses, else z-lab's default rule spreads them. */
 int dfl_draft_layer_ids(dfl_drafter *d, const cJSON *dc, const dfl_target *t, int required,
                         const char *file, dfl_error *err);
+
+/* Sliding-window rules every form shares, for the layers in bitmask
+ * sliding (bit l: layer l) with window rows: dflash_config.use_swa and
+ * swa_window_size agree when given, window in 2..DRAFT_MAX_WINDOW, sliding
+ * layers causal (is_causal / dflash_config.causal set d->causal, the full
+ * layers' rule). Sets d->swa, d->sliding, d->causal. */
+int dfl_draft_swa_rules(dfl_drafter *d, const cJSON *j, const cJSON *dc, uint64_t sliding,
+                        int window, const char *file, dfl_error *err);
+/* z-lab / DFlash2 config.json: layer_types or use_sliding_window +
+ * max_window_layers, and sliding_window, then the rules above. Needs
+ * d->c.n_layers read first. */
+int dfl_draft_sliding(dfl_drafter *d, const cJSON *j, const cJSON *dc, const char *file,
+                      dfl_error *err);
 
 /* Refuses a drafter of one kind on a target of the other, naming both. */
 int dfl_draft_pairing(int kind, const dfl_target *t, const char *file, dfl_error *err);

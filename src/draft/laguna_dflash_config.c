@@ -67,48 +67,6 @@ static int layer_shape(const dfl_config *c, const cJSON *j, const char *file, df
     return 0;
 }
 
-/* is_causal, else dflash_config.causal, else sliding layers causal and full
- * layers not (vLLM's rule). The window's reach past a non-causal row is not
- * defined by the published code, so non-causal sliding layers are refused. */
-static int causality(dfl_drafter *d, const cJSON *j, const cJSON *dc, int sliding,
-                     const char *file, dfl_error *err) {
-    int v = -1, b = 0, rc = dfl_json_bool(j, "is_causal", &b, file, err);
-    if (rc < 0) return rc;
-    if (rc == 0) v = b;
-    if (v < 0 && (rc = dfl_json_bool(dc, "causal", &b, file, err)) < 0) return rc;
-    if (v < 0 && rc == 0) v = b;
-    if (v < 0) v = sliding;
-    if (sliding && !v)
-        return dfl_fail(err, DFL_EUNSUP, "%s: is_causal / dflash_config.causal = false with "
-                        "sliding_attention layers: non-causal sliding-window drafters are not "
-                        "supported", file);
-    d->causal = v;
-    return 0;
-}
-
-/* The window: sliding_window (2..DRAFT_MAX_WINDOW) on sliding layers;
- * dflash_config.use_swa and swa_window_size, when given, must agree. */
-static int window(dfl_drafter *d, const dfl_config *c, const cJSON *dc, int sliding,
-                  const char *file, dfl_error *err) {
-    int use = sliding, rc = dfl_json_bool(dc, "use_swa", &use, file, err);
-    if (rc < 0) return rc;
-    if (use != sliding)
-        return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.use_swa = %s but layer_types are "
-                        "%s", file, use ? "true" : "false",
-                        sliding ? "sliding_attention" : "full_attention");
-    if (!sliding) return 0;
-    if (c->sliding_window < 2 || c->sliding_window > DRAFT_MAX_WINDOW)
-        return dfl_fail(err, DFL_EFORMAT, "%s: sliding_window = %d outside 2..%d", file,
-                        c->sliding_window, DRAFT_MAX_WINDOW);
-    int w = c->sliding_window;
-    TRY(opt_int(dc, "swa_window_size", 1, MAX_CTX, &w, file, err));
-    if (w != c->sliding_window)
-        return dfl_fail(err, DFL_EFORMAT, "%s: dflash_config.swa_window_size = %d differs from "
-                        "sliding_window = %d", file, w, c->sliding_window);
-    d->swa = w;
-    return 0;
-}
-
 /* block_size in dflash_config or at the top level (both: equal). */
 static int block_size(dfl_drafter *d, const cJSON *j, const cJSON *dc, const char *file,
                       dfl_error *err) {
@@ -184,8 +142,8 @@ int dfl_laguna_draft_config(dfl_drafter *d, cJSON *j, const dfl_target *t, const
     TRY(layer_shape(&c, j, file, err));
     int sliding = c.layer_kind[0] == DFL_LAYER_SLIDING;
     if (sliding) TRY(pick_rope(&c, j, file, err));
-    TRY(causality(d, j, dc, sliding, file, err));
-    TRY(window(d, &c, dc, sliding, file, err));
+    uint64_t bits = sliding ? ~(uint64_t)0 >> (64 - c.n_layers) : 0;   /* n_layers <= 64 */
+    TRY(dfl_draft_swa_rules(d, j, dc, bits, c.sliding_window, file, err));
     TRY(dflash_fields(d, j, dc, t, file, err));
     d->c = c;
     d->ctx_norm = 1;

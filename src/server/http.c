@@ -329,6 +329,7 @@ static cJSON *model_object(srv_server *srv) {
     cJSON_AddNumberToObject(meta, "n_layers", in->n_layers);
     cJSON_AddNumberToObject(meta, "n_embd", in->dim);
     cJSON_AddBoolToObject(meta, "draft", in->has_draft);
+    cJSON_AddStringToObject(meta, "draft_kind", in->draft_kind);
     cJSON_AddNumberToObject(meta, "draft_block", in->draft_block);
     cJSON_AddNumberToObject(meta, "slots", srv->n_slots);
     return m;
@@ -374,6 +375,7 @@ static enum MHD_Result get_props(srv_server *srv, struct MHD_Connection *c) {
     cJSON_AddStringToObject(p, "reasoning_format", srv->o.reasoning ? "deepseek" : "none");
     cJSON *d = cJSON_AddObjectToObject(o, "dflash");
     cJSON_AddBoolToObject(d, "drafter", srv->info.has_draft);
+    cJSON_AddStringToObject(d, "drafter_kind", srv->info.draft_kind);
     cJSON_AddNumberToObject(d, "draft_block", srv->info.draft_block);
     cJSON_AddStringToObject(d, "weights", srv->info.dtype);
     cJSON_AddStringToObject(d, "kv_type", srv->info.kv_type);
@@ -890,11 +892,11 @@ static void *load_engine(void *arg) {
         return NULL;
     }
     fprintf(stderr,
-            "dflash serve: ready: model '%s' (%s, %s), %s, %d slot%s of %d tokens, "
+            "dflash serve: ready: model '%s' (%s, %s), %s%s, %d slot%s of %d tokens, "
             "continuous batching\n",
             srv->model_id, srv->info.arch, srv->info.dtype,
-            srv->info.draft_mtp ? "MTP head drafts" : srv->info.has_draft ? "DFlash drafter"
-                                                                          : "no drafter",
+            srv->info.draft_mtp ? "MTP head drafts" : srv->info.draft_kind,
+            srv->info.draft_mtp ? "" : srv->info.has_draft ? " drafter" : "no drafter",
             srv->n_slots,
             srv->n_slots == 1 ? "" : "s", srv->info.ctx_size);
     __atomic_store_n(&srv->ready, 1, __ATOMIC_RELEASE);
