@@ -51,6 +51,12 @@ PROMPT = "Once upon a time, a small fox found a lantern by the river and"
 # (observed: relative <= 1e-6, absolute <= 2e-5). f16 cache: the engine stores
 # K and V as float16, transformers keeps float32 (observed: relative <= 6e-4).
 TOL = {"f32": 1e-5, "f16": 2e-3}
+# The hybrids' recurrence accumulates float32 rounding on both sides, and how much depends on
+# the machine torch runs on (on a Zen 3, qwen35moe-hybrid bf16: transformers 1.4e-4 and the
+# engine 2.2e-4 from the float64 reference, on opposite sides). Each side is held to TOL
+# against tools/reference.py's float64 forward (test_reference64); against each other they
+# may then differ by twice it (an f16 cache's tolerance already covers its rounding).
+HYBRID_PAIR = 2.0
 # Greedy runs are compared id for id only where transformers' top-2 margin at
 # every step exceeds this (a margin below the logit error could flip a tie).
 MIN_MARGIN = 0.05
@@ -325,11 +331,11 @@ def generate(binary, d, kv):
     return got["prompt"], got["generated"]
 
 
-def compare(ref, got, kv):
-    """-> (ok, max |diff|, tolerance): max |diff| within TOL[kv], and for logits
+def compare(ref, got, kv, scale=1.0):
+    """-> (ok, max |diff|, tolerance): max |diff| within scale * TOL[kv], and for logits
     the same argmax in every row whose top-2 margin exceeds twice the tolerance."""
     ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    tol = TOL[kv] * max(1.0, float(np.abs(ref).max()))
+    tol = scale * TOL[kv] * max(1.0, float(np.abs(ref).max()))
     diff = float(np.abs(ref - got).max()) if np.all(np.isfinite(got)) else float("inf")
     if ref.ndim != 2:
         return diff <= tol, diff, tol
@@ -373,11 +379,12 @@ def test_target(binary, name, dirs):
                 except RuntimeError as e:
                     check(False, f"{name} {dt} {mode} kv {kv}: {e}")
                     continue
-                ok, diff, tol = compare(ref, got, kv)
+                pair = HYBRID_PAIR if name.startswith(HYBRID) and kv == "f32" else 1.0
+                ok, diff, tol = compare(ref, got, kv, pair)
                 check(ok, f"{name} {dt} {mode} kv {kv}: max |diff| {diff:.3g} > tol {tol:.3g} "
                       "or an argmax differs")
                 row(name, dt, mode, kv, diff, tol, ok)
-                ok, diff, tol = compare(href, feat, kv)
+                ok, diff, tol = compare(href, feat, kv, pair)
                 check(ok, f"{name} {dt} {mode} kv {kv} hidden {cap}: max |diff| {diff:.3g} > "
                       f"tol {tol:.3g}")
                 row(name, dt, mode + "-h", kv, diff, tol, ok)
