@@ -309,6 +309,29 @@ static void test_replay_carry(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_session_free(s);
 }
 
+
+/* A drafter whose drafts are never accepted (fresh evidence, adaptive block,
+ * trees left to the policy): after the first probes the rounds are classic
+ * steps. A tree once took every chain probe (its rate beat the probe's, not
+ * a classic step's), the chain never saw its probe answered and asked again
+ * the next round: every round was speculative, at half classic speed. */
+static void test_zero_accept(dfl_engine *e, const int32_t *prompt, int n) {
+    dfl_gen_params p;
+    dfl_session *s = short_run(e, &p);
+    sink got;
+    dfl_stats st;
+    p.max_tokens = 100;
+    e->carry = (dfl_policy){0};
+    e->carry_tree = (dfl_tree_policy){0};
+    CHECK(run(s, prompt, n, &p, &got, &st) == 0, "the random drafter's own proposals");
+    unsigned long long spec = st.rounds + st.tree_rounds;
+    CHECK(st.accepted * 10 <= st.proposed, "random drafts: %llu of %llu accepted",
+          (unsigned long long)st.accepted, (unsigned long long)st.proposed);
+    CHECK(spec * 4 < (unsigned long long)got.n, "random drafts: %llu of %d rounds speculative "
+          "(%llu trees)", spec, got.n, (unsigned long long)st.tree_rounds);
+    dfl_session_free(s);
+}
+
 int main(void) {
     const char *dir = test_tmpdir();
     char model[512], draft[512];
@@ -334,6 +357,7 @@ int main(void) {
     test_fail_closed(e, prompt, 9);
     test_no_logprob(e, prompt, 9);
     test_replay_carry(e, prompt, 9);
+    test_zero_accept(e, prompt, 9);
     dfl_engine_free(e);
     test_rmdir(dir);
     return test_summary();

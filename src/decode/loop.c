@@ -346,8 +346,11 @@ static int pick_tree(run *r, dfl_tree_policy *tp, const dfl_policy *chain, dfl_c
     int ctx = q->kv->len, N = r->tree_max;
     if (r->o->tree_budget < 0) {
         if (B < 2) return 0;
-        N = dfl_tree_policy_choose(tp, tree_costs, chain_costs, ctx,
-                                   dfl_policy_rate(chain, B, ctx));
+        /* a tree must beat a classic step too: against a chain probe's rate
+         * alone, a tiny tree won every probe at zero acceptance, and the
+         * chain, never seeing its probe answered, asked again each round */
+        double cr = dfl_policy_rate(chain, B, ctx), c1 = dfl_policy_rate(chain, 1, ctx);
+        N = dfl_tree_policy_choose(tp, tree_costs, chain_costs, ctx, cr > c1 ? cr : c1);
     }
     N = imin(N, q->kv->cap - ctx - 1);
     return N >= 1 ? N : 0;
