@@ -13,7 +13,12 @@ tok/s (tokens after the first / time after the first; median and range),
 time to first token p50 / p99, the server's peak RSS (VmHWM).
 
   build/venv/bin/python bench/bench_serve.py --model M.gguf [--draft D]
-      [--llama-server PATH] [--clients 1,2,4,8] [--taus 3,6.5] [--out results.json]
+      [--llama-server PATH] [--clients 1,2,4,8] [--taus 3,6.5] [--reps R]
+      [--out results.json]
+
+With --reps R every client count runs every server R times, the servers
+alternated within each rep; the table gives medians, the aggregate's range,
+and each server's aggregate over dflash classic's of the same rep.
 
 The llama.cpp build is one made by hand from its public source; nothing of it
 is fetched, built or committed here. Prints a markdown table; --out keeps
@@ -181,44 +186,89 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512, help="context per slot")
     ap.add_argument("--only", help="run the configs whose name contains this")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="sweeps of every client count, servers alternated within each")
     ap.add_argument("--out", default="/tmp/dflash-bench-serve.json")
     a = ap.parse_args()
     a.taus = [float(x) for x in a.taus.split(",") if x] if a.draft else []
     clients = [int(x) for x in a.clients.split(",")]
     ps = prompts(max(clients) * a.requests)
-    results = []
+    runs = []
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {a.threads} threads; model {a.model}; "
-          f"{a.max_tokens} tokens per request, {a.requests} requests per client", file=sys.stderr)
-    for name, replay, cmd_of in configs(a):
-        if a.only and a.only not in name:
-            continue
+          f"{a.max_tokens} tokens per request, {a.requests} requests per client, "
+          f"{a.reps} rep(s)", file=sys.stderr)
+    cfgs = [c for c in configs(a) if not a.only or a.only in c[0]]
+    # Servers alternate within each rep and client count: on a shared machine
+    # whose speed drifts by minutes, the ratios of neighbouring stages hold
+    # where stages run a config's whole sweep apart do not.
+    for rep in range(a.reps):
         for n in clients:
-            port = free_port()
-            cmd = cmd_of(n, port)
-            srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
-            try:
-                r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
-                                      a.max_tokens, replay))
-            finally:
-                rss = srv.stop()
-            r.update(server=name, clients=n, peak_rss_mb=rss / 1024, cmd=" ".join(cmd))
-            results.append(r)
-            print(f"{name:24s} N={n}: {r['aggregate_tps']:.1f} tok/s aggregate, "
-                  f"{r['request_tps_median']:.1f} per request, TTFT p50 {r['ttft_p50_ms']:.0f} ms, "
-                  f"RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
-            with open(a.out, "w") as f:
-                json.dump({"cpu": cpu_name(), "threads": a.threads, "model": a.model,
-                           "max_tokens": a.max_tokens, "results": results}, f, indent=1)
-    print("| server | clients | aggregate tok/s | x 1 client | per-request tok/s (min-max) "
-          "| TTFT p50 / p99 ms | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
+            for name, replay, cmd_of in cfgs:
+                port = free_port()
+                cmd = cmd_of(n, port)
+                srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
+                try:
+                    r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
+                                          a.max_tokens, replay))
+                finally:
+                    rss = srv.stop()
+                r.update(server=name, clients=n, rep=rep, peak_rss_mb=rss / 1024,
+                         cmd=" ".join(cmd))
+                runs.append(r)
+                print(f"{name:24s} N={n} rep {rep}: {r['aggregate_tps']:.1f} tok/s aggregate, "
+                      f"{r['request_tps_median']:.1f} per request, TTFT p50 "
+                      f"{r['ttft_p50_ms']:.0f} ms, RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
+                results = summary(runs)
+                with open(a.out, "w") as f:
+                    json.dump({"cpu": cpu_name(), "threads": a.threads, "model": a.model,
+                               "max_tokens": a.max_tokens, "reps": a.reps, "results": results,
+                               "runs": runs}, f, indent=1)
+    table(summary(runs))
+
+
+def summary(runs):
+    """Per server and client count: the medians over reps, the aggregate's
+    range, and its ratio to dflash classic of the same rep and clients
+    (median over reps: each ratio compares stages run minutes apart)."""
+    out = []
+    keys = []
+    for r in runs:
+        if (r["server"], r["clients"]) not in keys:
+            keys.append((r["server"], r["clients"]))
+    for name, n in keys:
+        rs = [r for r in runs if r["server"] == name and r["clients"] == n]
+        m = {k: statistics.median(r[k] for r in rs) for k in
+             ("aggregate_tps", "request_tps_median", "request_tps_min", "request_tps_max",
+              "ttft_p50_ms", "ttft_p99_ms", "peak_rss_mb")}
+        agg = [r["aggregate_tps"] for r in rs]
+        ratios = []
+        for r in rs:
+            base = [b for b in runs if b["server"] == "dflash classic" and b["clients"] == n
+                    and b["rep"] == r["rep"]]
+            if base:
+                ratios.append(r["aggregate_tps"] / base[0]["aggregate_tps"])
+        m.update(server=name, clients=n, reps=len(rs), aggregate_min=min(agg),
+                 aggregate_max=max(agg),
+                 x_classic=statistics.median(ratios) if ratios else None,
+                 x_classic_min=min(ratios) if ratios else None,
+                 x_classic_max=max(ratios) if ratios else None, cmd=rs[0]["cmd"])
+        out.append(m)
+    return out
+
+
+def table(results):
+    print("| server | clients | aggregate tok/s (min-max) | x 1 client | x classic (min-max) "
+          "| per-request tok/s | TTFT p50 / p99 ms | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         one_c = next((x for x in results if x["server"] == r["server"] and x["clients"] == 1), r)
-        print(f"| {r['server']} | {r['clients']} | {r['aggregate_tps']:.1f} | "
-              f"{r['aggregate_tps'] / one_c['aggregate_tps']:.2f} | "
-              f"{r['request_tps_median']:.1f} ({r['request_tps_min']:.1f}-{r['request_tps_max']:.1f}) | "
+        xc = (f"{r['x_classic']:.2f} ({r['x_classic_min']:.2f}-{r['x_classic_max']:.2f})"
+              if r["x_classic"] is not None else "")
+        print(f"| {r['server']} | {r['clients']} | {r['aggregate_tps']:.1f} "
+              f"({r['aggregate_min']:.1f}-{r['aggregate_max']:.1f}) | "
+              f"{r['aggregate_tps'] / one_c['aggregate_tps']:.2f} | {xc} | "
+              f"{r['request_tps_median']:.1f} | "
               f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['peak_rss_mb']:.0f} |")
-
 
 if __name__ == "__main__":
     main()

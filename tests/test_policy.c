@@ -254,7 +254,62 @@ static void tree_policy(void) {
     CHECK(dfl_tree_policy_choose(&p, &tc, &c, 0, 0) == 0, "budget 0: never a tree");
 }
 
+
+/* The crowd gate on a simulated engine: a tick of `active` sequences commits
+ * tok[mode] tokens in sec[mode] seconds (mode 1: speculation allowed). Runs
+ * `secs` seconds from *now; returns tokens committed, *open_share the share
+ * of ticks with speculation allowed. */
+static double gate_run(dfl_gate *g, double *now, double secs, int active, const double *tok,
+                       const double *sec, double *open_share) {
+    double end = *now + secs, got = 0;
+    int ticks = 0, open = 0;
+    while (*now < end) {
+        int m = dfl_gate_open(g, *now, active);
+        *now += sec[m];
+        dfl_gate_note(g, active, (int)tok[m]);
+        got += tok[m], ticks++, open += m;
+    }
+    if (open_share) *open_share = (double)open / ticks;
+    return got;
+}
+
+static void gate(void) {
+    dfl_gate g;
+    dfl_gate_init(&g);
+    double now = 0, share;
+    CHECK(dfl_gate_open(&g, 0, 1), "one sequence alone is never gated");
+    /* Four sequences; speculation measured behind (30 tok/s against 40): after
+     * the first two windows classic holds, with one window in
+     * DFL_GATE_EXPLORE + 1 given back to speculation. */
+    double tok[2] = {4, 10}, slow[2] = {0.1, 1.0 / 3}, fast[2] = {0.1, 0.125};
+    double got = gate_run(&g, &now, 120, 4, tok, slow, &share);
+    CHECK(got >= 0.93 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
+          got, 40.0 * 120);
+    CHECK(share > 0.05 && share < 0.3, "classic ahead: speculation %.2f of the ticks", share);
+    /* Two sequences were never measured: their crowd starts with speculation. */
+    CHECK(dfl_gate_open(&g, now, 2) == 1, "an unmeasured crowd speculates first");
+    /* The load changes: speculation now measures ahead (80 tok/s against
+     * 40); the gate opens within a few windows and stays mostly open. */
+    gate_run(&g, &now, 10, 4, tok, fast, NULL);
+    got = gate_run(&g, &now, 120, 4, tok, fast, &share);
+    CHECK(got >= 0.9 * 80 * 120, "speculation ahead: %.0f tokens, speculation alone %.0f", got,
+          80.0 * 120);
+    CHECK(share > 0.75, "speculation ahead: open %.2f of the ticks", share);
+    CHECK(g.windows[0] > 0 && g.windows[1] > 0, "both modes measured (%llu, %llu windows)",
+          (unsigned long long)g.windows[0], (unsigned long long)g.windows[1]);
+    /* A window whose crowd changes is dropped, not measured. */
+    uint64_t w = g.windows[0] + g.windows[1];
+    for (int i = 0; i < 50; i++) {
+        now += 0.5;
+        dfl_gate_open(&g, now, 3 + i % 2);
+        dfl_gate_note(&g, 3 + i % 2, 4);
+    }
+    CHECK(g.windows[0] + g.windows[1] == w, "windows of a changing crowd are not measured");
+    dfl_gate_free(&g);
+}
+
 int main(void) {
+    gate();
     stale_step();
     tree_policy();
     resume();

@@ -123,6 +123,7 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
     dfl_engine *e = xcalloc(1, sizeof *e);
     e->opts = *o;
     pthread_mutex_init(&e->mu, NULL);
+    dfl_gate_init(&e->gate);
     e->max_block = o->max_block ? o->max_block : 16;
     if (o->vocab_only) {
         rc = load_vocab_only(e, o->model_path, err);
@@ -146,6 +147,7 @@ void dfl_engine_free(dfl_engine *e) {
     dfl_fmt_vocab_free(e->fmt_vocab);
     dfl_pool_free(e->pool);
     pthread_mutex_destroy(&e->mu);
+    dfl_gate_free(&e->gate);
     free(e);
 }
 

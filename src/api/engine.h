@@ -24,6 +24,7 @@ struct dfl_engine {
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
     dfl_costs costs_ngram;   /* the same for the n-gram lane's rounds (no drafter pass) */
     dfl_costs costs_tree;    /* measured draft tree rounds by rows (nodes + 1) */
+    dfl_gate gate;           /* speculation allowed in a crowd only while it measures ahead */
     int max_tree;            /* nodes a session's draft tree may have (0: no trees) */
     dfl_policy carry;        /* greedy requests' acceptance evidence, handed from one
                                 request to the next (dfl_loop_opts.carry) */

@@ -214,7 +214,8 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                        .no_logprob = p->no_logprob, .costs = &e->costs,
                        .costs_ngram = &e->costs_ngram,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL,
-                       .tree_budget = path ? 0 : p->tree_budget, .costs_tree = &e->costs_tree};
+                       .tree_budget = path ? 0 : p->tree_budget, .costs_tree = &e->costs_tree,
+                       .gate = &e->gate};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */

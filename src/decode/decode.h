@@ -144,6 +144,8 @@ typedef struct dfl_loop_opts {
     dfl_costs *costs_tree; /* measured tree round costs by rows (N + 1), or NULL */
     dfl_tree_policy *carry_tree; /* NULL, or the tree policy's evidence from earlier calls,
                                     as carry (else each call starts with a probe tree) */
+    dfl_gate *gate;       /* NULL, or the engine's crowd gate: adaptive rounds (block 0,
+                             trees not pinned) speculate only while it is open */
 } dfl_loop_opts;
 
 /* A request's sampler behind the acceptance seam (generate.c): sets o's

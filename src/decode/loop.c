@@ -81,6 +81,7 @@ typedef struct run {
     int stop;
     int pending;          /* classic rows whose features wait in feat rows 1.. */
     int tree_max;         /* nodes a draft tree may have in this call (0: chain only) */
+    int gated;            /* the crowd gate holds this round to a classic step */
 } run;
 
 /* Commits token id chosen from logits row, produced as kind (DFL_TOKEN_*);
@@ -342,7 +343,7 @@ static int tree_cap(const dfl_seq *q, const dfl_loop_opts *o) {
 static int pick_tree(run *r, dfl_tree_policy *tp, const dfl_policy *chain, dfl_costs *tree_costs,
                      const dfl_costs *chain_costs, int B, int lane) {
     dfl_seq *q = r->q;
-    if (!r->tree_max || lane != DFL_LANE_DRAFTER || tree_depths(r, 1) < 1) return 0;
+    if (!r->tree_max || r->gated || lane != DFL_LANE_DRAFTER || tree_depths(r, 1) < 1) return 0;
     int ctx = q->kv->len, N = r->tree_max;
     if (r->o->tree_budget < 0) {
         if (B < 2) return 0;
@@ -388,7 +389,7 @@ static int pick_block(run *r, dfl_policy *pol, int *lane) {
     dfl_seq *q = r->q;
     int B = 1;
     *lane = DFL_LANE_DRAFTER;
-    if (r->spec) B = choose_lane(r, pol, lane);
+    if (r->spec && !r->gated) B = choose_lane(r, pol, lane);
     B = imin(B, r->o->max_tokens - r->gen);
     B = imin(B, q->kv->cap - q->kv->len);
     B = imin(B, imin(q->max_block, q->t->max_rows));
@@ -479,6 +480,9 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (r.gen >= o->max_tokens) r.stop = DFL_STOP_LENGTH;
         else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
         if (r.stop) break;
+        int active = o->gate ? dfl_target_active(q->t) : 1, gen0 = r.gen;
+        r.gated = r.spec && o->gate && o->block == 0 && o->tree_budget <= 0 &&
+                  !dfl_gate_open(o->gate, dfl_now(), active);
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
         int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, costs[DFL_LANE_DRAFTER],
@@ -489,9 +493,11 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             dfl_costs_update(tree_costs, tr.n, ctx, cost);
             dfl_tree_policy_observe(&tp, tr.mass, tr.full, tr.mass[tr.n - 1], a);
             for (int l = 0; l < DFL_LANES; l++) dfl_policy_classic_step(&pol[l]);
+            if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0);
             continue;
         }
         if ((rc = round_step(&r, B, lane, &a, &cost, err))) break;
+        if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0);
         /* a classic step is every lane's baseline */
         for (int l = 0; l < DFL_LANES; l++)
             if (B == 1 || l == lane) dfl_costs_update(costs[l], B, ctx, cost);

@@ -255,3 +255,62 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
     }
     return probe;
 }
+
+/* ---- the crowd gate ------------------------------------------------------------ */
+
+void dfl_gate_init(dfl_gate *g) {
+    memset(g, 0, sizeof *g);
+    pthread_mutex_init(&g->mu, NULL);
+}
+
+void dfl_gate_free(dfl_gate *g) { pthread_mutex_destroy(&g->mu); }
+
+static int crowd(int active) {
+    return (active > DFL_GATE_CROWDS + 1 ? DFL_GATE_CROWDS + 1 : active) - 2;
+}
+
+/* The open window's rate joins its crowd and mode's average (the newest
+ * window weighs half: the machine's speed and the texts drift); the other
+ * mode's evidence of that crowd ages by a window. */
+static void gate_close(dfl_gate *g, double now) {
+    if (g->n < 2 || !(now > g->t0)) return;
+    int c = crowd(g->n), m = g->spec;
+    double r = g->tokens / (now - g->t0), *p = &g->rate[c][m];
+    *p = *p > 0 ? 0.5 * *p + 0.5 * r : r;
+    g->age[c][m] = 0;
+    g->age[c][!m]++;
+    g->windows[m]++;
+}
+
+/* A window's mode: the one measured ahead for this crowd; a mode never
+ * measured there, or not for DFL_GATE_EXPLORE windows, gets the window. */
+static int gate_pick(const dfl_gate *g, int active) {
+    int c = crowd(active);
+    const double *r = g->rate[c];
+    if (!(r[1] > 0)) return 1;
+    if (!(r[0] > 0)) return 0;
+    int best = r[1] > r[0];
+    return g->age[c][!best] >= DFL_GATE_EXPLORE ? !best : best;
+}
+
+int dfl_gate_open(dfl_gate *g, double now, int active) {
+    if (active < 2) return 1;
+    pthread_mutex_lock(&g->mu);
+    /* a sequence that joined or left makes the window another crowd's: it is
+     * dropped unmeasured, and a window of the new crowd opens */
+    if (g->n == active && now - g->t0 >= DFL_GATE_WINDOW_S) gate_close(g, now);
+    if (g->n != active || now - g->t0 >= DFL_GATE_WINDOW_S) {
+        g->n = active, g->t0 = now, g->tokens = 0;
+        g->spec = gate_pick(g, active);
+    }
+    int open = g->spec;
+    pthread_mutex_unlock(&g->mu);
+    return open;
+}
+
+void dfl_gate_note(dfl_gate *g, int active, int tokens) {
+    if (active < 2) return;
+    pthread_mutex_lock(&g->mu);
+    if (g->n == active) g->tokens += tokens;
+    pthread_mutex_unlock(&g->mu);
+}

@@ -6,6 +6,9 @@
 #ifndef DFL_POLICY_H
 #define DFL_POLICY_H
 
+#include <pthread.h>
+#include <stdint.h>
+
 enum { DFL_POLICY_MAX = 64 };
 /* Context depths costs are kept for: [0, 1K), [1K, 2K), [2K, 4K) ... [64K, ...). Every
  * round gets dearer with depth (0.6B Q8_0: a step 44 ms at 1K, 441 ms at 32K) and not
@@ -125,5 +128,38 @@ double dfl_tree_policy_expected(const dfl_tree_policy *p, int N);
  * wins a tree of the best predicted budget, so the evidence stays fresh. */
 int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
                            const dfl_costs *chain_costs, int ctx, double chain_rate);
+
+/* ---- the crowd gate ------------------------------------------------------------
+ * With several sequences in each forward, a slot's own table cannot say what
+ * its round does to the others: on a CPU whose forward of a few rows is
+ * already arithmetic-bound, every verify row slows every slot's tick. The
+ * gate measures what the engine commits per second, all sequences together,
+ * in windows with speculation allowed and with classic steps only, kept per
+ * number of active sequences, and lets speculation run only while it has
+ * measured ahead; the other mode gets one window in DFL_GATE_EXPLORE so the
+ * evidence follows a changing load. One sequence alone is never gated: its
+ * own policy already measures every cost it causes. */
+enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS + 1 (more
+                                   share the last) */
+       DFL_GATE_EXPLORE = 5 };  /* windows between tries of the mode that measured behind */
+#define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here */
+typedef struct dfl_gate {
+    pthread_mutex_t mu;
+    int spec;                   /* the open window's mode: 1 speculation allowed */
+    int n;                      /* active sequences of the open window (0: none open) */
+    double t0;                  /* when the window opened */
+    double tokens;              /* tokens committed in it, every sequence's */
+    double rate[DFL_GATE_CROWDS][2];   /* tokens/s by crowd and mode, moving average
+                                          (0: not measured) */
+    int age[DFL_GATE_CROWDS][2];       /* windows closed since that mode was measured */
+    uint64_t windows[2];        /* windows measured in each mode (for stats) */
+} dfl_gate;
+void dfl_gate_init(dfl_gate *g);
+void dfl_gate_free(dfl_gate *g);
+/* May a sequence speculate now, with `active` sequences joined? Opens the
+ * next window (and picks its mode) when the last one is over. */
+int dfl_gate_open(dfl_gate *g, double now, int active);
+/* A sequence committed `tokens` with `active` sequences joined. */
+void dfl_gate_note(dfl_gate *g, int active, int tokens);
 
 #endif

@@ -79,6 +79,13 @@ void dfl_target_join(dfl_target *t) {
     pthread_mutex_unlock(&t->comb->mu);
 }
 
+int dfl_target_active(dfl_target *t) {
+    pthread_mutex_lock(&t->comb->mu);
+    int n = t->comb->n_active;
+    pthread_mutex_unlock(&t->comb->mu);
+    return n;
+}
+
 void dfl_target_leave(dfl_target *t) {
     pthread_mutex_lock(&t->comb->mu);
     t->comb->n_active--;

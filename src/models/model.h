@@ -269,6 +269,8 @@ int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err);
 /* A sequence starts / stops generating: the combiner's leader waits for the
  * rows of joined sequences (up to DFL_GATHER_US) before it runs a forward. */
 void dfl_target_join(dfl_target *t);
+/* Sequences joined now (generating, or between their rounds). */
+int dfl_target_active(dfl_target *t);
 dfl_combiner *dfl_combiner_new(int batch_rows);
 /* A sequence's side work on the shared machine (its drafter's passes). Calls
  * that sequences make at once run as one pass: fn(ctx, calls, k) with t->lock
