@@ -279,13 +279,13 @@ static void gate(void) {
     double now = 0, share;
     CHECK(dfl_gate_open(&g, 0, 1), "one sequence alone is never gated");
     /* Four sequences; speculation measured behind (30 tok/s against 40): after
-     * the first two windows classic holds, with one window in
-     * DFL_GATE_EXPLORE + 1 given back to speculation. */
+     * the first two windows classic holds, with a window given back to
+     * speculation now and then, less often each time it loses again. */
     double tok[2] = {4, 10}, slow[2] = {0.1, 1.0 / 3}, fast[2] = {0.1, 0.125};
     double got = gate_run(&g, &now, 120, 4, tok, slow, &share);
-    CHECK(got >= 0.93 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
+    CHECK(got >= 0.96 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
           got, 40.0 * 120);
-    CHECK(share > 0.05 && share < 0.3, "classic ahead: speculation %.2f of the ticks", share);
+    CHECK(share > 0.01 && share < 0.1, "classic ahead: speculation %.2f of the ticks", share);
     /* Two sequences were never measured: their crowd starts with speculation. */
     CHECK(dfl_gate_open(&g, now, 2) == 1, "an unmeasured crowd speculates first");
     /* The load changes: speculation now measures ahead (80 tok/s against

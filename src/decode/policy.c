@@ -280,17 +280,26 @@ static void gate_close(dfl_gate *g, double now) {
     g->age[c][m] = 0;
     g->age[c][!m]++;
     g->windows[m]++;
+    if (!g->every[c]) g->every[c] = DFL_GATE_EXPLORE;
+    if (g->trying) {   /* the mode behind: still behind waits twice as long, ahead resets */
+        int ahead = g->rate[c][m] > g->rate[c][!m];
+        g->every[c] = ahead ? DFL_GATE_EXPLORE
+                            : 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c]
+                                                                     : DFL_GATE_EXPLORE_MAX;
+    }
 }
 
 /* A window's mode: the one measured ahead for this crowd; a mode never
- * measured there, or not for DFL_GATE_EXPLORE windows, gets the window. */
-static int gate_pick(const dfl_gate *g, int active) {
+ * measured there, or not for the crowd's `every` windows, gets the window. */
+static int gate_pick(dfl_gate *g, int active) {
     int c = crowd(active);
     const double *r = g->rate[c];
+    g->trying = 0;
     if (!(r[1] > 0)) return 1;
     if (!(r[0] > 0)) return 0;
     int best = r[1] > r[0];
-    return g->age[c][!best] >= DFL_GATE_EXPLORE ? !best : best;
+    g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
+    return g->trying ? !best : best;
 }
 
 int dfl_gate_open(dfl_gate *g, double now, int active) {

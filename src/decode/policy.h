@@ -136,12 +136,14 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
  * gate measures what the engine commits per second, all sequences together,
  * in windows with speculation allowed and with classic steps only, kept per
  * number of active sequences, and lets speculation run only while it has
- * measured ahead; the other mode gets one window in DFL_GATE_EXPLORE so the
- * evidence follows a changing load. One sequence alone is never gated: its
+ * measured ahead. The other mode gets a window after DFL_GATE_EXPLORE, and
+ * after twice as many each time it loses again (up to DFL_GATE_EXPLORE_MAX),
+ * so the evidence follows a changing load at a small cost. One sequence alone is never gated: its
  * own policy already measures every cost it causes. */
 enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS + 1 (more
                                    share the last) */
-       DFL_GATE_EXPLORE = 5 };  /* windows between tries of the mode that measured behind */
+       DFL_GATE_EXPLORE = 5,    /* windows between tries of the mode that measured behind */
+       DFL_GATE_EXPLORE_MAX = 40 };  /* ... doubled after each try it loses again, up to this */
 #define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here */
 typedef struct dfl_gate {
     pthread_mutex_t mu;
@@ -152,6 +154,8 @@ typedef struct dfl_gate {
     double rate[DFL_GATE_CROWDS][2];   /* tokens/s by crowd and mode, moving average
                                           (0: not measured) */
     int age[DFL_GATE_CROWDS][2];       /* windows closed since that mode was measured */
+    int every[DFL_GATE_CROWDS];        /* windows between tries of the mode behind */
+    int trying;                 /* the open window tries the mode behind */
     uint64_t windows[2];        /* windows measured in each mode (for stats) */
 } dfl_gate;
 void dfl_gate_init(dfl_gate *g);
