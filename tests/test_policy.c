@@ -278,6 +278,7 @@ static void gate(void) {
     dfl_gate_init(&g);
     double now = 0, share;
     CHECK(dfl_gate_open(&g, 0, 1), "one sequence alone is never gated");
+    CHECK(dfl_gate_open(&g, 0, 4), "no evidence anywhere: speculation is measured first");
     /* Four sequences; speculation measured behind (30 tok/s against 40): after
      * the first two windows classic holds, with a window given back to
      * speculation now and then, less often each time it loses again. */
@@ -286,8 +287,14 @@ static void gate(void) {
     CHECK(got >= 0.96 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
           got, 40.0 * 120);
     CHECK(share > 0.01 && share < 0.1, "classic ahead: speculation %.2f of the ticks", share);
-    /* Two sequences were never measured: their crowd starts with speculation. */
-    CHECK(dfl_gate_open(&g, now, 2) == 1, "an unmeasured crowd speculates first");
+    /* Three sequences were never measured: their crowd starts with what four
+     * measured (classic ahead), and tries speculation after a few windows. */
+    double share3;
+    gate_run(&g, &now, 4, 3, tok, slow, &share3);
+    CHECK(share3 == 0, "an unmeasured crowd starts from its neighbour's evidence: open %.2f",
+          share3);
+    gate_run(&g, &now, 60, 3, tok, slow, &share3);
+    CHECK(share3 > 0 && g.rate[1][1] > 0, "... and measures speculation later");
     /* The load changes: speculation now measures ahead (80 tok/s against
      * 40); the gate opens within a few windows and stays mostly open. */
     gate_run(&g, &now, 10, 4, tok, fast, NULL);

@@ -289,15 +289,27 @@ static void gate_close(dfl_gate *g, double now) {
     }
 }
 
-/* A window's mode: the one measured ahead for this crowd; a mode never
- * measured there, or not for the crowd's `every` windows, gets the window. */
+/* The mode measured ahead for crowd c: its own, else the nearest crowd's
+ * (smaller first) that has both measured (a server's crowd changes size
+ * with every request that starts or ends, and neighbouring sizes behave
+ * alike); -1 when none has. */
+static int gate_best(const dfl_gate *g, int c) {
+    for (int k = 0; k < DFL_GATE_CROWDS; k++)
+        for (int j = c - k; j <= c + k; j += k ? 2 * k : 1) {
+            if (j < 0 || j >= DFL_GATE_CROWDS) continue;
+            const double *r = g->rate[j];
+            if (r[0] > 0 && r[1] > 0) return r[1] > r[0];
+        }
+    return -1;
+}
+
+/* A window's mode: the one measured ahead; with no evidence anywhere,
+ * speculation first, then classic steps. The other mode gets the window once
+ * it has not been measured for the crowd's `every` windows. */
 static int gate_pick(dfl_gate *g, int active) {
-    int c = crowd(active);
-    const double *r = g->rate[c];
+    int c = crowd(active), best = gate_best(g, c);
     g->trying = 0;
-    if (!(r[1] > 0)) return 1;
-    if (!(r[0] > 0)) return 0;
-    int best = r[1] > r[0];
+    if (best < 0) return !(g->rate[c][1] > 0);
     g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
     return g->trying ? !best : best;
 }
