@@ -311,10 +311,14 @@ static void test_replay_carry(dfl_engine *e, const int32_t *prompt, int n) {
 
 
 /* A drafter whose drafts are never accepted (fresh evidence, adaptive block,
- * trees left to the policy): after the first probes the rounds are classic
- * steps. A tree once took every chain probe (its rate beat the probe's, not
- * a classic step's), the chain never saw its probe answered and asked again
- * the next round: every round was speculative, at half classic speed. */
+ * trees left to the policy). A tree once took every chain probe (its rate
+ * beat the probe's, not a classic step's), the chain never saw its probe
+ * answered and asked again the next round: every round was speculative, a
+ * third of them trees (30 of 100 tokens here), at half classic speed on a
+ * real model. Trees now come only as the tree policy's own probes, one per
+ * DFL_TREE_REPROBE drafter rounds after the first. (How many chain rounds
+ * run is left to the measured costs, which on this tiny model differ by
+ * less than the machine's noise.) */
 static void test_zero_accept(dfl_engine *e, const int32_t *prompt, int n) {
     dfl_gen_params p;
     dfl_session *s = short_run(e, &p);
@@ -324,11 +328,11 @@ static void test_zero_accept(dfl_engine *e, const int32_t *prompt, int n) {
     e->carry = (dfl_policy){0};
     e->carry_tree = (dfl_tree_policy){0};
     CHECK(run(s, prompt, n, &p, &got, &st) == 0, "the random drafter's own proposals");
-    unsigned long long spec = st.rounds + st.tree_rounds;
     CHECK(st.accepted * 10 <= st.proposed, "random drafts: %llu of %llu accepted",
           (unsigned long long)st.accepted, (unsigned long long)st.proposed);
-    CHECK(spec * 4 < (unsigned long long)got.n, "random drafts: %llu of %d rounds speculative "
-          "(%llu trees)", spec, got.n, (unsigned long long)st.tree_rounds);
+    CHECK(st.tree_rounds <= 2 + (unsigned long long)got.n / DFL_TREE_REPROBE,
+          "random drafts: %llu trees in %d tokens (%llu rounds)",
+          (unsigned long long)st.tree_rounds, got.n, (unsigned long long)st.rounds);
     dfl_session_free(s);
 }
 
