@@ -315,7 +315,34 @@ static void gate(void) {
     dfl_gate_free(&g);
 }
 
+/* In a crowd the table holds marginal costs (a step's row 10 ms, a round of
+ * B rows 50 ms of drafter plus 10 ms a row): by its own rate no round could
+ * win, E(B) <= B; at the crowd's rate a round wins while its extra tokens pay
+ * for the time it adds to everyone's tick. */
+static void crowd(void) {
+    dfl_costs c;
+    dfl_costs_init(&c, 8);
+    c.t_round[0][1] = 0.010;
+    for (int B = 2; B <= 8; B++) c.t_round[0][B] = 0.050 + 0.010 * B;
+    dfl_policy p;
+    dfl_policy_init(&p, &c, 8);
+    feed(&p, 8, 0.9, 2000);
+    p.classic_run = 0;
+    CHECK(dfl_policy_choose(&p, 0) == 1, "alone by these costs: classic");
+    p.crowd_rate = 36;   /* two sequences, 55 ms ticks */
+    int B = dfl_policy_choose(&p, 0);
+    double e = dfl_policy_expected(&p, B), e1 = 1;
+    CHECK(B > 1 && e - 36 * c.t_round[0][B] > e1 - 36 * c.t_round[0][1],
+          "two in the crowd, acceptance 0.9: speculate (block %d)", B);
+    p.crowd_rate = 62;   /* four sequences, 64 ms ticks */
+    CHECK(dfl_policy_choose(&p, 0) == 1, "four in the crowd: the rows cost the others more");
+    feed(&p, 8, 0.5, 2000);
+    p.crowd_rate = 36;
+    CHECK(dfl_policy_choose(&p, 0) == 1, "two in the crowd, acceptance 0.5: classic");
+}
+
 int main(void) {
+    crowd();
     gate();
     stale_step();
     tree_policy();

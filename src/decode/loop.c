@@ -82,6 +82,8 @@ typedef struct run {
     int pending;          /* classic rows whose features wait in feat rows 1.. */
     int tree_max;         /* nodes a draft tree may have in this call (0: chain only) */
     int gated;            /* the crowd gate holds this round to a classic step */
+    double crowd;         /* tokens per second of the shared forwards of its classic steps
+                             (moving average; 0: none seen yet) */
 } run;
 
 /* Commits token id chosen from logits row, produced as kind (DFL_TOKEN_*);
@@ -193,6 +195,10 @@ static int round_step(run *r, int B, int lane, int *accepted, double *cost, dfl_
                  .cap = n_cap ? dr->cap : NULL, .n_cap = n_cap, .feat = q->feat};
     if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
     double t2 = dfl_now();
+    if (B == 1 && f.others && f.seconds > 0) {   /* the crowd's rate, from its plain ticks */
+        double l = (f.others + 1) / f.seconds;
+        r->crowd = r->crowd > 0 ? 0.8 * r->crowd + 0.2 * l : l;
+    }
     dfl_accept_fn accept = o->accept ? o->accept : dfl_accept_greedy;
     int a = accept(o->accept_ud, q->logits, vocab, block, B, pos, q->hist, dlog, tgt);
     int emitted = 0;
@@ -480,9 +486,10 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (r.gen >= o->max_tokens) r.stop = DFL_STOP_LENGTH;
         else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
         if (r.stop) break;
-        int active = o->gate ? dfl_target_active(q->t) : 1, gen0 = r.gen;
+        int active = r.spec ? dfl_target_active(q->t) : 1, gen0 = r.gen;
         r.gated = r.spec && o->gate && o->block == 0 && o->tree_budget <= 0 &&
                   !dfl_gate_open(o->gate, dfl_now(), active);
+        for (int l = 0; l < DFL_LANES; l++) pol[l].crowd_rate = active > 1 ? r.crowd : 0;
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
         int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, costs[DFL_LANE_DRAFTER],

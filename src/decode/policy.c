@@ -1,5 +1,6 @@
 #include "decode/policy.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,13 +142,22 @@ double dfl_policy_rate(const dfl_policy *p, int B, int ctx) {
     return t > 0 ? dfl_policy_expected(p, B) / t : 0;
 }
 
+/* What block B is worth: its rate alone, its net tokens at the crowd's
+ * rate in a crowd; -HUGE_VAL when its cost is unknown. */
+static double worth(const dfl_policy *p, int B, int ctx) {
+    double t = dfl_costs_get(p->costs, B, ctx);
+    if (!(t > 0)) return -HUGE_VAL;
+    double e = dfl_policy_expected(p, B);
+    return p->crowd_rate > 0 ? e - p->crowd_rate * t : e / t;
+}
+
 static int best_block(const dfl_policy *p, int ctx) {
     int best = 1;
-    double best_rate = dfl_policy_rate(p, 1, ctx);
-    if (!(best_rate > 0)) return 1;
+    double best_w = worth(p, 1, ctx);
+    if (best_w == -HUGE_VAL) return 1;
     for (int B = 2; B <= p->max_block; B++) {
-        double rate = dfl_policy_rate(p, B, ctx);
-        if (rate > best_rate) best_rate = rate, best = B;
+        double w = worth(p, B, ctx);
+        if (w > best_w) best_w = w, best = B;
     }
     return best;
 }

@@ -38,6 +38,8 @@ typedef struct dfl_policy {
     int probe_block;                    /* a probe's block: wide enough to test several
                                            positions, not the whole drafter block */
     int ctx;                            /* cache rows when the last round was chosen */
+    double crowd_rate;                  /* tokens per second of the forwards this sequence
+                                           shares with others, all together (0: alone) */
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
@@ -83,7 +85,13 @@ double dfl_policy_expected(const dfl_policy *p, int B);
  * its cost is unknown): what lanes are compared by. */
 double dfl_policy_rate(const dfl_policy *p, int B, int ctx);
 /* The block size for the next round (1 = classic decode step), which starts
- * with ctx rows in the cache. */
+ * with ctx rows in the cache. Alone, the block of the best rate E(B) / t(B).
+ * In a crowd (crowd_rate L > 0, costs the marginal time of the round's rows
+ * in the shared forward plus its drafter share) the block whose extra
+ * tokens pay for the time it adds to everyone's tick at the crowd's rate:
+ * the largest E(B) - L t(B). Alone the two agree (L is then the best rate);
+ * by its own rate a round in a crowd could never win, since its B rows
+ * cost at least B times a step's one. */
 int dfl_policy_choose(dfl_policy *p, int ctx);
 /* Tells the policy a classic step was taken (or another lane's round: for
  * the spacing of probes, a round this lane sat out is one it did not draft). */
