@@ -30,16 +30,24 @@ static float at(const dfl_kv *kv, const dfl_kv_view *v, int key, int h, int d) {
     return dfl_f16_to_f32(((const uint16_t *)v->K)[i]);
 }
 
-/* Every key a row at pos reads in layer l is the right position's. */
-static int keys_ok(const dfl_kv *kv, int l, int pos, int want_first) {
+/* Every key a row at pos reads is position first + j's, where position q
+ * holds what store(q') wrote, q' = src[q]. */
+static int keys_from(const dfl_kv *kv, int l, int pos, int first, const int *src) {
     int nk;
     dfl_kv_view v = dfl_kv_keys(kv, l, pos, &nk);
-    if (nk != pos + 1 - want_first) return 0;
+    if (nk != pos + 1 - first) return 0;
     for (int j = 0; j < nk; j++)
         for (int h = 0; h < KVH; h++)
             for (int d = 0; d < HD; d++)
-                if (at(kv, &v, j, h, d) != val(want_first + j, h, d)) return 0;
+                if (at(kv, &v, j, h, d) != val(src[first + j], h, d)) return 0;
     return 1;
+}
+
+/* Every key a row at pos reads in layer l is the right position's. */
+static int keys_ok(const dfl_kv *kv, int l, int pos, int want_first) {
+    int src[CAP];
+    for (int p = 0; p < CAP; p++) src[p] = p;
+    return keys_from(kv, l, pos, want_first, src);
 }
 
 static void test_attention(dfl_type type) {
@@ -138,19 +146,6 @@ static void test_recurrent_copy(void) {
     CHECK(dfl_kv_copy_prefix(cp, kv, 9) == 0 && cp->len == 0 && dfl_kv_rec(cp, 1)[0] == 0,
           "copy before the last forward: refused, the copy empty with a zero state");
     dfl_kv_free(kv), dfl_kv_free(cp);
-}
-
-/* Every key a row at pos reads is position first + j's, where position q
- * holds what store(q') wrote, q' = src[q]. */
-static int keys_from(const dfl_kv *kv, int l, int pos, int first, const int *src) {
-    int nk;
-    dfl_kv_view v = dfl_kv_keys(kv, l, pos, &nk);
-    if (nk != pos + 1 - first) return 0;
-    for (int j = 0; j < nk; j++)
-        for (int h = 0; h < KVH; h++)
-            for (int d = 0; d < HD; d++)
-                if (at(kv, &v, j, h, d) != val(src[first + j], h, d)) return 0;
-    return 1;
 }
 
 /* A tree forward of ROWS rows (parents -1, 0, 0) after each prefix length,
