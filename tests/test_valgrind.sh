@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the real program under valgrind (memcheck) on a real model: generate
-# classic and speculative-less paths, the n-gram lane with the drafter, draft trees, a two-turn chat, tokenize, and a malformed file. Any
+# classic and speculative-less paths, the n-gram lane with the drafter, draft trees (also on
+# sliding-window layers), a two-turn chat, tokenize, and a malformed file. Any
 # invalid access or leak fails the test.
 set -u
 bin=${DFLASH_BIN:?}
@@ -34,6 +35,21 @@ draft=${DFLASH_SRC:-.}/models/stories260K-dflash
 # draft trees (DDTree): parent-tagged rows, the walk, path compaction
 [ -d "$draft" ] && vg tree "$bin" generate -m "$model" --draft "$draft" --tree-budget 16 -n 40 \
   -t 2 -q --ignore-eos -p "Once upon a time"
+# draft trees on sliding-window layers: a random Qwen3 whose window of 6 is shorter than the
+# paths (tree rows gathered from the ring, kept rows moved inside it)
+py=${DFLASH_PYTHON:-python3}
+tools=${DFLASH_SRC:-.}/tools
+swa=$(mktemp -d)
+if "$py" "$tools/make_checkpoint.py" --arch qwen3 --dim 64 --layers 4 --heads 4 --kv-heads 2 \
+     --head-dim 16 --ffn 192 --vocab 512 --untied --sliding-window 6 --quiet --out "$swa/t" &&
+   "$py" "$tools/make_checkpoint.py" --drafter --target "$swa/t" --layers 1 --block-size 16 \
+     --quiet --out "$swa/d"; then
+  vg tree-sliding "$bin" generate -m "$swa/t" --draft "$swa/d" --tree-budget 8 -n 40 -t 2 -q \
+    --ignore-eos -p "Once upon a time"
+else
+  fail=$((fail + 1)); echo "FAIL tree-sliding: could not make the random checkpoints"
+fi
+rm -rf "$swa"
 vg tokenize "$bin" tokenize -m "$model" --text "Lily saw a big red ball."
 vg chat "$bin" chat -m "$model" -n 8 -t 2 -q < <(printf 'Once upon a time\nThe end\n')
 bad=$(mktemp); head -c 5000 "$model" > "$bad"

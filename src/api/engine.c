@@ -74,11 +74,12 @@ static int load_models(dfl_engine *e, dfl_error *err) {
         if (!o->max_block && !o->ngram && e->d->block_size < e->max_block)
             e->max_block = e->d->block_size;
     }
-    /* Draft trees: verify rows for DFL_MAX_TREE nodes when the drafter drafts
-     * blocks (not an MTP head's one token) and the target's cache can hold
-     * tree rows (full-attention layers only) */
-    if (e->d && !e->d->mtp && dfl_target_tree_ok(e->t))
-        e->max_tree = DFL_MAX_TREE < e->t->max_rows - 1 ? DFL_MAX_TREE : e->t->max_rows - 1;
+    /* Draft trees: verify rows for up to DFL_MAX_TREE nodes and the root when
+     * the drafter drafts blocks (not an MTP head's one token), as many as the
+     * target's sequences hold (a recurrent state's snapshots: snap_rows) */
+    int tree_rows = dfl_target_tree_rows(e->t);
+    if (e->d && !e->d->mtp && tree_rows > 1)
+        e->max_tree = DFL_MAX_TREE < tree_rows - 1 ? DFL_MAX_TREE : tree_rows - 1;
     int max_ctx = e->t->c.max_ctx;
     e->ctx_size = o->ctx_size > 0 ? o->ctx_size : (max_ctx < 4096 ? max_ctx : 4096);
     if (e->ctx_size > max_ctx)

@@ -101,7 +101,7 @@ typedef struct dfl_seq {
     float *feat;          /* (t->max_rows, n_cap*dim) captured features, or NULL */
     int max_block;        /* rows of a chain's verify block (logits holds at least these) */
     int max_tree;         /* nodes of a draft tree: logits holds max_tree + 1 rows too (0: no
-                             trees; they need a cache of full-attention layers only) */
+                             trees; at most dfl_target_tree_rows - 1) */
     int tree_depth;       /* a tree's deepest level: the drafter's trained block - 1 (a
                            wider block, bidirectional inside, drafts every depth worse) */
     dfl_proposer *pr;     /* NULL without a drafter; kept in step with kv even

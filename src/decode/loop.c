@@ -314,7 +314,7 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
     double t2 = dfl_now();
     int path[DFL_MAX_TREE + 1], emitted = 0;
     int kept = tree_walk(r, tr, pos, path, &emitted);
-    dfl_kv_keep_path(q->kv, pos, path, kept);   /* (tree_ok: checked when trees were allowed) */
+    dfl_kv_keep_path(q->kv, pos, path, kept);   /* (the forward's rows fit dfl_kv_tree_rows) */
     size_t fd = (size_t)n_cap * t->c.dim;
     for (int i = 1; i < kept && fd; i++)
         memcpy(q->feat + i * fd, q->feat + path[i] * fd, fd * sizeof(float));
@@ -332,14 +332,15 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
 }
 
 /* Nodes of this call's trees at most (0: chain only): trees need the
- * drafter's rows, a cache of full-attention layers only, and a rule exact
+ * drafter's rows, room in the cache (dfl_kv_tree_rows), and a rule exact
  * along a tree (greedy, or one that gives the keyed sample per node); a
  * pinned block with the budget left to the policy keeps the chain. */
 static int tree_cap(const dfl_seq *q, const dfl_loop_opts *o) {
-    if (!o->tree_budget || !q->pr || !q->dlogits || q->max_tree < 1 || !dfl_kv_tree_ok(q->kv))
-        return 0;
+    if (!o->tree_budget || !q->pr || !q->dlogits || q->max_tree < 1) return 0;
     if ((o->accept && !o->choose) || (o->tree_budget < 0 && o->block > 0)) return 0;
-    int m = imin(imin(q->max_tree, DFL_MAX_TREE), q->t->max_rows - 1);
+    int rows = imin(q->t->max_rows, dfl_kv_tree_rows(q->kv));
+    int m = imin(imin(q->max_tree, DFL_MAX_TREE), rows - 1);
+    if (m < 1) return 0;
     return o->tree_budget > 0 ? imin(o->tree_budget, m) : m;
 }
 

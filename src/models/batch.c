@@ -281,10 +281,11 @@ int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err) {
         if (f->tok[i] < 0 || f->tok[i] >= t->c.vocab)
             return dfl_fail(err, DFL_EARG, "token id %d outside the vocabulary (0..%d)",
                             f->tok[i], t->c.vocab - 1);
-    if (f->parent && (n > t->max_rows || !dfl_kv_tree_ok(kv)))
-        return dfl_fail(err, DFL_EARG, n > t->max_rows ? "a tree of %d rows exceeds the %d rows "
-                        "of one forward" : "tree rows (%d) need a cache of full-attention layers "
-                        "only (this model has sliding or recurrent layers)", n, t->max_rows);
+    int tree_rows = f->parent ? dfl_kv_tree_rows(kv) : 0;
+    if (f->parent && (n > t->max_rows || n > tree_rows))
+        return dfl_fail(err, DFL_EARG, "a tree of %d rows exceeds the %d one forward can verify "
+                        "on this model (its rows per forward, or a recurrent state's snapshots)",
+                        n, tree_rows < t->max_rows ? tree_rows : t->max_rows);
     for (int i = 0; f->parent && i < n; i++)
         if (f->parent[i] < -1 || f->parent[i] >= i)
             return dfl_fail(err, DFL_EARG, "tree row %d: parent %d is not an earlier row", i,

@@ -14,7 +14,8 @@
  * The projections are batch-invariant matmuls over all rows; the conv and
  * the recurrence go one row at a time in position order with the same
  * code and summation order whether a row is decoded alone or verified in
- * a block, so every row's output and state have decode's bits. */
+ * a block, so every row's output and state have decode's bits. A tree row
+ * (parent tags) starts from its parent's state, the snapshot after it. */
 #include <math.h>
 #include <string.h>
 
@@ -177,6 +178,10 @@ void dfl_gdn_layer(dfl_target *t, const dfl_layer *L, int l, dfl_fwd *f, const i
         dfl_matmul(t->pool, &G->a, n, t->xn, c->dim, t->lin_ba + H, 2 * H, t->qscratch);
     }
     for (int s = 0; s < n_seq; s++)
-        for (int r = off[s]; r < off[s + 1]; r++) row_step(t, G, l, f[s].kv, r, r - off[s]);
+        for (int r = off[s]; r < off[s + 1]; r++) {
+            int i = r - off[s], p = f[s].parent ? f[s].parent[i] : i - 1;
+            if (p != i - 1) dfl_kv_branch(f[s].kv, l, p);   /* a tree row: from its parent */
+            row_step(t, G, l, f[s].kv, r, i);
+        }
     dfl_matmul(t->pool, &G->out, n, t->lin_o, Vd, t->h1, c->dim, t->qscratch);
 }

@@ -16,7 +16,8 @@ int dfl_gdn_state_floats(const dfl_config *c);
  * at row off[i], off[n_seq] rows in all): t->xn in, t->h1 out. Each
  * sequence's rows run the conv and the recurrence one row at a time in
  * order, from its live state, leaving the state after its row i in
- * snapshot i + 1 while snapshots last (dfl_kv_begin). */
+ * snapshot i + 1 while snapshots last (dfl_kv_begin); a tree row whose
+ * parent is not the row before it starts from its parent's snapshot. */
 void dfl_gdn_layer(dfl_target *t, const dfl_layer *L, int l, dfl_fwd *f, const int *off,
                    int n_seq);
 

@@ -220,8 +220,9 @@ uint64_t dfl_target_params(const dfl_target *t);
 
 /* A sequence's state for t (seqstate.h), cap positions long. */
 dfl_kv *dfl_kv_new(const dfl_target *t, int cap);
-/* 1 when its sequences can take tree rows: every layer full attention. */
-int dfl_target_tree_ok(const dfl_target *t);
+/* The most rows a tree forward may have on its sequences (dfl_kv_tree_rows
+ * of each, and max_rows): fewer where recurrent layers keep fewer snapshots. */
+int dfl_target_tree_rows(const dfl_target *t);
 /* Bytes of one sequence's state at cap positions (what dfl_kv_new allocates). */
 uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap);
 
@@ -231,8 +232,8 @@ uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap);
  * otherwise) at position kv->len + its depth, and attends the prefix, its
  * ancestors and itself in the order single-row decode of its path would:
  * its logits and features have that decode's bits. Row i's K/V lie in slot
- * kv->len + i either way (dfl_kv_keep_path then compacts a kept path). Tree
- * rows need a cache of full-attention layers only (dfl_kv_tree_ok).
+ * kv->len + i either way (dfl_kv_keep_path then compacts a kept path). A
+ * tree has at most dfl_kv_tree_rows(kv) rows.
  * logits: when not NULL, rows [logits_from, n) get logits at
  *         logits[(r - logits_from) * vocab].
  * feat:   when n_cap > 0, [n, n_cap*dim]: output of decoder layer cap[j]

@@ -111,9 +111,18 @@ static void *slot(const dfl_kv *kv, void *base, const dfl_kv_layer *L, int h, in
     return (char *)base + ((size_t)h * per_head + (size_t)row * kv->head_dim) * elem(kv);
 }
 
+/* Where position pos lies in layer L (a ring's first copy). */
+static int row_of(const dfl_kv_layer *L, int pos) { return L->ring ? pos % L->rows : pos; }
+
+/* The first key a row at pos reads in layer L: the window's start when sliding. */
+static int first_key(const dfl_kv *kv, const dfl_kv_layer *L, int pos) {
+    return L->kind == DFL_LAYER_SLIDING && pos + 1 > kv->window ? pos + 1 - kv->window : 0;
+}
+
 void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v) {
     const dfl_kv_layer *L = &kv->layer[l];
-    int hd = kv->head_dim, row = L->ring ? pos % L->rows : pos;
+    int hd = kv->head_dim, row = row_of(L, pos);
+    if (pos >= kv->hi) kv->hi = pos + 1;
     for (int h = 0; h < kv->n_kv_heads; h++) {
         dfl_quant_row(kv->type, k + (size_t)h * hd, slot(kv, L->k, L, h, row), hd);
         dfl_quant_row(kv->type, v + (size_t)h * hd, slot(kv, L->v, L, h, row), hd);
@@ -125,9 +134,7 @@ void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v) {
 
 dfl_kv_view dfl_kv_keys(const dfl_kv *kv, int l, int pos, int *n_keys) {
     const dfl_kv_layer *L = &kv->layer[l];
-    int first = 0;
-    if (L->kind == DFL_LAYER_SLIDING && pos + 1 > kv->window) first = pos + 1 - kv->window;
-    int row = L->ring ? first % L->rows : first;
+    int first = first_key(kv, L, pos), row = row_of(L, first);
     *n_keys = pos + 1 - first;
     dfl_kv_view v = {slot(kv, L->k, L, 0, row), slot(kv, L->v, L, 0, row), kv->type,
                      kv->head_dim, stored_rows(L) * kv->head_dim};
@@ -140,7 +147,7 @@ static void copy_rows(dfl_kv *dst, const dfl_kv *src, int l, int first, int n) {
     dfl_kv_layer *D = &dst->layer[l];
     size_t row = (size_t)src->head_dim * elem(src);
     for (int pos = first; pos < n; pos++) {
-        int r = S->ring ? pos % S->rows : pos;
+        int r = row_of(S, pos);
         for (int h = 0; h < src->n_kv_heads; h++) {
             memcpy(slot(dst, D->k, D, h, r), slot(src, S->k, S, h, r), row);
             memcpy(slot(dst, D->v, D, h, r), slot(src, S->v, S, h, r), row);
@@ -165,8 +172,9 @@ int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n) {
     if (dst->rec_floats != src->rec_floats) n = 0;
     for (int l = 0; l < src->n_layers && n > 0; l++) {
         const dfl_kv_layer *S = &src->layer[l];
-        /* a ring holds positions (len - rows, len]; the next row reads back to n - window */
-        if (S->ring && n - src->window < src->len - S->rows) n = 0;
+        /* a ring holds positions [hi - rows, hi), where a rolled-back forward's rows
+         * overwrote older ones; the next row reads back to n - window + 1 */
+        if (S->ring && n - src->window < src->hi - S->rows) n = 0;
         if (S->kind == DFL_LAYER_RECURRENT && !rec_at(src, l, n)) n = 0;
     }
     dfl_kv_truncate(dst, 0);
@@ -180,15 +188,25 @@ int dfl_kv_copy_prefix(dfl_kv *dst, const dfl_kv *src, int n) {
         copy_rows(dst, src, l, first, n);
     }
     dst->snap_n = 0;
+    dst->hi = n;
     return dst->len = n;
 }
 
 /* ---- tree rows ---------------------------------------------------------------- */
 
-int dfl_kv_tree_ok(const dfl_kv *kv) {
-    for (int l = 0; l < kv->n_layers; l++)
-        if (kv->layer[l].kind != DFL_LAYER_FULL || kv->layer[l].ring) return 0;
-    return 1;
+/* Every row of a tree forward needs: its keys in the cache until the
+ * accepted path is compacted (a ring holds max_rows rows past the window,
+ * and a forward has no more), and, in a recurrent layer, the state after
+ * each row (a later row may branch from it, the accepted path may end at
+ * it): rows up to n_snap - 1, the snapshots after row i being i + 1. */
+int dfl_kv_tree_rows(const dfl_kv *kv) {
+    int rows = kv->cap;
+    for (int l = 0; l < kv->n_layers; l++) {
+        const dfl_kv_layer *L = &kv->layer[l];
+        if (L->ring && L->rows - kv->window < rows) rows = L->rows - kv->window;
+        if (L->kind == DFL_LAYER_RECURRENT && kv->n_snap - 1 < rows) rows = kv->n_snap - 1;
+    }
+    return rows > 0 ? rows : 0;
 }
 
 /* Copies one row (slot from of every kv head) of K and V to row to of dk / dv,
@@ -203,26 +221,54 @@ static void copy_row(const dfl_kv *kv, const dfl_kv_layer *L, int from, void *dk
     }
 }
 
+/* The committed keys [from, len) a tree row reads (from: its first key, or
+ * len when its window starts inside its path), whole key blocks counted from
+ * its first key in place (one run, a ring's any window included), the rest
+ * and its path's rows from path[first - from] on copied after them. */
 dfl_kv_view dfl_kv_path_keys(const dfl_kv *kv, int l, const int *path, int n, void *k2, void *v2,
                              int rows2, int *n_keys) {
     const dfl_kv_layer *L = &kv->layer[l];
-    int split = kv->len / DFL_ATT_BLOCK * DFL_ATT_BLOCK, m = 0;
-    for (int pos = split; pos < kv->len; pos++) copy_row(kv, L, pos, k2, v2, rows2, m++);
-    for (int i = 0; i < n; i++) copy_row(kv, L, kv->len + path[i], k2, v2, rows2, m++);
-    *n_keys = kv->len + n;
-    dfl_kv_view v = {slot(kv, L->k, L, 0, 0), slot(kv, L->v, L, 0, 0), kv->type, kv->head_dim,
+    int pos = kv->len + n - 1, first = first_key(kv, L, pos);
+    int from = first < kv->len ? first : kv->len, m = 0;
+    int split = (kv->len - from) / DFL_ATT_BLOCK * DFL_ATT_BLOCK;
+    for (int p = from + split; p < kv->len; p++)
+        copy_row(kv, L, row_of(L, p), k2, v2, rows2, m++);
+    for (int i = first - from; i < n; i++)
+        copy_row(kv, L, row_of(L, kv->len + path[i]), k2, v2, rows2, m++);
+    *n_keys = pos + 1 - first;
+    int row = row_of(L, from);
+    dfl_kv_view v = {slot(kv, L->k, L, 0, row), slot(kv, L->v, L, 0, row), kv->type, kv->head_dim,
                      stored_rows(L) * kv->head_dim, k2, v2, split,
                      (size_t)rows2 * kv->head_dim};
     return v;
 }
 
+void dfl_kv_branch(dfl_kv *kv, int l, int parent) {
+    memcpy(dfl_kv_rec(kv, l), dfl_kv_snap(kv, l, parent + 1), sizeof(float) * kv->rec_floats);
+}
+
+/* Attention layers: each kept row's K/V moves down to its place (both of a
+ * ring's copies); rows[i] >= i and increasing, so a move never overwrites a
+ * row still to move. Recurrent layers: the live state becomes the state
+ * after the last kept row, which is its snapshot; snapshot i stays the state
+ * after base + i rows only while the kept rows are the forward's first ones
+ * in order, so later ones are dropped (a rollback past them restarts). */
 int dfl_kv_keep_path(dfl_kv *kv, int base, const int *rows, int n) {
-    if (!dfl_kv_tree_ok(kv)) return -1;
+    int last = n ? rows[n - 1] + 1 : 0, chain = 0;
+    if (has_rec(kv) && (base != kv->snap_base || last >= kv->snap_n)) return -1;
+    while (chain < n && rows[chain] == chain) chain++;
     for (int l = 0; l < kv->n_layers; l++) {
         dfl_kv_layer *L = &kv->layer[l];
-        for (int i = 0; i < n; i++)
-            if (rows[i] != i)
-                copy_row(kv, L, base + rows[i], L->k, L->v, stored_rows(L), base + i);
+        if (L->kind == DFL_LAYER_RECURRENT) {
+            memcpy(dfl_kv_rec(kv, l), dfl_kv_snap(kv, l, last), sizeof(float) * kv->rec_floats);
+            continue;
+        }
+        for (int i = chain; i < n; i++) {
+            int from = row_of(L, base + rows[i]), to = row_of(L, base + i);
+            copy_row(kv, L, from, L->k, L->v, stored_rows(L), to);
+            if (L->ring) copy_row(kv, L, from, L->k, L->v, stored_rows(L), to + L->rows);
+        }
     }
+    if (has_rec(kv) && kv->snap_n > chain + 1) kv->snap_n = chain + 1;
     return kv->len = base + n;
 }

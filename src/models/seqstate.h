@@ -44,6 +44,9 @@ typedef struct dfl_kv_layer {
 typedef struct dfl_kv {
     int len;                    /* committed rows */
     int cap;                    /* positions it may reach (ctx size) */
+    int hi;                     /* one past the highest position stored: a ring holds what
+                                   was last written at positions [hi - rows, hi), a rolled-back
+                                   forward's rows past len included */
     int n_layers, n_kv_heads, head_dim, kv_dim;
     dfl_type type;
     int window;
@@ -76,23 +79,32 @@ void dfl_kv_store(dfl_kv *kv, int l, int pos, const float *k, const float *v);
 /* The keys a row at pos reads in layer l: the view starts at the first of
  * them; *n_keys gets how many (pos + 1, or at most window when sliding). */
 dfl_kv_view dfl_kv_keys(const dfl_kv *kv, int l, int pos, int *n_keys);
-/* The keys of a tree row in full-attention layer l, in the order single-row
- * decode of its path reads them: the committed prefix [0, kv->len), then
- * the rows of the current forward at slots kv->len + path[0..n) (its
- * ancestors from the shallowest, then itself). The prefix's whole key
- * blocks are read in place; its last partial block and the path are copied
- * into k2 / v2 ((n_kv_heads, rows2, head_dim) of kv->type, rows2 >=
- * DFL_ATT_BLOCK - 1 + n), the view's tail. *n_keys gets kv->len + n. */
+/* The keys of a tree row in attention layer l, in the order single-row
+ * decode of its path reads them: the committed prefix [0, kv->len) (in a
+ * sliding layer only from the row's first key, pos + 1 - window), then the
+ * rows of the current forward at slots kv->len + path[0..n) (its ancestors
+ * from the shallowest, then itself; in a sliding layer those inside the
+ * window). The prefix's whole key blocks, counted from the first key, are
+ * read in place; its last partial block and the path are copied into k2 /
+ * v2 ((n_kv_heads, rows2, head_dim) of kv->type, rows2 >= DFL_ATT_BLOCK - 1
+ * + n), the view's tail. *n_keys gets the keys read. */
 dfl_kv_view dfl_kv_path_keys(const dfl_kv *kv, int l, const int *path, int n, void *k2, void *v2,
                              int rows2, int *n_keys);
+/* A tree row of the current forward whose parent is not the row before it:
+ * recurrent layer l's live state becomes the state after row parent (-1:
+ * the forward's start), its snapshot, before the row's step. */
+void dfl_kv_branch(dfl_kv *kv, int l, int parent);
 /* After a tree forward from base: keeps rows base + rows[0..n) (increasing,
- * rows[i] >= i) as rows base .. base + n - 1 and drops the rest, so the
- * accepted path lies where decode would have put it. Full-attention layers
- * only: returns the new length, or -1 (nothing changed) when a layer is a
- * sliding ring or recurrent, whose state cannot be rearranged so. */
+ * rows[i] >= i, a path from the forward's first row) as rows base .. base +
+ * n - 1 and drops the rest, so the accepted path lies where decode would
+ * have put it: attention rows move (in a ring, both copies), a recurrent
+ * state becomes its snapshot after the last kept row. Returns the new
+ * length, or -1 (nothing changed) when a recurrent layer lacks that
+ * snapshot (a forward of more than dfl_kv_tree_rows rows). */
 int dfl_kv_keep_path(dfl_kv *kv, int base, const int *rows, int n);
-/* 1 when every layer is full attention (tree rows are possible). */
-int dfl_kv_tree_ok(const dfl_kv *kv);
+/* The most rows a tree forward may have on this cache (0: none): a ring's
+ * room past the window, a recurrent layer's snapshots less one. */
+int dfl_kv_tree_rows(const dfl_kv *kv);
 /* Recurrent state of layer l: the live one, or snapshot i (state after
  * snap_base + i rows). */
 float *dfl_kv_rec(const dfl_kv *kv, int l);

@@ -316,10 +316,12 @@ dfl_kv *dfl_kv_new(const dfl_target *t, int cap) {
     return dfl_kv_make(&s, cap);
 }
 
-int dfl_target_tree_ok(const dfl_target *t) {
+int dfl_target_tree_rows(const dfl_target *t) {
+    int rows = t->max_rows;
     for (int l = 0; l < t->c.n_layers; l++)
-        if (t->c.layer_kind[l] != DFL_LAYER_FULL) return 0;
-    return 1;
+        if (t->c.layer_kind[l] == DFL_LAYER_RECURRENT && t->n_snap - 1 < rows)
+            rows = t->n_snap - 1;
+    return rows > 0 ? rows : 0;
 }
 
 uint64_t dfl_target_kv_bytes(const dfl_target *t, int cap) {
