@@ -18,7 +18,14 @@ Per checkpoint:
 4. `dflash probe --draft-mtp`: the verify path is exact (0 bytes differ);
    `dflash serve --draft-mtp` (first checkpoint): a request's block_size 1, 2,
    4, 9 give the same text, drafting when above 1;
-5. a checkpoint without mtp.* is refused with a message naming what is missing.
+5. a checkpoint without mtp.* is refused with a message naming what is missing;
+6. the head and a DFlash drafter as two lanes at once (`--draft D --draft-mtp`,
+   first checkpoint and the successor): ids equal classic greedy (pinned blocks
+   and adaptive) and sampled at temperature 0.7 with the exact rule, the lanes'
+   rounds add up and both lanes draft (a pinned block goes to the model lane
+   with the better evidence); on the successor (the head always right) the
+   policy hands the head the rounds; `dflash serve` with both: a response's
+   dflash.lanes has "mtp", and /metrics counts lane="mtp".
 Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true."""
 import json
 import os
@@ -273,6 +280,96 @@ def check_full_acceptance(binary, d):
           f"for k = 1..{K}")
 
 
+def make_drafter(d):
+    """A random DFlash drafter for target d (its block 8)."""
+    dd = d + "-drafter"
+    run([sys.executable, os.path.join(SRC, "tools", "make_checkpoint.py"), "--drafter",
+         "--target", d, "--layers", "1", "--block-size", "8", "--quiet", "--out", dd])
+    return dd
+
+
+def lanes_of(st):
+    return {k: v for k, v in st.get("lanes", {}).items() if v.get("rounds", 0) > 0}
+
+
+def check_two_lanes(binary, d, name, head_right=False):
+    """--draft D --draft-mtp: both lanes behind one policy; ids equal classic."""
+    dd = make_drafter(d)
+    base = [binary, "generate", "-m", d, "-p", "the quick brown fox", "-n", str(N_GEN),
+            "--ignore-eos", "--print-token-ids", "-q", "-t", "2"]
+    seen = {}
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        sj = os.path.join(tmp, "s.json")
+        for samp in ([], ["--temp", "0.7", "--seed", "11", "--spec-accept", "exact"]):
+            classic = ids_of(run(base + samp + ["--draft", "none"]).stderr, "generated")
+            check(len(classic) == N_GEN, f"{name}: classic made {len(classic)} tokens")
+            tag = "sampled" if samp else "greedy"
+            for b in ("3", "5", "auto"):
+                r = run(base + samp + ["--draft", dd, "--draft-mtp", "--block-size", b,
+                                       "--stats-json", sj])
+                st = json.load(open(sj))
+                got = ids_of(r.stderr, "generated")
+                check(got == classic, f"{name} two lanes {tag} block {b}: ids differ from "
+                      f"classic\n{got}\n{classic}")
+                ln = st.get("lanes", {})
+                check(set(ln) == {"drafter", "ngram", "mtp"} and
+                      sum(v["rounds"] for v in ln.values()) == st["rounds"] and
+                      sum(v["accepted"] for v in ln.values()) == st["accepted"],
+                      f"{name} two lanes {tag} block {b}: lanes do not add up: {st}")
+                seen[(tag, b)] = lanes_of(st)
+                if head_right and b == "auto":
+                    m = ln["mtp"]
+                    check(m["rounds"] > ln["drafter"]["rounds"] and
+                          m["accepted"] >= 0.9 * m["proposed"] > 0,
+                          f"{name} two lanes {tag}: the head is always right, yet {ln}")
+    for key in (("greedy", "3"), ("greedy", "5"), ("sampled", "5")):
+        check(seen[key] and "mtp" in seen[key] and ("drafter" in seen[key] or head_right),
+              f"{name} two lanes {key}: a pinned block should reach both lanes: {seen[key]}")
+    print(f"{name:18s} --draft D --draft-mtp: greedy and sampled ids equal classic at blocks "
+          f"3, 5, auto; lanes that drafted: " +
+          ", ".join(f"{t}/{b} {sorted(v)}" for (t, b), v in seen.items()))
+    return dd
+
+
+def check_serve_lanes(binary, d, dd, name):
+    """`dflash serve --draft D --draft-mtp`: the response names the mtp lane, /metrics
+    counts it; the text equals a classic request's."""
+    import time
+    import urllib.request
+    port = free_port()
+    srv = subprocess.Popen([binary, "serve", "-m", d, "--draft", dd, "--draft-mtp", "--port",
+                            str(port), "-t", "2"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        body = {"prompt": "the quick brown fox", "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True}
+        classic = post(url + "/v1/completions", dict(body, block_size=1))
+        r = post(url + "/v1/completions", dict(body, block_size=4))
+        ln = r.get("dflash", {}).get("lanes", {})
+        check(r["choices"][0]["text"] == classic["choices"][0]["text"],
+              f"{name}: serve with both lanes: text differs from classic")
+        check("mtp" in ln and ln["mtp"]["rounds"] > 0, f"{name}: serve dflash.lanes {ln}")
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+            metrics = m.read().decode()
+        got = re.search(r'dflash_lane_rounds_total\{lane="mtp"\} (\d+)', metrics)
+        check(got and int(got.group(1)) == ln.get("mtp", {}).get("rounds"),
+              f"{name}: /metrics lane=\"mtp\": {got.group(0) if got else 'absent'}")
+        print(f"{name:18s} serve --draft D --draft-mtp: lanes {ln}, /metrics "
+              f"{got.group(0) if got else '-'}")
+    except Exception as ex:  # noqa: BLE001 - any failure is this check's
+        check(False, f"{name}: serve with both lanes: {ex}")
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
 def check_refusal(binary, d, name):
     r = run([binary, "generate", "-m", d, "-p", "hi", "-n", "2", "--draft-mtp", "-q"], ok=False)
     check(r.returncode != 0 and "no MTP head" in r.stderr and "mtp.fc.weight" in r.stderr,
@@ -302,7 +399,11 @@ def main():
             check_probe(binary, d, name)
             if name == TARGETS[0][0]:
                 check_serve(binary, d, name)
-        check_full_acceptance(binary, make_successor(tmp, oracle))
+                dd = check_two_lanes(binary, d, name)
+                check_serve_lanes(binary, d, dd, name)
+        succ = make_successor(tmp, oracle)
+        check_full_acceptance(binary, succ)
+        check_two_lanes(binary, succ, "successor", head_right=True)
     return finish()
 
 
