@@ -3,6 +3,9 @@
  * here independently, in closed form) and fall back to classic decode. */
 #include <math.h>
 
+#include <string.h>
+
+#include "decode/decode.h"
 #include "decode/policy.h"
 #include "dflash.h"
 #include "testutil.h"
@@ -424,8 +427,35 @@ static void lanes(void) {
     CHECK(B == 1 && lane == DFL_LANE_DRAFTER, "adaptive, no lane: %s B=%d", nm[lane], B);
 }
 
+/* Each model lane's layers out of the union a verify captured: rows of
+ * (n_cap, dim), a lane's layers in its own order, every row. */
+static void lane_feat(void) {
+    enum { N = 3, DIM = 4, NC = 3 };
+    int cap[NC] = {11, 3, 7}, a_cap[2] = {7, 11}, b_cap[1] = {3};
+    float feat[N * NC * DIM], buf[N * NC * DIM];
+    for (int i = 0; i < N * NC * DIM; i++) feat[i] = (float)i;   /* row r, layer k, x: value */
+    dfl_proposer a = {.cap = a_cap, .n_cap = 2}, b = {.cap = b_cap, .n_cap = 1};
+    dfl_proposer all = {.cap = cap, .n_cap = NC};
+    const float *got = dfl_lane_feat(cap, NC, &a, feat, N, DIM, buf);
+    int ok = got == buf;
+    for (int r = 0; r < N; r++)
+        for (int x = 0; x < DIM; x++)
+            ok &= got[(r * 2 + 0) * DIM + x] == feat[(r * NC + 2) * DIM + x] &&
+                  got[(r * 2 + 1) * DIM + x] == feat[(r * NC + 0) * DIM + x];
+    CHECK(ok, "lane feat: layers 7, 11 of the union 11, 3, 7, row by row");
+    got = dfl_lane_feat(cap, NC, &b, feat, N, DIM, buf);
+    ok = got == buf;
+    for (int r = 0; r < N; r++)
+        ok &= !memcmp(got + r * DIM, feat + (r * NC + 1) * DIM, sizeof(float) * DIM);
+    CHECK(ok, "lane feat: layer 3 alone");
+    CHECK(dfl_lane_feat(cap, NC, &all, feat, N, DIM, buf) == feat,
+          "lane feat: a lane reading the whole list gets the rows themselves (no copy)");
+    CHECK(dfl_lane_feat(cap, NC, &a, NULL, N, DIM, buf) == NULL, "lane feat: no rows, none");
+}
+
 int main(void) {
     lanes();
+    lane_feat();
     gate();
     stale_step();
     tree_policy();

@@ -318,8 +318,8 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
     dfl_seq *q = r->q;
     dfl_proposer *pr = q->pr;
     dfl_target *t = q->t;
-    int pos = q->kv->len, rc, depths = tree_depths(r, N);
-    int32_t drafts[DFL_MAX_TREE], kept_s;
+    int pos = q->kv->len, rc, depths = tree_depths(r, N), kept_s;
+    int32_t drafts[DFL_MAX_TREE];
     double s0 = lanes_spent(q, &kept_s), t0 = dfl_now();
     q->hist[pos] = r->anchor;
     if ((rc = flush_pending(r, err))) return rc;
