@@ -27,6 +27,7 @@ Per checkpoint:
    policy hands the head the rounds; `dflash serve` with both: a response's
    dflash.lanes has "mtp", and /metrics counts lane="mtp".
 Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true."""
+import contextlib
 import json
 import os
 import re
@@ -188,15 +189,15 @@ def post(url, body):
         return json.load(r)
 
 
-def check_serve(binary, d, name):
-    """`dflash serve --draft-mtp`: a request's block_size sets its drafts; the text is the
-    same at every block size and classic (block_size 1)."""
+@contextlib.contextmanager
+def serving(binary, d, flags, what):
+    """`dflash serve -m d flags` on a free port: yields its url once /health answers; an
+    exception in the body fails the check `what`; the server is stopped after."""
     import time
     import urllib.request
     port = free_port()
-    srv = subprocess.Popen([binary, "serve", "-m", d, "--draft-mtp", "--port", str(port),
-                            "-t", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
+    srv = subprocess.Popen([binary, "serve", "-m", d] + flags + ["--port", str(port), "-t", "2"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -205,6 +206,18 @@ def check_serve(binary, d, name):
                 break
             except OSError:
                 time.sleep(0.1)
+        yield url
+    except Exception as ex:  # noqa: BLE001 - any failure is this check's
+        check(False, f"{what}: {ex}")
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def check_serve(binary, d, name):
+    """`dflash serve --draft-mtp`: a request's block_size sets its drafts; the text is the
+    same at every block size and classic (block_size 1)."""
+    with serving(binary, d, ["--draft-mtp"], f"{name}: serve --draft-mtp") as url:
         texts, drafted = {}, {}
         for b in (1, 2, 4, 9):
             r = post(url + "/v1/completions", {"prompt": "the quick brown fox", "max_tokens": 24,
@@ -217,11 +230,6 @@ def check_serve(binary, d, name):
               f"{name}: serve drafts by block {drafted}")
         print(f"{name:18s} serve --draft-mtp: block_size 1, 2, 4, 9 give one text; drafts "
               f"{drafted}")
-    except Exception as ex:  # noqa: BLE001 - any failure is this check's
-        check(False, f"{name}: serve --draft-mtp: {ex}")
-    finally:
-        srv.terminate()
-        srv.wait(timeout=30)
 
 
 def make_successor(tmp, oracle):
@@ -334,20 +342,9 @@ def check_two_lanes(binary, d, name, head_right=False):
 def check_serve_lanes(binary, d, dd, name):
     """`dflash serve --draft D --draft-mtp`: the response names the mtp lane, /metrics
     counts it; the text equals a classic request's."""
-    import time
     import urllib.request
-    port = free_port()
-    srv = subprocess.Popen([binary, "serve", "-m", d, "--draft", dd, "--draft-mtp", "--port",
-                            str(port), "-t", "2"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with serving(binary, d, ["--draft", dd, "--draft-mtp"],
+                 f"{name}: serve with both lanes") as url:
         body = {"prompt": "the quick brown fox", "max_tokens": 24, "temperature": 0,
                 "ignore_eos": True}
         classic = post(url + "/v1/completions", dict(body, block_size=1))
@@ -363,11 +360,6 @@ def check_serve_lanes(binary, d, dd, name):
               f"{name}: /metrics lane=\"mtp\": {got.group(0) if got else 'absent'}")
         print(f"{name:18s} serve --draft D --draft-mtp: lanes {ln}, /metrics "
               f"{got.group(0) if got else '-'}")
-    except Exception as ex:  # noqa: BLE001 - any failure is this check's
-        check(False, f"{name}: serve with both lanes: {ex}")
-    finally:
-        srv.terminate()
-        srv.wait(timeout=30)
 
 
 def check_refusal(binary, d, name):
