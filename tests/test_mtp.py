@@ -330,6 +330,13 @@ def check_two_lanes(binary, d, name, head_right=False):
                     check(m["rounds"] > ln["drafter"]["rounds"] and
                           m["accepted"] >= 0.9 * m["proposed"] > 0,
                           f"{name} two lanes {tag}: the head is always right, yet {ln}")
+        # the rejection rule: each model lane's round draws from its own draft probabilities
+        # (not classic's ids: the rule is exact in distribution only)
+        r = run(base + ["--temp", "0.7", "--seed", "11", "--spec-accept", "rejection", "--draft",
+                        dd, "--draft-mtp", "--block-size", "5", "--stats-json", sj])
+        st = json.load(open(sj))
+        check(len(ids_of(r.stderr, "generated")) == N_GEN and st["lanes"]["mtp"]["rounds"] > 0,
+              f"{name} two lanes, rejection rule: {st.get('lanes')}")
     for key in (("greedy", "3"), ("greedy", "5"), ("sampled", "5")):
         check(seen[key] and "mtp" in seen[key] and ("drafter" in seen[key] or head_right),
               f"{name} two lanes {key}: a pinned block should reach both lanes: {seen[key]}")

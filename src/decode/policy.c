@@ -212,8 +212,8 @@ int dfl_lanes_choose(dfl_policy *pol, const int *offer, int ctx, int pinned, int
         bid[l] = dfl_policy_rate(&pol[l], B[l], ctx);
         if (best < 0 || bid[l] > bid[best]) best = l;
     }
-    for (int l = 0; l < DFL_LANES; l++)
-        if (offer[l] > 0 && l != best) dfl_policy_skip(&pol[l]);
+    for (int l = 0; l < DFL_LANES; l++)   /* (a lane that chose a classic step asked for none) */
+        if (B[l] > 1 && l != best) dfl_policy_skip(&pol[l]);
     if (best < 0) return 1;
     *lane = best;
     return B[best];

@@ -99,8 +99,8 @@ void dfl_policy_skip(dfl_policy *p);
  * picks (no longer than its offer + 1) at the tokens per second that block
  * promises (its own measured acceptance over its own measured round cost);
  * the best bid of a block above 1 drafts (ties to the lower lane: drafter,
- * n-gram, MTP), a classic step when no lane's policy beats one; lanes that
- * bid and lost are told (dfl_policy_skip). Pinned B: the n-gram lane when it
+ * n-gram, MTP), a classic step when no lane's policy beats one; lanes whose
+ * block lost are told (dfl_policy_skip). Pinned B: the n-gram lane when it
  * offers (a match), else the model lane (drafter, MTP) with the better rate
  * of B (its expected tokens while a cost of B is unknown), ties to the
  * drafter. Returns the block (1: a classic step) and sets *lane. */
