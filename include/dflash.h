@@ -57,7 +57,8 @@ typedef struct dfl_engine_opts {
     const char *model_path;   /* Hugging Face folder or .gguf file */
     const char *draft_path;   /* DFlash drafter folder or .gguf; NULL for none */
     int draft_mtp;            /* draft with the target's own MTP head (mtp.* of a Qwen3.5 /
-                                 Qwen3-Next folder) instead of a drafter; not with draft_path */
+                                 Qwen3-Next folder): alone, it is the drafter; with
+                                 draft_path, a lane of its own (DFL_LANE_MTP) beside it */
     const char *dtype;        /* convert weights at load: NULL/"auto" keeps the file's */
     const char *kv_type;      /* K/V cache elements: NULL/"f16" (half the memory and the
                                  bytes a long-context step reads) or "f32" */
@@ -114,6 +115,8 @@ typedef struct dfl_model_info {
     int rec_snapshots;     /* recurrent states kept for rollback besides the live one */
     int has_draft;
     int draft_mtp;         /* the drafter is the target's MTP head (one token per step) */
+    int mtp_lane;          /* the target's MTP head drafts too, as the mtp lane beside the
+                              DFlash drafter (draft_path and draft_mtp both given) */
     char draft_kind[16];   /* "DFlash" (z-lab, Laguna or llama.cpp GGUF), "DFlash2" (with its
                               conv and candidate selector), "MTP"; "" without a drafter */
     int draft_block;       /* drafter's trained block size (MTP: the default max block) */
@@ -224,9 +227,11 @@ void dfl_gen_params_default(dfl_gen_params *p);
 enum { DFL_MAX_POS_STATS = 64 };
 
 /* The proposers a round's drafts may come from: the loaded drafter (DFlash,
- * DFlash2 or an MTP head) and the n-gram lane (dfl_engine_opts.ngram). */
-enum { DFL_LANE_DRAFTER = 0, DFL_LANE_NGRAM = 1, DFL_LANES = 2 };
-/* "drafter", "ngram": the names stats and /metrics give the lanes. */
+ * DFlash2, or an MTP head given alone), the n-gram lane (dfl_engine_opts.ngram)
+ * and the target's MTP head when it drafts beside a DFlash drafter (draft_path
+ * and draft_mtp both given). */
+enum { DFL_LANE_DRAFTER = 0, DFL_LANE_NGRAM = 1, DFL_LANE_MTP = 2, DFL_LANES = 3 };
+/* "drafter", "ngram", "mtp": the names stats and /metrics give the lanes. */
 const char *dfl_lane_name(int lane);
 
 typedef struct dfl_stats {

@@ -18,8 +18,16 @@ Per checkpoint:
 4. `dflash probe --draft-mtp`: the verify path is exact (0 bytes differ);
    `dflash serve --draft-mtp` (first checkpoint): a request's block_size 1, 2,
    4, 9 give the same text, drafting when above 1;
-5. a checkpoint without mtp.* is refused with a message naming what is missing.
+5. a checkpoint without mtp.* is refused with a message naming what is missing;
+6. the head and a DFlash drafter as two lanes at once (`--draft D --draft-mtp`,
+   first checkpoint and the successor): ids equal classic greedy (pinned blocks
+   and adaptive) and sampled at temperature 0.7 with the exact rule, the lanes'
+   rounds add up and both lanes draft (a pinned block goes to the model lane
+   with the better evidence); on the successor (the head always right) the
+   policy hands the head the rounds; `dflash serve` with both: a response's
+   dflash.lanes has "mtp", and /metrics counts lane="mtp".
 Without $DFLASH_BIN or torch/transformers: skipped, unless CI=true."""
+import contextlib
 import json
 import os
 import re
@@ -181,15 +189,15 @@ def post(url, body):
         return json.load(r)
 
 
-def check_serve(binary, d, name):
-    """`dflash serve --draft-mtp`: a request's block_size sets its drafts; the text is the
-    same at every block size and classic (block_size 1)."""
+@contextlib.contextmanager
+def serving(binary, d, flags, what):
+    """`dflash serve -m d flags` on a free port: yields its url once /health answers; an
+    exception in the body fails the check `what`; the server is stopped after."""
     import time
     import urllib.request
     port = free_port()
-    srv = subprocess.Popen([binary, "serve", "-m", d, "--draft-mtp", "--port", str(port),
-                            "-t", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
+    srv = subprocess.Popen([binary, "serve", "-m", d] + flags + ["--port", str(port), "-t", "2"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -198,6 +206,18 @@ def check_serve(binary, d, name):
                 break
             except OSError:
                 time.sleep(0.1)
+        yield url
+    except Exception as ex:  # noqa: BLE001 - any failure is this check's
+        check(False, f"{what}: {ex}")
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def check_serve(binary, d, name):
+    """`dflash serve --draft-mtp`: a request's block_size sets its drafts; the text is the
+    same at every block size and classic (block_size 1)."""
+    with serving(binary, d, ["--draft-mtp"], f"{name}: serve --draft-mtp") as url:
         texts, drafted = {}, {}
         for b in (1, 2, 4, 9):
             r = post(url + "/v1/completions", {"prompt": "the quick brown fox", "max_tokens": 24,
@@ -210,11 +230,6 @@ def check_serve(binary, d, name):
               f"{name}: serve drafts by block {drafted}")
         print(f"{name:18s} serve --draft-mtp: block_size 1, 2, 4, 9 give one text; drafts "
               f"{drafted}")
-    except Exception as ex:  # noqa: BLE001 - any failure is this check's
-        check(False, f"{name}: serve --draft-mtp: {ex}")
-    finally:
-        srv.terminate()
-        srv.wait(timeout=30)
 
 
 def make_successor(tmp, oracle):
@@ -273,6 +288,87 @@ def check_full_acceptance(binary, d):
           f"for k = 1..{K}")
 
 
+def make_drafter(d):
+    """A random DFlash drafter for target d (its block 8)."""
+    dd = d + "-drafter"
+    run([sys.executable, os.path.join(SRC, "tools", "make_checkpoint.py"), "--drafter",
+         "--target", d, "--layers", "1", "--block-size", "8", "--quiet", "--out", dd])
+    return dd
+
+
+def lanes_of(st):
+    return {k: v for k, v in st.get("lanes", {}).items() if v.get("rounds", 0) > 0}
+
+
+def check_two_lanes(binary, d, name, head_right=False):
+    """--draft D --draft-mtp: both lanes behind one policy; ids equal classic."""
+    dd = make_drafter(d)
+    base = [binary, "generate", "-m", d, "-p", "the quick brown fox", "-n", str(N_GEN),
+            "--ignore-eos", "--print-token-ids", "-q", "-t", "2"]
+    seen = {}
+    with tempfile.TemporaryDirectory(prefix="mtp-") as tmp:
+        sj = os.path.join(tmp, "s.json")
+        for samp in ([], ["--temp", "0.7", "--seed", "11", "--spec-accept", "exact"]):
+            classic = ids_of(run(base + samp + ["--draft", "none"]).stderr, "generated")
+            check(len(classic) == N_GEN, f"{name}: classic made {len(classic)} tokens")
+            tag = "sampled" if samp else "greedy"
+            for b in ("3", "5", "auto"):
+                r = run(base + samp + ["--draft", dd, "--draft-mtp", "--block-size", b,
+                                       "--stats-json", sj])
+                st = json.load(open(sj))
+                got = ids_of(r.stderr, "generated")
+                check(got == classic, f"{name} two lanes {tag} block {b}: ids differ from "
+                      f"classic\n{got}\n{classic}")
+                ln = st.get("lanes", {})
+                check(set(ln) == {"drafter", "ngram", "mtp"} and
+                      sum(v["rounds"] for v in ln.values()) == st["rounds"] and
+                      sum(v["accepted"] for v in ln.values()) == st["accepted"],
+                      f"{name} two lanes {tag} block {b}: lanes do not add up: {st}")
+                seen[(tag, b)] = lanes_of(st)
+                if head_right and b == "auto":
+                    m = ln["mtp"]
+                    check(m["rounds"] > ln["drafter"]["rounds"] and
+                          m["accepted"] >= 0.9 * m["proposed"] > 0,
+                          f"{name} two lanes {tag}: the head is always right, yet {ln}")
+        # the rejection rule: each model lane's round draws from its own draft probabilities
+        # (not classic's ids: the rule is exact in distribution only)
+        r = run(base + ["--temp", "0.7", "--seed", "11", "--spec-accept", "rejection", "--draft",
+                        dd, "--draft-mtp", "--block-size", "5", "--stats-json", sj])
+        st = json.load(open(sj))
+        check(len(ids_of(r.stderr, "generated")) == N_GEN and st["lanes"]["mtp"]["rounds"] > 0,
+              f"{name} two lanes, rejection rule: {st.get('lanes')}")
+    for key in (("greedy", "3"), ("greedy", "5"), ("sampled", "5")):
+        check(seen[key] and "mtp" in seen[key] and ("drafter" in seen[key] or head_right),
+              f"{name} two lanes {key}: a pinned block should reach both lanes: {seen[key]}")
+    print(f"{name:18s} --draft D --draft-mtp: greedy and sampled ids equal classic at blocks "
+          f"3, 5, auto; lanes that drafted: " +
+          ", ".join(f"{t}/{b} {sorted(v)}" for (t, b), v in seen.items()))
+    return dd
+
+
+def check_serve_lanes(binary, d, dd, name):
+    """`dflash serve --draft D --draft-mtp`: the response names the mtp lane, /metrics
+    counts it; the text equals a classic request's."""
+    import urllib.request
+    with serving(binary, d, ["--draft", dd, "--draft-mtp"],
+                 f"{name}: serve with both lanes") as url:
+        body = {"prompt": "the quick brown fox", "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True}
+        classic = post(url + "/v1/completions", dict(body, block_size=1))
+        r = post(url + "/v1/completions", dict(body, block_size=4))
+        ln = r.get("dflash", {}).get("lanes", {})
+        check(r["choices"][0]["text"] == classic["choices"][0]["text"],
+              f"{name}: serve with both lanes: text differs from classic")
+        check("mtp" in ln and ln["mtp"]["rounds"] > 0, f"{name}: serve dflash.lanes {ln}")
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
+            metrics = m.read().decode()
+        got = re.search(r'dflash_lane_rounds_total\{lane="mtp"\} (\d+)', metrics)
+        check(got and int(got.group(1)) == ln.get("mtp", {}).get("rounds"),
+              f"{name}: /metrics lane=\"mtp\": {got.group(0) if got else 'absent'}")
+        print(f"{name:18s} serve --draft D --draft-mtp: lanes {ln}, /metrics "
+              f"{got.group(0) if got else '-'}")
+
+
 def check_refusal(binary, d, name):
     r = run([binary, "generate", "-m", d, "-p", "hi", "-n", "2", "--draft-mtp", "-q"], ok=False)
     check(r.returncode != 0 and "no MTP head" in r.stderr and "mtp.fc.weight" in r.stderr,
@@ -302,7 +398,11 @@ def main():
             check_probe(binary, d, name)
             if name == TARGETS[0][0]:
                 check_serve(binary, d, name)
-        check_full_acceptance(binary, make_successor(tmp, oracle))
+                dd = check_two_lanes(binary, d, name)
+                check_serve_lanes(binary, d, dd, name)
+        succ = make_successor(tmp, oracle)
+        check_full_acceptance(binary, succ)
+        check_two_lanes(binary, succ, "successor", head_right=True)
     return finish()
 
 

@@ -3,7 +3,11 @@
  * here independently, in closed form) and fall back to classic decode. */
 #include <math.h>
 
+#include <string.h>
+
+#include "decode/decode.h"
 #include "decode/policy.h"
+#include "dflash.h"
 #include "testutil.h"
 
 /* Feeds n rounds of block B whose accept lengths follow a geometric law with
@@ -341,8 +345,151 @@ static void crowd(void) {
     CHECK(dfl_policy_choose(&p, 0) == 1, "two in the crowd, acceptance 0.5: classic");
 }
 
+/* ---- lanes: the per-round choice among drafter, n-gram and MTP ------------- */
+
+/* True tokens per unit time of block B at per-position acceptance a. */
+static double true_rate(const dfl_costs *c, double a, int B) {
+    return (1 - pow(a, B)) / (1 - a) / c->t_round[0][B];
+}
+
+typedef struct lanes_case {
+    double a[DFL_LANES];       /* per-position acceptance fed to each lane's policy */
+    double slope[DFL_LANES];   /* each lane's cost table: 1 + slope * (B - 1) */
+    int offer[DFL_LANES];
+} lanes_case;
+
+/* Builds the three lanes' policies from a case: each its own table (a
+ * round's draft costs differ by lane) and its own evidence. */
+static void lanes_make(const lanes_case *k, dfl_costs *c, dfl_policy *pol) {
+    for (int l = 0; l < DFL_LANES; l++) {
+        table(&c[l], 16, 1.0, k->slope[l]);
+        dfl_policy_init(&pol[l], &c[l], 16);
+        feed(&pol[l], 16, k->a[l], 4000);
+    }
+}
+
+/* The lane the closed form says wins (offering lanes only; the best true rate
+ * of its own best block, a classic step when none beats one), and its block. */
+static int lanes_brute(const lanes_case *k, const dfl_costs *c, int *B) {
+    int best = -1;
+    double best_rate = 1.0 / c[0].t_round[0][1];
+    *B = 1;
+    for (int l = 0; l < DFL_LANES; l++) {
+        if (k->offer[l] < 1) continue;
+        int maxB = k->offer[l] + 1 < 16 ? k->offer[l] + 1 : 16;
+        int b = brute_best(&c[l], k->a[l], maxB);
+        if (b > 1 && true_rate(&c[l], k->a[l], b) > best_rate)
+            best_rate = true_rate(&c[l], k->a[l], b), best = l, *B = b;
+    }
+    return best;
+}
+
+static void lanes(void) {
+    static const char *nm[DFL_LANES] = {"drafter", "ngram", "mtp"};
+    lanes_case ks[] = {
+        /* the MTP head: cheap rounds and good drafts beat a poor drafter */
+        {{0.3, 0, 0.85}, {0.3, 0, 0.05}, {15, 0, 15}},
+        /* a good drafter beats a poor head even at its dearer rounds */
+        {{0.9, 0, 0.2}, {0.1, 0, 0.05}, {15, 0, 15}},
+        /* the n-gram lane's match, short (3 drafts) but always right, beats both */
+        {{0.5, 0.99, 0.5}, {0.2, 0.02, 0.1}, {15, 3, 15}},
+        /* nothing pays: a classic step */
+        {{0.02, 0.02, 0.02}, {1.0, 1.0, 1.0}, {15, 15, 15}},
+        /* the best lane has nothing to offer this round: the next best drafts */
+        {{0.5, 0.99, 0.6}, {0.2, 0.02, 0.1}, {15, 0, 15}},
+        {{0.6, 0, 0.95}, {0.2, 0, 0.05}, {15, 0, 0}},
+    };
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        dfl_costs c[DFL_LANES];
+        dfl_policy pol[DFL_LANES];
+        lanes_make(&ks[i], c, pol);
+        int want_B, want = lanes_brute(&ks[i], c, &want_B), lane = -1;
+        int B = dfl_lanes_choose(pol, ks[i].offer, 0, 0, &lane);
+        if (want < 0) {
+            CHECK(B == 1 && lane == DFL_LANE_DRAFTER, "case %zu: classic wanted, got %s B=%d", i,
+                  nm[lane], B);
+            continue;
+        }
+        /* the estimates of a are close, not exact: the block's true rate within 2% */
+        double got_rate = B > 1 ? true_rate(&c[lane], ks[i].a[lane], B) : 0;
+        CHECK(lane == want && got_rate >= 0.98 * true_rate(&c[want], ks[i].a[want], want_B),
+              "case %zu: lane %s B=%d, wanted %s B=%d", i, nm[lane], B, nm[want], want_B);
+        CHECK(B <= ks[i].offer[lane] + 1, "case %zu: B=%d beyond the lane's offer", i, B);
+    }
+
+    /* equal bids: the lower lane (the drafter before the MTP head) */
+    lanes_case tie = {{0.8, 0, 0.8}, {0.1, 0, 0.1}, {15, 0, 15}};
+    dfl_costs c[DFL_LANES];
+    dfl_policy pol[DFL_LANES];
+    lanes_make(&tie, c, pol);
+    int lane = -1, B = dfl_lanes_choose(pol, tie.offer, 0, 0, &lane);
+    CHECK(lane == DFL_LANE_DRAFTER && B > 1, "tie: %s B=%d", nm[lane], B);
+
+    /* a lost probe is withdrawn: the MTP lane, classic on its evidence, asks
+     * for a probe round; the drafter wins the round, and the head's probe is
+     * not counted as under way */
+    lanes_case probe = {{0.9, 0, 0.0}, {0.1, 0, 1.0}, {15, 0, 15}};
+    lanes_make(&probe, c, pol);
+    pol[DFL_LANE_MTP].classic_run = pol[DFL_LANE_MTP].reprobe_every;
+    B = dfl_lanes_choose(pol, probe.offer, 0, 0, &lane);
+    CHECK(lane == DFL_LANE_DRAFTER && B > 1 && !pol[DFL_LANE_MTP].probing,
+          "probe: %s B=%d, the head still probing %d", nm[lane], B, pol[DFL_LANE_MTP].probing);
+
+    /* pinned: the n-gram lane's match first; else the better model lane at
+     * that block (rates when both costs are known, expected tokens when not;
+     * ties to the drafter); no lane: a classic step */
+    lanes_case pin = {{0.3, 0.5, 0.85}, {0.05, 0.02, 0.3}, {15, 3, 15}};
+    lanes_make(&pin, c, pol);
+    B = dfl_lanes_choose(pol, pin.offer, 0, 6, &lane);
+    CHECK(lane == DFL_LANE_NGRAM && B == 6, "pinned, a match: %s B=%d", nm[lane], B);
+    pin.offer[DFL_LANE_NGRAM] = 0;
+    B = dfl_lanes_choose(pol, pin.offer, 0, 6, &lane);
+    int want = true_rate(&c[0], 0.3, 6) > true_rate(&c[2], 0.85, 6) ? 0 : 2;
+    CHECK(lane == want && B == 6, "pinned by rate: %s B=%d, wanted %s", nm[lane], B, nm[want]);
+    c[DFL_LANE_MTP].t_round[0][6] = c[DFL_LANE_MTP].t_round[0][1] = 0;   /* unknown */
+    for (int b = 2; b <= 16; b++) c[DFL_LANE_MTP].t_round[0][b] = 0;
+    B = dfl_lanes_choose(pol, pin.offer, 0, 6, &lane);
+    CHECK(lane == DFL_LANE_MTP && B == 6, "pinned by expected tokens: %s B=%d", nm[lane], B);
+    lanes_make(&tie, c, pol);
+    B = dfl_lanes_choose(pol, tie.offer, 0, 4, &lane);
+    CHECK(lane == DFL_LANE_DRAFTER && B == 4, "pinned tie: %s B=%d", nm[lane], B);
+    int none[DFL_LANES] = {0};
+    B = dfl_lanes_choose(pol, none, 0, 4, &lane);
+    CHECK(B == 1 && lane == DFL_LANE_DRAFTER, "pinned, no lane: %s B=%d", nm[lane], B);
+    B = dfl_lanes_choose(pol, none, 0, 0, &lane);
+    CHECK(B == 1 && lane == DFL_LANE_DRAFTER, "adaptive, no lane: %s B=%d", nm[lane], B);
+}
+
+/* Each model lane's layers out of the union a verify captured: rows of
+ * (n_cap, dim), a lane's layers in its own order, every row. */
+static void lane_feat(void) {
+    enum { N = 3, DIM = 4, NC = 3 };
+    int cap[NC] = {11, 3, 7}, a_cap[2] = {7, 11}, b_cap[1] = {3};
+    float feat[N * NC * DIM], buf[N * NC * DIM];
+    for (int i = 0; i < N * NC * DIM; i++) feat[i] = (float)i;   /* row r, layer k, x: value */
+    dfl_proposer a = {.cap = a_cap, .n_cap = 2}, b = {.cap = b_cap, .n_cap = 1};
+    dfl_proposer all = {.cap = cap, .n_cap = NC};
+    const float *got = dfl_lane_feat(cap, NC, &a, feat, N, DIM, buf);
+    int ok = got == buf;
+    for (int r = 0; r < N; r++)
+        for (int x = 0; x < DIM; x++)
+            ok &= got[(r * 2 + 0) * DIM + x] == feat[(r * NC + 2) * DIM + x] &&
+                  got[(r * 2 + 1) * DIM + x] == feat[(r * NC + 0) * DIM + x];
+    CHECK(ok, "lane feat: layers 7, 11 of the union 11, 3, 7, row by row");
+    got = dfl_lane_feat(cap, NC, &b, feat, N, DIM, buf);
+    ok = got == buf;
+    for (int r = 0; r < N; r++)
+        ok &= !memcmp(got + r * DIM, feat + (r * NC + 1) * DIM, sizeof(float) * DIM);
+    CHECK(ok, "lane feat: layer 3 alone");
+    CHECK(dfl_lane_feat(cap, NC, &all, feat, N, DIM, buf) == feat,
+          "lane feat: a lane reading the whole list gets the rows themselves (no copy)");
+    CHECK(dfl_lane_feat(cap, NC, &a, NULL, N, DIM, buf) == NULL, "lane feat: no rows, none");
+}
+
 int main(void) {
     crowd();
+    lanes();
+    lane_feat();
     gate();
     stale_step();
     tree_policy();

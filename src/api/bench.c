@@ -68,6 +68,7 @@ int dfl_bench_forward(dfl_session *s, int ctx, int B, int flags, int reps, doubl
         return dfl_fail(err, DFL_EARG, "bench forward: capture needs a drafter");
     if (reps < 1) reps = 1;
     if (s->ds) dfl_dstore_truncate(s->ds, 0);   /* the placeholder rows have no features */
+    if (s->mts) dfl_dstore_truncate(s->mts, 0);
     if (s->kv->len > ctx) dfl_kv_truncate(s->kv, ctx);
     fill_cache(s, ctx);
     int32_t tok[DFL_MAX_BLOCK];
@@ -164,6 +165,7 @@ static int replay_run(dfl_session *s, const int32_t *prompt, int n_prompt, const
 
     dfl_kv_truncate(s->kv, 0);
     if (s->ds) dfl_dstore_truncate(s->ds, 0);
+    if (s->mts) dfl_dstore_truncate(s->mts, 0);   /* (the replay runs the drafter's lane) */
     dfl_seq q = {.t = e->t, .kv = s->kv, .hist = s->hist, .logits = s->logits,
                  .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block};
     dfl_dflash_proposer dp;

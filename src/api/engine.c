@@ -50,6 +50,23 @@ static int load_vocab_only(dfl_engine *e, const char *path, dfl_error *err) {
     return rc;
 }
 
+/* The layers a verify captures for every model lane: the drafter's, then
+ * the MTP lane's (the target's last layer) unless the drafter reads it. */
+static int capture_union(dfl_engine *e, dfl_error *err) {
+    const dfl_drafter *m[2] = {e->d, e->mtp};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; m[i] && j < m[i]->n_cap; j++) {
+            int k = 0;
+            while (k < e->n_cap && e->cap[k] != m[i]->cap[j]) k++;
+            if (k < e->n_cap) continue;
+            if (e->n_cap == DFL_MAX_CAPTURE_LAYERS)
+                return dfl_fail(err, DFL_EUNSUP, "--draft-mtp with --draft: the drafter and the "
+                                "MTP head read more than %d target layers", DFL_MAX_CAPTURE_LAYERS);
+            e->cap[e->n_cap++] = m[i]->cap[j];
+        }
+    return 0;
+}
+
 static int load_models(dfl_engine *e, dfl_error *err) {
     const dfl_engine_opts *o = &e->opts;
     dfl_load_opts lo = {.dtype = o->dtype, .kv_type = o->kv_type, .pool = e->pool,
@@ -64,9 +81,9 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     if (rc) return rc;
     rc = load_tokenizer(e, o->model_path, e->t->gguf, err);
     if (rc) return rc;
-    if (o->draft_path && o->draft_mtp)
-        return dfl_fail(err, DFL_EARG, "--draft and --draft-mtp: give one drafter");
-    if (o->draft_mtp && (rc = dfl_mtp_load(e->t, &lo, &e->d, err))) return rc;
+    /* both: the head is a lane of its own beside the drafter */
+    if (o->draft_mtp && (rc = dfl_mtp_load(e->t, &lo, o->draft_path ? &e->mtp : &e->d, err)))
+        return rc;
     if (o->draft_path) {
         rc = dfl_drafter_load(o->draft_path, e->t, &lo, &e->d, err);
         if (rc) return rc;
@@ -80,6 +97,7 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     int tree_rows = dfl_target_tree_rows(e->t);
     if (e->d && !e->d->mtp && tree_rows > 1)
         e->max_tree = DFL_MAX_TREE < tree_rows - 1 ? DFL_MAX_TREE : tree_rows - 1;
+    if ((rc = capture_union(e, err))) return rc;
     int max_ctx = e->t->c.max_ctx;
     e->ctx_size = o->ctx_size > 0 ? o->ctx_size : (max_ctx < 4096 ? max_ctx : 4096);
     if (e->ctx_size > max_ctx)
@@ -88,11 +106,13 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     return 0;
 }
 
-int dfl_engine_draft_block(const dfl_engine *e) {
+int dfl_engine_lane_block(const dfl_engine *e, const dfl_drafter *d) {
     int b = e->max_block;
-    if (e->d && !e->opts.max_block && e->d->block_size < b) b = e->d->block_size;
+    if (d && !e->opts.max_block && d->block_size < b) b = d->block_size;
     return b;
 }
+
+int dfl_engine_draft_block(const dfl_engine *e) { return dfl_engine_lane_block(e, e->d); }
 
 /* The kernel path (dfl_engine_opts.isa): process-wide, see kernels.h. */
 int dfl_set_isa(const char *name, dfl_error *err) {
@@ -143,6 +163,7 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
 void dfl_engine_free(dfl_engine *e) {
     if (!e) return;
     dfl_drafter_free(e->d);
+    dfl_drafter_free(e->mtp);
     dfl_target_free(e->t);
     dfl_tok_free(e->tok);
     dfl_fmt_vocab_free(e->fmt_vocab);
@@ -195,6 +216,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
         info->draft_block = e->d->block_size;
         info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
     }
+    info->mtp_lane = e->mtp != NULL;
     info->ngram = e->opts.ngram;
 }
 
@@ -213,7 +235,12 @@ int dfl_session_new(dfl_engine *e, dfl_session **out, dfl_error *err) {
     if (e->d) {
         s->ds = dfl_dstore_new(e->d, e->ctx_size);
         s->dlogits = dfl_aligned_alloc((size_t)e->max_block * c->vocab * sizeof(float));
-        s->feat = dfl_aligned_alloc((size_t)e->t->max_rows * e->d->n_cap * c->dim * sizeof(float));
+        s->feat = dfl_aligned_alloc((size_t)e->t->max_rows * e->n_cap * c->dim * sizeof(float));
+    }
+    if (e->mtp) {
+        int nc = e->d->n_cap > e->mtp->n_cap ? e->d->n_cap : e->mtp->n_cap;
+        s->mts = dfl_dstore_new(e->mtp, e->ctx_size);
+        s->fsub = dfl_aligned_alloc((size_t)e->t->max_rows * nc * c->dim * sizeof(float));
     }
     if (e->opts.ngram) {
         s->ng = xcalloc(1, sizeof *s->ng);
@@ -227,6 +254,8 @@ void dfl_session_free(dfl_session *s) {
     if (!s) return;
     dfl_kv_free(s->kv);
     dfl_dstore_free(s->ds);
+    dfl_dstore_free(s->mts);
+    free(s->fsub);
     free(s->hist);
     free(s->logits);
     free(s->dlogits);
@@ -243,6 +272,8 @@ int dfl_session_copy_prefix(dfl_session *dst, const dfl_session *src, int n) {
         int m = dfl_dstore_copy_prefix(dst->ds, src->ds, n);
         if (m < n) dfl_dstore_truncate(dst->ds, 0);   /* the next prompt feeds it again */
     }
+    if (dst->mts && dfl_dstore_copy_prefix(dst->mts, src->mts, n) < n)
+        dfl_dstore_truncate(dst->mts, 0);
     memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
     if (dst->ng) {   /* the n-gram lane's history is the sequence's tokens */
         memcpy(dst->ng->tok, src->hist, (size_t)n * sizeof(int32_t));
@@ -260,6 +291,7 @@ int dfl_debug_forward(dfl_session *s, const int32_t *ids, int n, const int *cap,
                             t->c.n_layers - 1);
     dfl_kv_truncate(s->kv, 0);
     if (s->ds) dfl_dstore_truncate(s->ds, 0);
+    if (s->mts) dfl_dstore_truncate(s->mts, 0);
     if (s->ng) s->ng->len = 0;
     int rc = dfl_target_forward(t, s->kv, ids, n, 0, logits, cap, n_cap, feat, err);
     if (!rc) memcpy(s->hist, ids, (size_t)n * sizeof(int32_t));

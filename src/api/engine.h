@@ -14,7 +14,12 @@
 struct dfl_engine {
     dfl_engine_opts opts;
     dfl_target *t;
-    dfl_drafter *d;          /* NULL without --draft */
+    dfl_drafter *d;          /* NULL without --draft (or --draft-mtp alone: the head) */
+    dfl_drafter *mtp;        /* the MTP head as a lane beside d (--draft and --draft-mtp),
+                                or NULL */
+    int cap[DFL_MAX_CAPTURE_LAYERS]; /* (n_cap) target layers a verify captures: d's,
+                                then the MTP lane's last layer when d does not read it */
+    int n_cap;
     dfl_tokenizer *tok;
     dfl_pool *pool;
     int ctx_size;            /* per session */
@@ -23,6 +28,7 @@ struct dfl_engine {
     pthread_mutex_t mu;      /* guards the memo below (probe_state, costs) across sessions */
     dfl_costs costs;         /* measured round time per block size (adaptive policy) */
     dfl_costs costs_ngram;   /* the same for the n-gram lane's rounds (no drafter pass) */
+    dfl_costs costs_mtp;     /* the same for the MTP lane's rounds */
     dfl_costs costs_tree;    /* measured draft tree rounds by rows (nodes + 1) */
     dfl_gate gate;           /* speculation allowed in a crowd only while it measures ahead */
     int max_tree;            /* nodes a session's draft tree may have (0: no trees) */
@@ -31,6 +37,7 @@ struct dfl_engine {
     dfl_policy carry_replay; /* the same for replayed requests (benchmarks): their
                                 acceptance is the replay's, not the drafter's */
     dfl_policy carry_ngram;  /* the n-gram lane's evidence, as carry */
+    dfl_policy carry_mtp;    /* the MTP lane's evidence, as carry */
     dfl_tree_policy carry_tree; /* the tree policy's evidence, as carry */
     struct dfl_fmt_vocab *fmt_vocab; /* the vocabulary sorted for structured output,
                                         made by the first dfl_format_new (under mu) */
@@ -40,10 +47,13 @@ struct dfl_session {
     dfl_engine *e;
     dfl_kv *kv;              /* target cache */
     dfl_dstore *ds;          /* drafter side store (NULL without drafter) */
+    dfl_dstore *mts;         /* the MTP lane's store (NULL without e->mtp) */
     int32_t *hist;           /* (ctx_size) tokens whose K/V are in kv, in order */
     float *logits;           /* (max_block, vocab) */
     float *dlogits;          /* (max_block, vocab) drafter rows */
-    float *feat;             /* (max_rows, n_cap*dim) captured features */
+    float *feat;             /* (max_rows, e->n_cap*dim) captured features */
+    float *fsub;             /* (max_rows, the larger lane n_cap*dim) one lane's layers out
+                                of feat (NULL without e->mtp) */
     dfl_ngram *ng;           /* the n-gram lane's history (NULL without opts.ngram) */
 };
 
@@ -51,6 +61,8 @@ struct dfl_session {
  * max_block was given (the engine's max_block may be larger, for the
  * n-gram lane). */
 int dfl_engine_draft_block(const dfl_engine *e);
+/* The same for the lane of drafter d (e->d or e->mtp). */
+int dfl_engine_lane_block(const dfl_engine *e, const dfl_drafter *d);
 
 /* ---- the exactness probe (probe.c) ---------------------------------------- */
 

@@ -71,7 +71,8 @@ void dfl_spec_use_sampler(dfl_loop_opts *o, dfl_spec_sampling *sm, dfl_sampler *
 }
 
 const char *dfl_lane_name(int lane) {
-    return lane == DFL_LANE_NGRAM ? "ngram" : lane == DFL_LANE_DRAFTER ? "drafter" : "?";
+    return lane == DFL_LANE_NGRAM ? "ngram" : lane == DFL_LANE_DRAFTER ? "drafter"
+           : lane == DFL_LANE_MTP ? "mtp" : "?";
 }
 
 int dfl_gen_is_greedy(const dfl_gen_params *p) {
@@ -182,7 +183,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     dfl_seq q = {.t = t, .kv = s->kv, .hist = s->hist, .logits = s->logits,
                  .dlogits = s->dlogits, .feat = s->feat, .max_block = e->max_block,
                  .max_tree = e->max_tree, .tree_depth = e->d ? e->d->block_size - 1 : 0};
-    dfl_dflash_proposer dp;
+    dfl_dflash_proposer dp, mp;
     dfl_replay_proposer rp;
     dfl_ngram_proposer np;
     int32_t *path = NULL;
@@ -193,16 +194,29 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
         q.pr = &dp.base;
         if (p->replay_ref && !smp) q.pr = replay(&rp, &dp, e, prompt, n_prompt, p, &path);
     }
-    if (s->ng && !path) {   /* (a replay measures the drafter alone) */
+    /* (a replay measures the drafter alone: the other lanes' stores start over) */
+    if (s->ng && !path) {
         dfl_ngram_proposer_init(&np, s->ng);
         q.ng = &np.base;
+    } else if (s->ng) {
+        s->ng->len = 0;
+    }
+    if (e->mtp && s->mts && !path) {   /* the head beside the drafter: the union's features */
+        dfl_dflash_proposer_init(&mp, e->mtp, s->mts);
+        if (mp.base.max_block > dfl_engine_lane_block(e, e->mtp))
+            mp.base.max_block = dfl_engine_lane_block(e, e->mtp);
+        q.mt = &mp.base;
+        q.cap = e->cap, q.n_cap = e->n_cap, q.fsub = s->fsub;
+    } else if (s->mts) {
+        dfl_dstore_truncate(s->mts, 0);
     }
     pthread_mutex_lock(&e->mu);
     if (!e->costs.max_block) dfl_costs_init(&e->costs, e->max_block);
     if (!e->costs_ngram.max_block) dfl_costs_init(&e->costs_ngram, e->max_block);
+    if (!e->costs_mtp.max_block) dfl_costs_init(&e->costs_mtp, e->max_block);
     if (!e->costs_tree.max_block) dfl_costs_init(&e->costs_tree, DFL_MAX_TREE + 1);
     /* adaptive: round costs measured once per engine before the first round */
-    if (block == 0 && (q.pr || q.ng)) rc = dfl_spec_calibrate(e, 0, err);
+    if (block == 0 && (q.pr || q.ng || q.mt)) rc = dfl_spec_calibrate(e, 0, err);
     pthread_mutex_unlock(&e->mu);
     if (rc < 0) {
         dfl_sampler_free(smp);
@@ -212,24 +226,26 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     dfl_loop_opts o = {.block = block, .is_stop = is_stop, .stop_ud = &sp,
                        .max_tokens = p->max_tokens, .n_top_logprobs = p->n_top_logprobs,
                        .no_logprob = p->no_logprob, .costs = &e->costs,
-                       .costs_ngram = &e->costs_ngram,
+                       .costs_ngram = &e->costs_ngram, .costs_mtp = &e->costs_mtp,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL,
                        .tree_budget = path ? 0 : p->tree_budget, .costs_tree = &e->costs_tree,
                        .gate = &e->gate};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */
-    dfl_policy carry, carry_ng, *kept = path ? &e->carry_replay : &e->carry;
+    dfl_policy carry, carry_ng, carry_mtp, *kept = path ? &e->carry_replay : &e->carry;
     dfl_tree_policy carry_tree;
     int carried = !smp;
     if (carried) {
         pthread_mutex_lock(&e->mu);
         carry = *kept;
         carry_ng = e->carry_ngram;
+        carry_mtp = e->carry_mtp;
         carry_tree = e->carry_tree;
         pthread_mutex_unlock(&e->mu);
         o.carry = &carry;
         o.carry_ngram = &carry_ng;
+        o.carry_mtp = &carry_mtp;
         o.carry_tree = &carry_tree;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
@@ -237,6 +253,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
         pthread_mutex_lock(&e->mu);
         if (carry.max_block) *kept = carry;
         if (carry_ng.max_block) e->carry_ngram = carry_ng;
+        if (carry_mtp.max_block) e->carry_mtp = carry_mtp;
         if (carry_tree.max_budget) e->carry_tree = carry_tree;
         pthread_mutex_unlock(&e->mu);
     }

@@ -226,8 +226,8 @@ int dfl_probe(dfl_engine *e, const int32_t *prompt, int n_prompt, int block,
                         n_prompt, e->ctx_size);
     int state[DFL_MAX_BLOCK + 1] = {0};
     dfl_probe_result local;
-    int rc = dfl_probe_target(e->t, prompt, n_prompt, block, e->d ? e->d->cap : NULL,
-                              e->d ? e->d->n_cap : 0, r ? r : &local, state, json, cap, err);
+    int rc = dfl_probe_target(e->t, prompt, n_prompt, block, e->n_cap ? e->cap : NULL,
+                              e->n_cap, r ? r : &local, state, json, cap, err);
     if (rc) return rc;
     for (int b = 2; b <= block; b++) e->probe_state[b] = state[b];
     return 0;

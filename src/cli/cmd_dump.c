@@ -71,6 +71,11 @@ int cmd_dump(int argc, char **argv) {
         fprintf(stderr, "dflash dump: --model, --ids and --out are required (see --help)\n");
         return 2;
     }
+    if (eo.draft_path && eo.draft_mtp) {   /* --out-draft writes one drafter's logits */
+        fprintf(stderr, "dflash dump: --draft and --draft-mtp: give one (whose logits "
+                        "--out-draft writes)\n");
+        return 2;
+    }
     enum { MAXN = 4096 };
     static int32_t ids[MAXN], cap[DFL_MAX_CAPTURE_LAYERS];
     int n = cli_ids("--ids", ids_s, ids, MAXN);

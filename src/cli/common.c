@@ -243,8 +243,8 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
     if (mi.draft_mtp)
         fprintf(stderr, "MTP head of the target (mtp.*) drafts, one token a step\n");
     else if (mi.has_draft)
-        fprintf(stderr, "%s drafter of %d layers, block %d\n", mi.draft_kind, mi.draft_layers,
-                mi.draft_block);
+        fprintf(stderr, "%s drafter of %d layers, block %d%s\n", mi.draft_kind, mi.draft_layers,
+                mi.draft_block, mi.mtp_lane ? ", and the MTP head of the target as a lane" : "");
     else
         fprintf(stderr, "no drafter\n");
 }

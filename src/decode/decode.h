@@ -107,7 +107,22 @@ typedef struct dfl_seq {
     dfl_proposer *pr;     /* NULL without a drafter; kept in step with kv even
                              when a call decodes classically */
     dfl_proposer *ng;     /* the n-gram lane, or NULL; kept in step as pr is */
+    dfl_proposer *mt;     /* the MTP lane (the target's MTP head beside the drafter pr),
+                             or NULL; kept in step as pr is */
+    const int *cap;       /* (n_cap) target layers a verify captures for pr and mt
+                             together (their union, each lane's layers among them), or
+                             NULL: pr's own list */
+    int n_cap;
+    float *fsub;          /* (t->max_rows, the larger lane n_cap*dim) one lane's layers
+                             gathered from feat rows when its list is not cap itself */
 } dfl_seq;
+
+/* A model lane's features of rows feat[0..n) captured for layers cap[0..n_cap):
+ * feat itself when p reads exactly those layers in that order, else p's layers
+ * gathered into buf (n, p->n_cap*dim); NULL when feat is. Every layer of p
+ * must be in cap (dfl_spec_generate checks). */
+const float *dfl_lane_feat(const int *cap, int n_cap, const dfl_proposer *p, const float *feat,
+                           int n, int dim, float *buf);
 
 typedef struct dfl_loop_opts {
     int block;            /* 1: classic; N >= 2: speculate with blocks of N;
@@ -115,6 +130,7 @@ typedef struct dfl_loop_opts {
     dfl_costs *costs;     /* measured round costs for the adaptive policy (shared):
                              the drafter's rounds and classic steps */
     dfl_costs *costs_ngram; /* the same for the n-gram lane's rounds (no drafter pass) */
+    dfl_costs *costs_mtp; /* the same for the MTP lane's rounds */
     dfl_accept_fn accept; /* NULL: greedy */
     void *accept_ud;
     int need_dlogits;     /* the rule reads drafter logits */
@@ -133,6 +149,7 @@ typedef struct dfl_loop_opts {
                              starts from it and leaves this call's in it (a server's
                              requests are alike; each would otherwise learn from the prior) */
     dfl_policy *carry_ngram; /* the same for the n-gram lane */
+    dfl_policy *carry_mtp;   /* the same for the MTP lane */
     /* Draft trees (DDTree) on the drafter's rounds: -1 the policy picks chain or a
      * budget each round, 0 the chain always, N > 0 trees of N nodes (at most
      * q->max_tree). Trees run greedy, or sampled when choose is set. */

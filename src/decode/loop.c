@@ -37,27 +37,57 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 /* ---- lanes ---------------------------------------------------------------- */
 
 static dfl_proposer *lane_proposer(const dfl_seq *q, int lane) {
-    return lane == DFL_LANE_NGRAM ? q->ng : q->pr;
+    return lane == DFL_LANE_NGRAM ? q->ng : lane == DFL_LANE_MTP ? q->mt : q->pr;
 }
 
-/* Features the verify forward captures: the drafter's, on every round
- * whichever lane drafted it, since the drafter reads every committed row. */
-static int seq_ncap(const dfl_seq *q) { return q->pr && q->feat ? q->pr->n_cap : 0; }
+/* Features the verify forward captures: the model lanes' (the drafter's,
+ * with the MTP lane the union q->cap), on every round whichever lane
+ * drafted it, since they read every committed row. */
+static int seq_ncap(const dfl_seq *q) {
+    if (!q->feat) return 0;
+    return q->cap ? q->n_cap : q->pr ? q->pr->n_cap : 0;
+}
+
+static const int *seq_cap(const dfl_seq *q) { return q->cap ? q->cap : q->pr ? q->pr->cap : NULL; }
+
+/* The lanes that read the target's features (a drafter, an MTP head):
+ * their rows park behind classic steps and reach them batched. */
+static int feed_models(dfl_seq *q, const float *feat, const int32_t *tok, int n, dfl_error *err) {
+    dfl_proposer *m[2] = {q->pr, q->mt};
+    int nc = seq_ncap(q), rc = 0;
+    for (int i = 0; i < 2 && !rc; i++)
+        if (m[i])
+            rc = m[i]->add_context(m[i], nc ? dfl_lane_feat(seq_cap(q), nc, m[i], feat, n,
+                                                             q->t->c.dim, q->fsub) : NULL,
+                                   tok, n, err);
+    return rc;
+}
 
 /* Every lane is fed every committed row: a lane that sat rounds out drafts
  * from the whole sequence when its turn comes. feat: (n, n_cap*dim) rows. */
 static int feed_lanes(dfl_seq *q, const float *feat, const int32_t *tok, int n, dfl_error *err) {
-    int rc = q->pr ? q->pr->add_context(q->pr, seq_ncap(q) ? feat : NULL, tok, n, err) : 0;
+    int rc = feed_models(q, feat, tok, n, err);
     if (!rc && q->ng) rc = q->ng->add_context(q->ng, NULL, tok, n, err);
     return rc;
 }
 
+/* Seconds of the model lanes' drafter passes charged to the sequence so far;
+ * *kept 0 when no lane counts them (the loop then charges wall time). */
+static double lanes_spent(const dfl_seq *q, int *kept) {
+    const dfl_proposer *m[2] = {q->pr, q->mt};
+    double s = 0;
+    *kept = 0;
+    for (int i = 0; i < 2; i++)
+        if (m[i] && m[i]->spent) s += m[i]->spent(m[i]), *kept = 1;
+    return s;
+}
+
 int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error *err) {
-    feed = feed && (q->pr || q->ng);
+    feed = feed && (q->pr || q->ng || q->mt);
     int n_cap = feed ? seq_ncap(q) : 0;
     for (int a = 0; a < n;) {
         int m = imin(n - a, q->t->max_rows), pos = q->kv->len;
-        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, n_cap ? q->pr->cap : NULL,
+        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, n_cap ? seq_cap(q) : NULL,
                                     n_cap, q->feat, err);
         if (rc) return rc;
         memcpy(q->hist + pos, tok + a, (size_t)m * sizeof(int32_t));
@@ -141,15 +171,15 @@ static int flush_pending(run *r, dfl_error *err) {
     int n = r->pending;
     r->pending = 0;
     /* the parked rows end at kv->len */
-    return q->pr->add_context(q->pr, fd ? q->feat + fd : NULL, q->hist + q->kv->len - n, n, err);
+    return feed_models(q, fd ? q->feat + fd : NULL, q->hist + q->kv->len - n, n, err);
 }
 
 /* A classic step's row: the n-gram lane takes it at once (its next lookup
- * reads it, and costs nothing), the drafter's features wait parked. */
+ * reads it, and costs nothing), the model lanes' features wait parked. */
 static int park_row(run *r, dfl_error *err) {
     dfl_seq *q = r->q;
     int rc = q->ng ? q->ng->add_context(q->ng, NULL, q->hist + q->kv->len - 1, 1, err) : 0;
-    if (rc || !q->pr) return rc;
+    if (rc || (!q->pr && !q->mt)) return rc;
     size_t fd = (size_t)seq_ncap(q) * q->t->c.dim;
     if (fd) memcpy(q->feat + fd * (1 + r->pending), q->feat, fd * sizeof(float));
     r->pending++;
@@ -171,28 +201,29 @@ static double marginal(const dfl_target *t, const dfl_fwd *f, double call) {
 }
 
 /* Drafts B-1 tokens after the anchor (B > 1) from the lane's proposer,
- * verifies the block with capture, commits, rolls back. The n-gram lane has
- * no distribution: its rounds run without drafter rows, so a rule that reads
- * them (rejection) keeps the exact rule's choice there. */
+ * verifies the block with capture, commits, rolls back. A model lane (the
+ * drafter, the MTP head) drafts with its own rows for a rule that reads
+ * them; the n-gram lane has no distribution: its rounds run without drafter
+ * rows, so a rule that reads them (rejection) keeps the exact rule's choice. */
 static int round_step(run *r, int B, int lane, int *accepted, double *cost, dfl_error *err) {
     dfl_seq *q = r->q;
-    dfl_proposer *pr = lane_proposer(q, lane), *dr = q->pr;
+    dfl_proposer *pr = lane_proposer(q, lane);
     const dfl_loop_opts *o = r->o;
     dfl_target *t = q->t;
-    int vocab = t->c.vocab, pos = q->kv->len, rc, by_drafter = lane == DFL_LANE_DRAFTER;
+    int vocab = t->c.vocab, pos = q->kv->len, rc, by_model = lane != DFL_LANE_NGRAM, kept_s;
     int32_t block[DFL_MAX_BLOCK], tgt[DFL_MAX_BLOCK];
     block[0] = r->anchor;
-    float *dlog = o->need_dlogits && by_drafter ? q->dlogits : NULL;
-    double s0 = dr && dr->spent ? dr->spent(dr) : 0, t0 = dfl_now();
+    float *dlog = o->need_dlogits && by_model ? q->dlogits : NULL;
+    double s0 = lanes_spent(q, &kept_s), t0 = dfl_now();
     q->hist[pos] = r->anchor;   /* pos < cap: checked by the caller */
     if (B > 1 && (rc = flush_pending(r, err))) return rc;
     if (B > 1 && (rc = pr->draft(pr, r->anchor, pos, B, block + 1, dlog, err))) return rc;
-    if (B > 1 && o->redraft && by_drafter)
+    if (B > 1 && o->redraft && by_model)
         o->redraft(o->accept_ud, dlog, B - 1, q->hist, pos, block + 1);
     double t1 = dfl_now();
     int n_cap = r->spec ? seq_ncap(q) : 0;
     dfl_fwd f = {.kv = q->kv, .tok = block, .n = B, .logits = q->logits,
-                 .cap = n_cap ? dr->cap : NULL, .n_cap = n_cap, .feat = q->feat};
+                 .cap = n_cap ? seq_cap(q) : NULL, .n_cap = n_cap, .feat = q->feat};
     if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
     double t2 = dfl_now();
     if (B == 1 && f.others && f.seconds > 0) {   /* the crowd's rate, from its plain ticks */
@@ -227,7 +258,7 @@ static int round_step(run *r, int B, int lane, int *accepted, double *cost, dfl_
     /* the drafter's passes, like the forward, at their marginal cost: its
      * share of passes that carried other sequences' work (the n-gram
      * lookup's microseconds are left out) */
-    double drafter = dr && dr->spent ? dr->spent(dr) - s0 : (t1 - t0) + (t4 - t3);
+    double drafter = kept_s ? lanes_spent(q, &kept_s) - s0 : (t1 - t0) + (t4 - t3);
     *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
@@ -293,9 +324,9 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
     dfl_seq *q = r->q;
     dfl_proposer *pr = q->pr;
     dfl_target *t = q->t;
-    int pos = q->kv->len, rc, depths = tree_depths(r, N);
+    int pos = q->kv->len, rc, depths = tree_depths(r, N), kept_s;
     int32_t drafts[DFL_MAX_TREE];
-    double s0 = pr->spent ? pr->spent(pr) : 0, t0 = dfl_now();
+    double s0 = lanes_spent(q, &kept_s), t0 = dfl_now();
     q->hist[pos] = r->anchor;
     if ((rc = flush_pending(r, err))) return rc;
     if ((rc = pr->draft(pr, r->anchor, pos, depths + 1, drafts, q->dlogits, err))) return rc;
@@ -308,7 +339,7 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
     double t1 = dfl_now();
     int n_cap = seq_ncap(q);
     dfl_fwd f = {.kv = q->kv, .tok = tr->tok, .n = tr->n, .logits = q->logits,
-                 .cap = n_cap ? pr->cap : NULL, .n_cap = n_cap, .feat = q->feat,
+                 .cap = n_cap ? seq_cap(q) : NULL, .n_cap = n_cap, .feat = q->feat,
                  .parent = tr->parent};
     if ((rc = dfl_target_forward_ex(t, &f, err))) return rc;
     double t2 = dfl_now();
@@ -325,7 +356,7 @@ static int tree_round(run *r, int N, dfl_tree *tr, int *accepted, double *cost, 
     r->st->t_verify += t2 - t1;
     count_tree(r, tr, kept - 1, emitted);
     *accepted = kept - 1;
-    double drafter = pr->spent ? pr->spent(pr) - s0 : (t1 - t0) + (t4 - t3);
+    double drafter = kept_s ? lanes_spent(q, &kept_s) - s0 : (t1 - t0) + (t4 - t3);
     *cost = drafter + (t3 - t2) + marginal(t, &f, t2 - t1);
     if (f.others) r->st->shared_forwards++, r->st->shared_rows += (uint64_t)f.others;
     return 0;
@@ -364,30 +395,17 @@ static int pick_tree(run *r, dfl_tree_policy *tp, const dfl_policy *chain, dfl_c
     return N >= 1 ? N : 0;
 }
 
-/* The lane and block of the next round. The n-gram lane bids only when its
- * lookup found a match; then the lane whose block promises more tokens per
- * second (its own measured acceptance over its own measured round cost)
- * drafts, and classic decode when neither beats a plain step. A pinned
- * block goes to the n-gram lane when it has a match, else the drafter. */
+/* The lane and block of the next round: each lane with a proposer says
+ * what it can offer after the anchor, and the lanes' policies bid
+ * (dfl_lanes_choose). */
 static int choose_lane(run *r, dfl_policy *pol, int *lane) {
     dfl_seq *q = r->q;
-    int ctx = q->kv->len, pinned = r->o->block;
-    int offer = q->ng ? q->ng->offer(q->ng, r->anchor, ctx) : 0;
-    *lane = offer && (pinned || !q->pr) ? DFL_LANE_NGRAM : DFL_LANE_DRAFTER;
-    if (pinned) return offer || q->pr ? pinned : 1;
-    int Bd = q->pr ? dfl_policy_choose(&pol[DFL_LANE_DRAFTER], ctx) : 1;
-    if (!offer) return Bd;
-    dfl_policy *pn = &pol[DFL_LANE_NGRAM];
-    int Bn = imin(dfl_policy_choose(pn, ctx), offer + 1);
-    if (Bn > 1 && (Bd == 1 || dfl_policy_rate(pn, Bn, ctx) >
-                              dfl_policy_rate(&pol[DFL_LANE_DRAFTER], Bd, ctx))) {
-        if (q->pr) dfl_policy_skip(&pol[DFL_LANE_DRAFTER]);
-        *lane = DFL_LANE_NGRAM;
-        return Bn;
+    int offer[DFL_LANES] = {0};
+    for (int l = 0; l < DFL_LANES; l++) {
+        dfl_proposer *p = lane_proposer(q, l);
+        if (p) offer[l] = p->offer ? p->offer(p, r->anchor, q->kv->len) : p->max_block - 1;
     }
-    dfl_policy_skip(pn);
-    *lane = DFL_LANE_DRAFTER;
-    return Bd;
+    return dfl_lanes_choose(pol, offer, q->kv->len, r->o->block, lane);
 }
 
 /* The block for the next round (and its lane): the policy's (or the pinned)
@@ -421,6 +439,31 @@ static int check_prompt(const dfl_seq *q, const int32_t *prompt, int n, dfl_erro
     return 0;
 }
 
+/* The model lanes read their layers out of what the verify captures. */
+static int check_caps(const dfl_seq *q, dfl_error *err) {
+    const dfl_proposer *m[2] = {q->pr, q->mt};
+    const int *cap = seq_cap(q);
+    int nc = q->cap ? q->n_cap : q->pr ? q->pr->n_cap : 0;
+    for (int i = 0; i < 2; i++) {
+        if (!m[i] || !m[i]->n_cap) continue;
+        if (!q->feat || !cap)
+            return dfl_fail(err, DFL_EARG, "a proposer reads features but the sequence has no "
+                            "feature buffer");
+        int same = m[i]->n_cap == nc && !memcmp(m[i]->cap, cap, (size_t)nc * sizeof(int));
+        if (!same && !q->fsub)
+            return dfl_fail(err, DFL_EARG, "two model lanes read different target layers but "
+                            "the sequence has no buffer (fsub) to gather them");
+        for (int j = 0; j < m[i]->n_cap; j++) {
+            int k = 0;
+            while (k < nc && cap[k] != m[i]->cap[j]) k++;
+            if (k == nc)
+                return dfl_fail(err, DFL_EARG, "a proposer reads target layer %d, which the "
+                                "sequence's capture list (cap) leaves out", m[i]->cap[j]);
+        }
+    }
+    return 0;
+}
+
 /* Keeps the cached rows shared with the new prompt (never its last token:
  * that is the first anchor). The proposer never runs ahead of the cache. */
 static int reuse_prefix(dfl_seq *q, const int32_t *prompt, int n, int spec) {
@@ -447,10 +490,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     int rc = check_prompt(q, prompt, n_prompt, err);
     if (rc) return rc;
     run r = {.q = q, .o = o, .cb = cb, .ud = ud, .st = st};
-    r.spec = (q->pr || q->ng) && o->block != 1;
-    if (r.spec && q->pr && q->pr->n_cap && !q->feat)
-        return dfl_fail(err, DFL_EARG, "the proposer reads features but the sequence has no "
-                        "feature buffer");
+    r.spec = (q->pr || q->ng || q->mt) && o->block != 1;
+    if (r.spec && (rc = check_caps(q, err))) return rc;
     st->weight_bytes = (double)q->t->weight_bytes;
     st->n_prompt += n_prompt;
 
@@ -466,14 +507,14 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     double t1 = dfl_now();
     st->t_prefill += t1 - t0;
 
-    dfl_costs local_costs[DFL_LANES], *costs[DFL_LANES] = {o->costs, o->costs_ngram};
+    dfl_costs local_costs[DFL_LANES], *costs[DFL_LANES] = {o->costs, o->costs_ngram, o->costs_mtp};
     dfl_costs local_tree, *tree_costs = o->costs_tree;
     dfl_tree_policy tp;
     r.tree_max = r.spec ? tree_cap(q, o) : 0;
     if (!tree_costs) dfl_costs_init(tree_costs = &local_tree, DFL_MAX_TREE + 1);
     dfl_tree_policy_init(&tp, r.tree_max);
     if (o->carry_tree && o->carry_tree->max_budget == tp.max_budget) tp = *o->carry_tree;
-    dfl_policy pol[DFL_LANES], *carry[DFL_LANES] = {o->carry, o->carry_ngram};
+    dfl_policy pol[DFL_LANES], *carry[DFL_LANES] = {o->carry, o->carry_ngram, o->carry_mtp};
     for (int l = 0; l < DFL_LANES; l++) {
         dfl_proposer *pr = lane_proposer(q, l);
         if (!costs[l]) dfl_costs_init(costs[l] = &local_costs[l], DFL_POLICY_MAX);

@@ -1,4 +1,5 @@
 #include "decode/policy.h"
+#include "dflash.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -142,9 +143,7 @@ double dfl_policy_rate(const dfl_policy *p, int B, int ctx) {
     return t > 0 ? dfl_policy_expected(p, B) / t : 0;
 }
 
-/* What block B is worth: its rate alone, its net tokens at the crowd's
- * rate in a crowd; -HUGE_VAL when its cost is unknown. */
-static double worth(const dfl_policy *p, int B, int ctx) {
+double dfl_policy_worth(const dfl_policy *p, int B, int ctx) {
     double t = dfl_costs_get(p->costs, B, ctx);
     if (!(t > 0)) return -HUGE_VAL;
     double e = dfl_policy_expected(p, B);
@@ -153,10 +152,10 @@ static double worth(const dfl_policy *p, int B, int ctx) {
 
 static int best_block(const dfl_policy *p, int ctx) {
     int best = 1;
-    double best_w = worth(p, 1, ctx);
+    double best_w = dfl_policy_worth(p, 1, ctx);
     if (best_w == -HUGE_VAL) return 1;
     for (int B = 2; B <= p->max_block; B++) {
-        double w = worth(p, B, ctx);
+        double w = dfl_policy_worth(p, B, ctx);
         if (w > best_w) best_w = w, best = B;
     }
     return best;
@@ -185,6 +184,47 @@ void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
     memcpy(p->hits, prev->hits, sizeof p->hits);
     p->reprobe_every = prev->reprobe_every;
     p->classic_run = prev->classic_run;
+}
+
+/* ---- lanes ------------------------------------------------------------------- */
+
+/* A pinned block of B: the n-gram lane when its lookup found a match, else
+ * the model lane (drafter or MTP head) whose own acceptance promises more
+ * tokens in B, per second when every offering model lane's cost of B is
+ * known; ties go to the drafter. 1 when no lane offers. */
+static int pin_lane(const dfl_policy *pol, const int *offer, int B, int ctx, int *lane) {
+    int m[2] = {DFL_LANE_DRAFTER, DFL_LANE_MTP}, by_rate = 1, best = -1;
+    double bid[2] = {0, 0};
+    if (offer[DFL_LANE_NGRAM] > 0) return *lane = DFL_LANE_NGRAM, B;
+    for (int i = 0; i < 2; i++)
+        if (offer[m[i]] > 0 && !(dfl_policy_rate(&pol[m[i]], B, ctx) > 0)) by_rate = 0;
+    for (int i = 0; i < 2; i++) {
+        if (offer[m[i]] < 1) continue;
+        bid[i] = by_rate ? dfl_policy_rate(&pol[m[i]], B, ctx) : dfl_policy_expected(&pol[m[i]], B);
+        if (best < 0 || bid[i] > bid[best]) best = i;
+    }
+    *lane = best < 0 ? DFL_LANE_DRAFTER : m[best];
+    return best < 0 ? 1 : B;
+}
+
+int dfl_lanes_choose(dfl_policy *pol, const int *offer, int ctx, int pinned, int *lane) {
+    int B[DFL_LANES] = {0}, best = -1;
+    double bid[DFL_LANES] = {0};
+    *lane = DFL_LANE_DRAFTER;
+    if (pinned) return pin_lane(pol, offer, pinned, ctx, lane);
+    for (int l = 0; l < DFL_LANES; l++) {
+        if (offer[l] < 1) continue;
+        B[l] = dfl_policy_choose(&pol[l], ctx);
+        if (B[l] > offer[l] + 1) B[l] = offer[l] + 1;
+        if (B[l] < 2) continue;
+        bid[l] = dfl_policy_worth(&pol[l], B[l], ctx);
+        if (best < 0 || bid[l] > bid[best]) best = l;
+    }
+    for (int l = 0; l < DFL_LANES; l++)   /* (a lane that chose a classic step asked for none) */
+        if (B[l] > 1 && l != best) dfl_policy_skip(&pol[l]);
+    if (best < 0) return 1;
+    *lane = best;
+    return B[best];
 }
 
 /* ---- chain or tree ------------------------------------------------------------ */

@@ -84,6 +84,9 @@ double dfl_policy_expected(const dfl_policy *p, int B);
 /* Expected tokens per second of a round of block B at context ctx (0 when
  * its cost is unknown): what lanes are compared by. */
 double dfl_policy_rate(const dfl_policy *p, int B, int ctx);
+/* What block B is worth to the policy below: its rate alone, E(B) - L t(B)
+ * in a crowd; -HUGE_VAL when its cost is unknown. Lanes bid by it. */
+double dfl_policy_worth(const dfl_policy *p, int B, int ctx);
 /* The block size for the next round (1 = classic decode step), which starts
  * with ctx rows in the cache. Alone, the block of the best rate E(B) / t(B).
  * In a crowd (crowd_rate L > 0, costs the marginal time of the round's rows
@@ -99,6 +102,20 @@ void dfl_policy_classic_step(dfl_policy *p);
 /* The round just chosen was given to another lane: a probe it asked for is
  * not under way (it is asked for again on a later round). */
 void dfl_policy_skip(dfl_policy *p);
+
+/* ---- lanes -----------------------------------------------------------------
+ * pol and offer are indexed by lane (DFL_LANE_*, DFL_LANES each, dflash.h):
+ * offer[l] the drafts lane l can give this round (0: none, or no such lane).
+ * Adaptive (pinned 0): each offering lane bids the block its own policy
+ * picks (no longer than its offer + 1) at the tokens per second that block
+ * promises (its own measured acceptance over its own measured round cost);
+ * the best bid of a block above 1 drafts (ties to the lower lane: drafter,
+ * n-gram, MTP), a classic step when no lane's policy beats one; lanes whose
+ * block lost are told (dfl_policy_skip). Pinned B: the n-gram lane when it
+ * offers (a match), else the model lane (drafter, MTP) with the better rate
+ * of B (its expected tokens while a cost of B is unknown), ties to the
+ * drafter. Returns the block (1: a classic step) and sets *lane. */
+int dfl_lanes_choose(dfl_policy *pol, const int *offer, int ctx, int pinned, int *lane);
 
 /* ---- chain or tree (DDTree) ----------------------------------------------
  * A tree of N nodes is verified as N + 1 rows: on a CPU each row costs

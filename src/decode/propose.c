@@ -46,6 +46,21 @@ void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore
     p->s = s;
 }
 
+const float *dfl_lane_feat(const int *cap, int n_cap, const dfl_proposer *p, const float *feat,
+                           int n, int dim, float *buf) {
+    if (!feat) return NULL;
+    if (p->n_cap == n_cap && !memcmp(p->cap, cap, (size_t)n_cap * sizeof(int))) return feat;
+    size_t d = (size_t)dim;
+    for (int j = 0; j < p->n_cap; j++) {
+        int k = 0;
+        while (k < n_cap - 1 && cap[k] != p->cap[j]) k++;
+        for (int i = 0; i < n; i++)
+            memcpy(buf + ((size_t)i * p->n_cap + j) * d, feat + ((size_t)i * n_cap + k) * d,
+                   d * sizeof(float));
+    }
+    return buf;
+}
+
 /* ---- the n-gram lane -------------------------------------------------------- */
 
 static dfl_ngram_proposer *ng(dfl_proposer *p) { return (dfl_ngram_proposer *)p; }

@@ -896,7 +896,8 @@ static void *load_engine(void *arg) {
             "continuous batching\n",
             srv->model_id, srv->info.arch, srv->info.dtype,
             srv->info.draft_mtp ? "MTP head drafts" : srv->info.draft_kind,
-            srv->info.draft_mtp ? "" : srv->info.has_draft ? " drafter" : "no drafter",
+            srv->info.draft_mtp ? "" : !srv->info.has_draft ? "no drafter"
+            : srv->info.mtp_lane ? " drafter and MTP head" : " drafter",
             srv->n_slots,
             srv->n_slots == 1 ? "" : "s", srv->info.ctx_size);
     __atomic_store_n(&srv->ready, 1, __ATOMIC_RELEASE);
