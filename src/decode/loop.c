@@ -499,7 +499,10 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     int keep = reuse_prefix(q, prompt, n_prompt, r.spec);
     st->n_cached += keep;
     dfl_target_join(q->t);
+    /* the crowd's ticks carry this prefill: the gate does not measure them */
+    if (o->gate && r.spec) dfl_gate_prefill(o->gate, dfl_now(), 1);
     rc = dfl_spec_prefill(q, prompt + keep, n_prompt - 1 - keep, r.spec, err);
+    if (o->gate && r.spec) dfl_gate_prefill(o->gate, dfl_now(), -1);
     if (rc) {
         dfl_target_leave(q->t);
         return rc;

@@ -319,20 +319,42 @@ static int crowd(int active) {
     return (active > DFL_GATE_CROWDS + 1 ? DFL_GATE_CROWDS + 1 : active) - 2;
 }
 
-/* The open window's rate joins its crowd and mode's average (the newest
- * window weighs half: the machine's speed and the texts drift); the other
- * mode's evidence of that crowd ages by a window. */
-static void gate_close(dfl_gate *g, double now) {
-    if (g->n < 2 || !(now > g->t0)) return;
+/* Below this much measured time a mode's rate is not yet evidence: a few
+ * ticks, whose tokens come in rounds of up to a block. */
+#define GATE_MIN_S 0.2
+
+double dfl_gate_rate(const dfl_gate *g, int c, int m) {
+    return g->sec[c][m] >= GATE_MIN_S ? g->tok[c][m] / g->sec[c][m] : 0;
+}
+
+/* The open span's tokens and time join its crowd and mode's sums, which
+ * first lose weight by half per window of that time (the machine's speed
+ * and the texts drift); a span with a prefill in it is dropped. A new span
+ * opens at `now`. */
+static void span_close(dfl_gate *g, double now) {
+    double d = now - g->s0;
+    if (g->n >= 2 && !g->span_dropped && d > 0) {
+        int c = crowd(g->n), m = g->spec;
+        double f = exp2(-d / DFL_GATE_WINDOW_S);
+        g->tok[c][m] = f * g->tok[c][m] + g->tokens;
+        g->sec[c][m] = f * g->sec[c][m] + d;
+        g->measured += d;
+    }
+    g->s0 = now, g->tokens = 0, g->span_dropped = g->prefill > 0;
+}
+
+/* The open window counts once its spans measured a quarter of it: its mode's
+ * evidence of that crowd is fresh, the other mode's ages by a window, and a
+ * try of the mode behind sets when it is next tried. */
+static void window_close(dfl_gate *g) {
+    if (g->n < 2 || g->measured < 0.25 * DFL_GATE_WINDOW_S) return;
     int c = crowd(g->n), m = g->spec;
-    double r = g->tokens / (now - g->t0), *p = &g->rate[c][m];
-    *p = *p > 0 ? 0.5 * *p + 0.5 * r : r;
     g->age[c][m] = 0;
     g->age[c][!m]++;
     g->windows[m]++;
     if (!g->every[c]) g->every[c] = DFL_GATE_EXPLORE;
     if (g->trying) {   /* the mode behind: still behind waits twice as long, ahead resets */
-        int ahead = g->rate[c][m] > g->rate[c][!m];
+        int ahead = dfl_gate_rate(g, c, m) > dfl_gate_rate(g, c, !m);
         g->every[c] = ahead ? DFL_GATE_EXPLORE
                             : 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c]
                                                                      : DFL_GATE_EXPLORE_MAX;
@@ -347,8 +369,8 @@ static int gate_best(const dfl_gate *g, int c) {
     for (int k = 0; k < DFL_GATE_CROWDS; k++)
         for (int j = c - k; j <= c + k; j += k ? 2 * k : 1) {
             if (j < 0 || j >= DFL_GATE_CROWDS) continue;
-            const double *r = g->rate[j];
-            if (r[0] > 0 && r[1] > 0) return r[1] > r[0];
+            double r0 = dfl_gate_rate(g, j, 0), r1 = dfl_gate_rate(g, j, 1);
+            if (r0 > 0 && r1 > 0) return r1 > r0;
         }
     return -1;
 }
@@ -359,7 +381,7 @@ static int gate_best(const dfl_gate *g, int c) {
 static int gate_pick(dfl_gate *g, int active) {
     int c = crowd(active), best = gate_best(g, c);
     g->trying = 0;
-    if (best < 0) return !(g->rate[c][1] > 0);
+    if (best < 0) return !(dfl_gate_rate(g, c, 1) > 0);
     g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
     return g->trying ? !best : best;
 }
@@ -367,11 +389,10 @@ static int gate_pick(dfl_gate *g, int active) {
 int dfl_gate_open(dfl_gate *g, double now, int active) {
     if (active < 2) return 1;
     pthread_mutex_lock(&g->mu);
-    /* a sequence that joined or left makes the window another crowd's: it is
-     * dropped unmeasured, and a window of the new crowd opens */
-    if (g->n == active && now - g->t0 >= DFL_GATE_WINDOW_S) gate_close(g, now);
     if (g->n != active || now - g->t0 >= DFL_GATE_WINDOW_S) {
-        g->n = active, g->t0 = now, g->tokens = 0;
+        span_close(g, now);
+        window_close(g);
+        g->n = active, g->t0 = now, g->measured = 0;
         g->spec = gate_pick(g, active);
     }
     int open = g->spec;
@@ -383,5 +404,13 @@ void dfl_gate_note(dfl_gate *g, int active, int tokens) {
     if (active < 2) return;
     pthread_mutex_lock(&g->mu);
     if (g->n == active) g->tokens += tokens;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void dfl_gate_prefill(dfl_gate *g, double now, int delta) {
+    pthread_mutex_lock(&g->mu);
+    span_close(g, now);
+    g->prefill += delta;
+    g->span_dropped |= g->prefill > 0;
     pthread_mutex_unlock(&g->mu);
 }

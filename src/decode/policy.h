@@ -159,25 +159,36 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
  * its round does to the others: on a CPU whose forward of a few rows is
  * already arithmetic-bound, every verify row slows every slot's tick. The
  * gate measures what the engine commits per second, all sequences together,
- * in windows with speculation allowed and with classic steps only, kept per
- * number of active sequences, and lets speculation run only while it has
- * measured ahead. The other mode gets a window after DFL_GATE_EXPLORE, and
- * after twice as many each time it loses again (up to DFL_GATE_EXPLORE_MAX),
- * so the evidence follows a changing load at a small cost. One sequence alone is never gated: its
- * own policy already measures every cost it causes. */
+ * with speculation allowed and with classic steps only, kept per number of
+ * active sequences, and lets speculation run only while it has measured
+ * ahead. Time goes in windows of one mode; the other mode gets a window
+ * after DFL_GATE_EXPLORE, and after twice as many each time it loses again
+ * (up to DFL_GATE_EXPLORE_MAX), so the evidence follows a changing load at a
+ * small cost. A window is measured in spans of one crowd size: a sequence
+ * that joins or leaves ends the span (and the window, whose mode the new
+ * crowd picks), but what the span measured counts, since in a busy server
+ * the crowd changes every second or so. Only spans in which a prompt is
+ * being prefilled are dropped: their ticks carry rows that commit nothing,
+ * in either mode. One sequence alone is never gated: its own policy already
+ * measures every cost it causes. */
 enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS + 1 (more
                                    share the last) */
        DFL_GATE_EXPLORE = 5,    /* windows between tries of the mode that measured behind */
        DFL_GATE_EXPLORE_MAX = 40 };  /* ... doubled after each try it loses again, up to this */
-#define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here */
+#define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here; the
+                                   evidence halves in weight every such time of its mode */
 typedef struct dfl_gate {
     pthread_mutex_t mu;
     int spec;                   /* the open window's mode: 1 speculation allowed */
-    int n;                      /* active sequences of the open window (0: none open) */
+    int n;                      /* active sequences of the open window and span (0: none) */
+    int prefill;                /* sequences prefilling a prompt now */
+    int span_dropped;           /* the open span had a prefill in it */
     double t0;                  /* when the window opened */
-    double tokens;              /* tokens committed in it, every sequence's */
-    double rate[DFL_GATE_CROWDS][2];   /* tokens/s by crowd and mode, moving average
-                                          (0: not measured) */
+    double s0;                  /* when the span opened */
+    double tokens;              /* tokens committed in the span, every sequence's */
+    double measured;            /* seconds of the window its spans measured */
+    double tok[DFL_GATE_CROWDS][2], sec[DFL_GATE_CROWDS][2];  /* by crowd and mode: tokens
+                                   and seconds measured, older ones weighing less */
     int age[DFL_GATE_CROWDS][2];       /* windows closed since that mode was measured */
     int every[DFL_GATE_CROWDS];        /* windows between tries of the mode behind */
     int trying;                 /* the open window tries the mode behind */
@@ -190,5 +201,9 @@ void dfl_gate_free(dfl_gate *g);
 int dfl_gate_open(dfl_gate *g, double now, int active);
 /* A sequence committed `tokens` with `active` sequences joined. */
 void dfl_gate_note(dfl_gate *g, int active, int tokens);
+/* A sequence starts (+1) or ends (-1) prefilling its prompt. */
+void dfl_gate_prefill(dfl_gate *g, double now, int delta);
+/* Crowd c's (active - 2) measured tokens per second in mode m; 0: not yet. */
+double dfl_gate_rate(const dfl_gate *g, int c, int m);
 
 #endif
