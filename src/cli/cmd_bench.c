@@ -41,6 +41,8 @@ static void help(void) {
         "  --kv-type f16|f32      K/V cache elements (default f16)\n"
         "  --sections LIST        any of machine,decode,verify,spec,rules,ctx (default: all)\n"
         "  --max-block N          largest verify block measured (default 16)\n"
+        "  --isa-ab A,B           the verify section also times B = 1/4/8/16 on two kernel\n"
+        "                         paths in this process, alternated (e.g. avx2,avx512)\n"
         "  --tau LIST             acceptance profiles for the spec section: committed tokens\n"
         "                         per round at the drafter's block, flat per position\n"
         "                         (default 1,3,5,6.5; 1 = nothing accepted)\n"
