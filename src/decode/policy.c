@@ -30,7 +30,7 @@ void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
     int d = dfl_costs_depth(ctx);
     double *p = &c->t_round[d][B], t = load(p);
     if (t > 0 && seconds > DFL_COST_CLAMP * t) seconds = DFL_COST_CLAMP * t;
-    t = t > 0 ? 0.8 * t + 0.2 * seconds : seconds;
+    t = !(t > 0) ? seconds : t + (seconds > t ? DFL_COST_RISE : DFL_COST_FALL) * (seconds - t);
     __atomic_store(p, &t, __ATOMIC_RELAXED);
     if (B == 1) __atomic_store_n(&c->since_step[d], 0, __ATOMIC_RELAXED);
     else __atomic_add_fetch(&c->since_step[d], 1, __ATOMIC_RELAXED);

@@ -47,12 +47,19 @@ enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
  * step's cost is measured only when one is taken, and under a changing load
  * (a server's other slots come and go) a stale step cost would keep the
  * policy speculating where plain steps now win. */
-enum { DFL_RECLASSIC = 64 };
+enum { DFL_RECLASSIC = 16 };
 /* A measured round time counts at most this factor of the current estimate:
  * one forward stalled by the machine (another process, another slot's
- * prefill) must not flip the policy for the rounds after it. A faster round
- * counts in full: costs fall at once when a server's other slots go idle. */
-#define DFL_COST_CLAMP 2.0
+ * prefill, a classic step that flushes parked rows into the drafter) must
+ * not flip the policy for the rounds after it. A step's cost that two such
+ * stalls had raised by 2x each (an AVX-512 Zen 4, 0.6B Q8_0, tau 3: 21 ->
+ * 34 ms) made speculation at 2.3 tokens per 70 ms round look ahead of
+ * classic, and kept it so: rounds do not re-measure the step. Slower
+ * measurements move an estimate by DFL_COST_RISE of their difference, faster
+ * ones by DFL_COST_FALL: costs fall soon when a server's other slots go idle. */
+#define DFL_COST_CLAMP 1.5
+#define DFL_COST_RISE 0.2
+#define DFL_COST_FALL 0.5
 /* Per observed round, old evidence is weighted down by this factor, so the
  * estimates follow a text whose predictability changes (about the last 200
  * rounds count). */
