@@ -16,11 +16,12 @@
  * (bench_quant, Zen 4, one thread, Qwen3-0.6B shapes): 1.05-1.4x at 3-8
  * rows; at 16-32 rows bf16 1.06-1.15x and f16 0.97-1.15x, where both
  * paths near the FMA peak and f16's one-instruction conversion leaves
- * little to save. Measured and left to AVX2: 8x3 and 6x4 tiles did no
- * better, 4x3 worse at 16 rows; one row (decode, 2-8 outputs per tile) and
- * two rows ran 0.4-0.9x, bound by memory, which the AVX2 kernels stream
- * better; f32 lost 2-5% at 16-32 rows with 1024 columns (gained elsewhere:
- * a rule by shape was not worth it for a type models rarely ship). */
+ * little to save. Tiles of 8 rows by 2 pairs and 6 by 4 did no better, 4
+ * by 3 lost at 16 rows. Left to AVX2: one row (decode; a zmm gemv of 4 or
+ * 8 outputs ran 0.5-0.8x, bound by memory, which the AVX2 gemv streams
+ * better), two rows (no consistent gain either way), f32 (0.90-0.98x at
+ * 16-32 rows with 1024 columns, though 1.15-1.5x elsewhere: a rule by
+ * shape was not worth it for a type models rarely ship). */
 #include "kernels/kernels.h"
 #if DFL_X86 /* the whole file: x86-64 only */
 #include <immintrin.h>
