@@ -1,5 +1,6 @@
-/* bench_quant.c - quantized matmul speed against this machine's read
- * bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K weights on
+/* bench_quant.c - quantized (and float) matmul speed against this
+ * machine's read bandwidth measured in the same run. For Q8_0 / Q4_0 / Q4_1 /
+ * Q4_K / Q6_K weights (and F32 / F16 / BF16, when named) on
  * Qwen3-0.6B shapes (or 1.7B's: dim 2048, ffn 6144, where w_down's 8-row
  * activation tiles overflow L1; or Laguna-XS's: an expert's gate/up 512 x 2048
  * and down 2048 x 512, attention's q 6144 x 2048): ms per call for 1..32 rows,
@@ -100,7 +101,7 @@ static mats make_mats(dfl_type t, int rows, int cols, size_t total) {
             for (int o = 0; o < rows; o++) {
                 for (int k = 0; k < cols; k++)
                     row[k] = (float)((o * 31 + k * 17) % 97) / 97.0f - 0.5f;
-                dfl_qquant_row(t, row, d + rb * o, cols);
+                dfl_quant_row(t, row, d + rb * o, cols);
             }
             first = d;
         } else { /* a copy, made distinct page by page (no page merging) */
@@ -132,12 +133,12 @@ static double pool_overhead(void) {
     return best;
 }
 
-static double time_qmatmul(mats *m, int n, const float *X, float *Y, void *scratch) {
+static double time_matmul(mats *m, int n, const float *X, float *Y, void *scratch) {
     int calls = 0;
     double best = 1e9, start = dfl_now();
     while (dfl_now() - start < min_time || calls < 5) {
         double t = dfl_now();
-        dfl_qmatmul(pool, &m->W[calls % m->ncopy], n, X, m->W[0].cols, Y, m->W[0].rows, scratch);
+        dfl_matmul(pool, &m->W[calls % m->ncopy], n, X, m->W[0].cols, Y, m->W[0].rows, scratch);
         t = dfl_now() - t;
         if (t < best) best = t;
         calls++;
@@ -160,7 +161,7 @@ static void ab(dfl_type t, const int (*shapes)[2], const dfl_isa isa[2], const f
             for (int round = 0; round < 3; round++)
                 for (int i = 0; i < 2; i++) {
                     dfl_kernels_set_isa(isa[i]);
-                    double tt = time_qmatmul(&m, ns[k], X, Y, scratch);
+                    double tt = time_matmul(&m, ns[k], X, Y, scratch);
                     if (tt < best[i]) best[i] = tt;
                 }
             printf(" | %d: %.3f/%.3f = %.2fx", ns[k], best[0] * 1e3, best[1] * 1e3,
@@ -205,15 +206,17 @@ int main(int argc, char **argv) {
     const int(*shapes)[2] = big ? shapes17 : lag ? shapes_lag : shapes06;
     const int maxcols = big || lag ? 6144 : 3072; /* the largest dimension (X and Y) */
     static const int ns[] = {1, 2, 4, 8, 16, 32};
-    static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_1, DFL_Q4_K, DFL_Q6_K};
+    /* the float types run only when named (they are matmul.c's, not quant.c's) */
+    static const dfl_type types[] = {DFL_Q8_0, DFL_Q4_0, DFL_Q4_1, DFL_Q4_K, DFL_Q6_K,
+                                     DFL_F32,  DFL_F16,  DFL_BF16};
     float *X = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);
     float *Y = dfl_aligned_alloc(sizeof(float) * 32 * maxcols);
     for (int i = 0; i < 32 * maxcols; i++) X[i] = (float)(i % 23) * 0.1f - 1.1f;
     void *scratch = dfl_aligned_alloc(dfl_qmatmul_scratch(DFL_Q8_0, 32, maxcols) +
                                       dfl_qmatmul_scratch(DFL_Q4_K, 32, maxcols) +
                                       dfl_qmatmul_scratch(DFL_Q4_0, 32, maxcols));
-    for (int ti = 0; ti < 5; ti++) {
-        if (only >= 0 && types[ti] != (dfl_type)only) continue;
+    for (int ti = 0; ti < 8; ti++) {
+        if (only >= 0 ? types[ti] != (dfl_type)only : types[ti] <= DFL_BF16) continue;
         if (n_isa == 2) {
             ab(types[ti], shapes, isa, X, Y, scratch);
             continue;
@@ -222,11 +225,11 @@ int main(int argc, char **argv) {
                dfl_type_name(types[ti]));
         for (int s = 0; s < 3; s++) {
             mats m = make_mats(types[ti], shapes[s][0], shapes[s][1], (size_t)256 << 20);
-            double t1 = time_qmatmul(&m, 1, X, Y, scratch);
+            double t1 = time_matmul(&m, 1, X, Y, scratch);
             printf("  %4dx%-4d: %.3f ms (%.1f GB/s, %.0f%%)", shapes[s][0], shapes[s][1], t1 * 1e3,
                    m.bytes / t1 / 1e9, 100 * m.bytes / t1 / 1e9 / bw);
             for (int k = 1; k < 6; k++) {
-                double t = time_qmatmul(&m, ns[k], X, Y, scratch);
+                double t = time_matmul(&m, ns[k], X, Y, scratch);
                 double ops = 2.0 * shapes[s][0] * shapes[s][1] * ns[k];
                 printf(" | %d: %.3f (%.0f, %.2fx)", ns[k], t * 1e3, ops / t / 1e9, t / t1);
             }

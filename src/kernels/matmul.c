@@ -19,7 +19,9 @@
  * 32 at a time so the accumulators stay small. Small matrices (a model that
  * sits in cache, where bandwidth is not the limit) skip the prefetch lists
  * (gemm_small), and those given a transposed copy at load run 8 outputs per
- * vector with no horizontal sums, one row or many (gemm_trans). On aarch64
+ * vector with no horizontal sums, one row or many (gemm_trans). On the
+ * avx512 path, f16 / bf16 with 3+ rows run matmul_avx512.c's 8x6 tile
+ * (two outputs per zmm), the rest these AVX2 kernels. On aarch64
  * the NEON path (quant_neon.c) keeps the same order with two 4-lane
  * accumulators per element. */
 #include <string.h>
@@ -466,8 +468,10 @@ static void mm_task(void *ctx, int i, int ntask) {
     if (o0 >= o1) return;
     switch (j->isa) {
 #if DFL_X86
-    case DFL_ISA_AVX2:
-    case DFL_ISA_AVX512: avx2_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy); return;
+    case DFL_ISA_AVX512:
+        if (dfl_matmul_rows_avx512(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy)) return;
+        /* fall through - no AVX-512 kernel for this matrix or row count */
+    case DFL_ISA_AVX2: avx2_rows(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy); return;
 #endif
 #if defined(__aarch64__)
     case DFL_ISA_NEON: dfl_matmul_rows_neon(j->W, o0, o1, j->n, j->X, j->ldx, j->Y, j->ldy); return;

@@ -106,6 +106,11 @@ void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, 
  * 0 if W's type or n has no AVX-512 kernel (then the AVX2 one runs). */
 int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                      int ldy);
+/* The AVX-512 f16 / bf16 kernels (matmul_avx512.c): outputs [o0, o1) of n
+ * rows, matmul.c's twin; returns 0 where it has no kernel (the AVX2 one
+ * runs: other types, fewer than 3 rows, a transposed copy). */
+int dfl_matmul_rows_avx512(const dfl_mat *W, int o0, int o1, int n, const float *X, int ldx,
+                           float *Y, int ldy);
 /* The NEON kernels (quant_neon.c, aarch64 with dotprod): the quantized rows, and
  * outputs [o0, o1) of n rows for f32 / f16 / bf16 weights (matmul.c's twin). */
 void dfl_qrows_neon(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, int ldy);
