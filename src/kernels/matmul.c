@@ -37,7 +37,7 @@ enum {
                                * matrix may be transposed */
 };
 
-static float w_at(dfl_type t, const uint8_t *row, int k) {
+float dfl_w_at(dfl_type t, const uint8_t *row, int k) {
     switch (t) {
     case DFL_F16: return dfl_f16_to_f32(((const uint16_t *)row)[k]);
     case DFL_BF16: return dfl_bf16_to_f32(((const uint16_t *)row)[k]);
@@ -56,9 +56,10 @@ static void matmul_ref_rows(const dfl_mat *W, int o0, int o1, int n, const float
             const float *x = X + (size_t)r * ldx;
             float acc[8] = {0};
             for (int k = 0; k < k8; k += 8)
-                for (int l = 0; l < 8; l++) acc[l] = fmaf(w_at(W->type, w, k + l), x[k + l], acc[l]);
+                for (int l = 0; l < 8; l++)
+                    acc[l] = fmaf(dfl_w_at(W->type, w, k + l), x[k + l], acc[l]);
             float s = dfl_hsum8_ref(acc);
-            for (int k = k8; k < cols; k++) s = fmaf(w_at(W->type, w, k), x[k], s);
+            for (int k = k8; k < cols; k++) s = fmaf(dfl_w_at(W->type, w, k), x[k], s);
             Y[(size_t)r * ldy + o] = s;
         }
     }
@@ -196,7 +197,7 @@ DFL_AVX2 static void finish(const __m256 *acc, int m, int c, dfl_type t, const u
                                      i + 3 < m ? acc[i + 3] : z));
         for (int j = i; j < i + 4 && j < m; j++) {
             float v = s[j - i];
-            for (int k = k8; k < cols; k++) v = fmaf(w_at(t, w[o], k), x[r * ldx + k], v);
+            for (int k = k8; k < cols; k++) v = fmaf(dfl_w_at(t, w[o], k), x[r * ldx + k], v);
             y[r * ldy + o] = v;
             if (++o == c) o = 0, r++;
         }

@@ -56,11 +56,6 @@ INLINE __m512 xdup(const float *x, int k) {
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(x + k))));
 }
 
-static float w_at(dfl_type t, const uint8_t *row, int k) {
-    uint16_t h = ((const uint16_t *)row)[k];
-    return t == DFL_F16 ? dfl_f16_to_f32(h) : dfl_bf16_to_f32(h);
-}
-
 /* The next group's weight rows, prefetched while a tile runs: per 32
  * columns at k, the 64-byte line of each. */
 typedef struct {
@@ -129,7 +124,7 @@ INLINE void tile(const int t, const int R, const int P, const uint8_t *const *w,
     for (int r = 0; r < R; r++)
         for (int c = 0; c < m; c++) {
             float v = s[r * 2 * P + c];
-            for (int kk = k8; kk < cols; kk++) v = fmaf(w_at(t, w[c], kk), x[r * ldx + kk], v);
+            for (int kk = k8; kk < cols; kk++) v = fmaf(dfl_w_at(t, w[c], kk), x[r * ldx + kk], v);
             y[r * ldy + c] = v;
         }
 }

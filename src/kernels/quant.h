@@ -106,6 +106,9 @@ void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, 
  * 0 if W's type or n has no AVX-512 kernel (then the AVX2 one runs). */
 int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                      int ldy);
+/* Element k of an f32 / f16 / bf16 weight row as f32 (matmul.c): the twins'
+ * and every path's k tail read weights through it. */
+float dfl_w_at(dfl_type t, const uint8_t *row, int k);
 /* The AVX-512 f16 / bf16 kernels (matmul_avx512.c): outputs [o0, o1) of n
  * rows, matmul.c's twin; returns 0 where it has no kernel (the AVX2 one
  * runs: other types, fewer than 3 rows, a transposed copy). */
