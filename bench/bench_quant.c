@@ -7,7 +7,9 @@
  * GB/s of weights
  * at one row, GOP/s (2 * rows * cols * n / time), and the cost of n rows
  * relative to one. Weight copies are cycled (256 MiB in all) so they come
- * from memory, as in decode and verify, not from L3.
+ * from memory, as in decode and verify, not from L3; at one row the same
+ * product of one copy, hot in the caches, shows whether the kernel's
+ * arithmetic or memory bounds decode.
  *
  *   bench_quant [threads] [seconds per measurement] [type|all] [0.6b|1.7b|lag] [ISA,ISA]
  *
@@ -221,13 +223,18 @@ int main(int argc, char **argv) {
             ab(types[ti], shapes, isa, X, Y, scratch);
             continue;
         }
-        printf("\n%s    rows x cols : n=1 ms (GB/s, %% of bw) | n: ms (GOP/s, x n=1)\n",
+        printf("\n%s    rows x cols : n=1 ms (GB/s, %% of bw; from cache) | n: ms (GOP/s, x n=1)\n",
                dfl_type_name(types[ti]));
         for (int s = 0; s < 3; s++) {
             mats m = make_mats(types[ti], shapes[s][0], shapes[s][1], (size_t)256 << 20);
-            double t1 = time_matmul(&m, 1, X, Y, scratch);
-            printf("  %4dx%-4d: %.3f ms (%.1f GB/s, %.0f%%)", shapes[s][0], shapes[s][1], t1 * 1e3,
-                   m.bytes / t1 / 1e9, 100 * m.bytes / t1 / 1e9 / bw);
+            /* hot: one copy read over and over, from the caches: what the
+             * kernel's arithmetic allows a row, with memory out of the way */
+            mats h = m;
+            h.ncopy = 1;
+            double t1 = time_matmul(&m, 1, X, Y, scratch), th = time_matmul(&h, 1, X, Y, scratch);
+            printf("  %4dx%-4d: %.3f ms (%.1f GB/s, %.0f%%; hot %.1f GB/s)", shapes[s][0],
+                   shapes[s][1], t1 * 1e3, m.bytes / t1 / 1e9, 100 * m.bytes / t1 / 1e9 / bw,
+                   m.bytes / th / 1e9);
             for (int k = 1; k < 6; k++) {
                 double t = time_matmul(&m, ns[k], X, Y, scratch);
                 double ops = 2.0 * shapes[s][0] * shapes[s][1] * ns[k];

@@ -422,9 +422,10 @@ int dfl_capture_default_layers(const dfl_engine *e, int n_draft, int *ids);
 /* ---- benchmarks (src/api/bench.c; dflash bench, docs/benchmarks.md) ---- */
 
 /* This machine's limits on the engine's threads (src/kernels/machine.c):
- * read bandwidth in GB/s (a sum over a buffer far larger than the caches)
- * and f32 FMA peak in GFLOP/s (register-only FMA chains). */
-double dfl_bench_read_bw(const dfl_engine *e);
+ * read bandwidth in GB/s (the best of reps sums over a buffer of `bytes`,
+ * far larger than the caches; 0, 0: 512 MiB, 5) and f32 FMA peak in
+ * GFLOP/s (register-only FMA chains). */
+double dfl_bench_read_bw(const dfl_engine *e, size_t bytes, int reps);
 double dfl_bench_fma_peak(const dfl_engine *e);
 /* FLOPs (2 per multiply-add) of the weight products one row costs through
  * the target, lm_head included, attention excluded. */

@@ -215,7 +215,7 @@ static void test_forward(dfl_engine *e) {
     dfl_generate(f, prompt, 4, &gp, on_tok, &b, NULL, &err);
     CHECK(a.n == 20 && b.n == 20 && !memcmp(a.ids, b.ids, sizeof(int32_t) * 20),
           "generate after bench forwards");
-    CHECK(dfl_bench_read_bw(e) > 0 && dfl_bench_fma_peak(e) > 0 && dfl_bench_row_flops(e) > 0,
+    CHECK(dfl_bench_read_bw(e, 0, 0) > 0 && dfl_bench_read_bw(e, 64 << 20, 1) > 0 && dfl_bench_fma_peak(e) > 0 && dfl_bench_row_flops(e) > 0,
           "machine limits and row flops are positive");
     dfl_session_free(s);
     dfl_session_free(f);

@@ -37,6 +37,9 @@ for d in j["decode"]:
     r = d["sustained"]
     assert r["tokens"] == 256 and 0 < r["ms_p10"] <= r["ms_median"] <= r["ms_p90"], r
     assert abs(r["tok_s"] * r["ms_median"] - 1e3) < 1e-6 * r["tok_s"] and r["frac_of_bw"] > 0, r
+    p = d["paired"]
+    assert p["pairs"] == 32 and p["sample_bytes"] == 256 << 20, p
+    assert 0 < p["frac_p10"] <= p["frac_median"] <= p["frac_p90"], p
 assert len(j["verify"]) == 2
 for v in j["verify"]:
     assert [r["B"] for r in v["rows"]] == list(range(1, 9)), v

@@ -8,7 +8,9 @@
 #include "sample/sample.h"
 #include "decode/decode.h"
 
-double dfl_bench_read_bw(const dfl_engine *e) { return dfl_machine_read_bw(e->pool, 0, 5); }
+double dfl_bench_read_bw(const dfl_engine *e, size_t bytes, int reps) {
+    return dfl_machine_read_bw(e->pool, bytes, reps);
+}
 
 double dfl_bench_fma_peak(const dfl_engine *e) { return dfl_machine_fma_peak(e->pool, 0); }
 

@@ -3,7 +3,8 @@
  *
  *   machine  read bandwidth and f32 FMA peak on the engine's threads
  *   decode   one-row forward per weight type: tok/s, GB/s, % of bandwidth,
- *            best timed forward and the median step of a sustained generate
+ *            best timed forward, the median step of a sustained generate,
+ *            and forwards paired with a bandwidth sample each
  *   verify   B-row forward cost over one row, next to the roofline's guess
  *   spec     classic vs pinned blocks vs adaptive, with a replay drafter
  *            at given acceptance profiles (tau)
@@ -288,7 +289,7 @@ static void unload(bench *b) {
 static void sec_machine(bench *b) {
     fprintf(stderr, "bench: measuring read bandwidth and FMA peak on %d threads\n",
             b->mi.n_threads);
-    b->bw = dfl_bench_read_bw(b->e);
+    b->bw = dfl_bench_read_bw(b->e, 0, 0);
     b->peak = dfl_bench_fma_peak(b->e);
     reset_peak_rss();   /* the bandwidth buffer is not the engine's */
     printf("machine: %d threads, read bandwidth %.2f GB/s, f32 FMA peak %.1f GFLOP/s\n\n",
@@ -324,6 +325,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* q[0..2] = the 10th, 50th and 90th percentiles of v[0..n), sorted in place. */
+static void percentiles(double *v, int n, double q[3]) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    for (int k = 0; k < 3; k++) q[k] = n > 0 ? v[(n - 1) * (1 + 4 * k) / 10] : 0;
+}
+
 /* What a user gets: a classic generate of SUSTAINED_TOKENS tokens, each
  * step's time from one token's arrival to the next (the first, which waits
  * for the prefill, left out); q[0..2] = the 10th, 50th and 90th percentiles. */
@@ -340,18 +347,42 @@ static void sustained(bench *b, double q[3]) {
     int n = s.n - 1;
     double dt[SUSTAINED_TOKENS];
     for (int i = 0; i < n; i++) dt[i] = s.t[i + 1] - s.t[i];
-    qsort(dt, (size_t)n, sizeof(double), cmp_double);
-    for (int k = 0; k < 3; k++) q[k] = n > 0 ? dt[(n - 1) * (1 + 4 * k) / 10] : 0;
+    percentiles(dt, n, q);
+}
+
+enum {
+    PAIRS = 32,                      /* forwards of the paired measure */
+    PAIR_BYTES = 256 << 20           /* each one's bandwidth sample */
+};
+
+/* Read bandwidth moves with the host's neighbours (two levels a run apart on
+ * the shared machines here), so one figure taken before a sustained run can
+ * make a median step look slow or fast. Here each one-row forward follows a
+ * bandwidth sample of its own; q = percentiles of forward GB/s over that
+ * sample's, a share that holds whatever level the host is at. */
+static void paired(bench *b, double q[3]) {
+    double r[PAIRS], sec;
+    for (int i = 0; i < PAIRS; i++) {
+        double bw = dfl_bench_read_bw(b->e, PAIR_BYTES, 1);
+        dfl_error err = {0};
+        if (dfl_bench_forward(b->s, 128, 1, DFL_BENCH_LOGITS, 1, &sec, &err)) die("forward", &err);
+        r[i] = bw > 0 && sec > 0 ? b->mi.weight_bytes / sec / 1e9 / bw : 0;
+    }
+    percentiles(r, PAIRS, q);
 }
 
 static void sec_decode(bench *b, cJSON *arr) {
-    double sec = fwd(b, 128, 1, DFL_BENCH_LOGITS), q[3];
+    double sec = fwd(b, 128, 1, DFL_BENCH_LOGITS), q[3], pq[3];
     sustained(b, q);
+    paired(b, pq);
     double gbs = b->mi.weight_bytes / sec / 1e9, gbs_run = q[1] > 0 ? b->mi.weight_bytes / q[1] / 1e9 : 0;
     printf("%-6s %9.1f %9.2f %8.2f %8.2f %7.1f%% | %9.2f %9.2f %8.2f %7.1f%%\n", b->mi.dtype,
            b->mi.weight_bytes / 1e6, sec * 1e3, 1 / sec, gbs, b->bw > 0 ? 100 * gbs / b->bw : 0,
            q[1] * 1e3, q[1] > 0 ? 1 / q[1] : 0, (q[2] - q[0]) * 1e3,
            b->bw > 0 ? 100 * gbs_run / b->bw : 0);
+    printf("%-6s paired: %d forwards, each after a %d MB bandwidth sample, read %.0f%% of it "
+           "(p10 %.0f%%, p90 %.0f%%)\n", "", PAIRS, PAIR_BYTES >> 20, 100 * pq[1], 100 * pq[0],
+           100 * pq[2]);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "type", b->mi.dtype);
     cJSON_AddNumberToObject(d, "weight_bytes", (double)b->mi.weight_bytes);
@@ -366,6 +397,12 @@ static void sec_decode(bench *b, cJSON *arr) {
     cJSON_AddNumberToObject(r, "ms_p90", q[2] * 1e3);
     cJSON_AddNumberToObject(r, "tok_s", q[1] > 0 ? 1 / q[1] : 0);
     cJSON_AddNumberToObject(r, "frac_of_bw", b->bw > 0 ? gbs_run / b->bw : 0);
+    cJSON *p = cJSON_AddObjectToObject(d, "paired");
+    cJSON_AddNumberToObject(p, "pairs", PAIRS);
+    cJSON_AddNumberToObject(p, "sample_bytes", PAIR_BYTES);
+    cJSON_AddNumberToObject(p, "frac_p10", pq[0]);
+    cJSON_AddNumberToObject(p, "frac_median", pq[1]);
+    cJSON_AddNumberToObject(p, "frac_p90", pq[2]);
     cJSON_AddItemToArray(arr, d);
 }
 
