@@ -299,14 +299,13 @@ static void gate(void) {
     CHECK(dfl_gate_open(&g, 0, 1), "one sequence alone is never gated");
     CHECK(dfl_gate_open(&g, 0, 4), "no evidence anywhere: speculation is measured first");
     /* Four sequences; speculation measured behind (30 tok/s against 40): after
-     * the first two windows classic holds, with a half window given back to
-     * speculation now and then, less often each time it loses again (with
-     * whole windows for the tries: 4744 tokens). */
+     * the first two windows classic holds, with a window given back to
+     * speculation now and then, less often each time it loses again. */
     double tok[2] = {4, 10}, slow[2] = {0.1, 1.0 / 3}, fast[2] = {0.1, 0.125};
     double got = gate_run(&g, &now, 120, 4, tok, slow, &share);
-    CHECK(got >= 0.99 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
+    CHECK(got >= 0.96 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
           got, 40.0 * 120);
-    CHECK(share > 0.005 && share < 0.1, "classic ahead: speculation %.3f of the ticks", share);
+    CHECK(share > 0.01 && share < 0.1, "classic ahead: speculation %.2f of the ticks", share);
     /* Three sequences were never measured: their crowd starts with what four
      * measured (classic ahead), and tries speculation after a few windows. */
     double share3;

@@ -389,7 +389,7 @@ static int gate_pick(dfl_gate *g, int active) {
 int dfl_gate_open(dfl_gate *g, double now, int active) {
     if (active < 2) return 1;
     pthread_mutex_lock(&g->mu);
-    if (g->n != active || now - g->t0 >= (g->trying ? DFL_GATE_TRY_S : DFL_GATE_WINDOW_S)) {
+    if (g->n != active || now - g->t0 >= DFL_GATE_WINDOW_S) {
         span_close(g, now);
         window_close(g);
         g->n = active, g->t0 = now, g->measured = 0;

@@ -168,8 +168,8 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
  * gate measures what the engine commits per second, all sequences together,
  * with speculation allowed and with classic steps only, kept per number of
  * active sequences, and lets speculation run only while it has measured
- * ahead. Time goes in windows of one mode; the other mode gets a shorter
- * one after DFL_GATE_EXPLORE, and after twice as many each time it loses again
+ * ahead. Time goes in windows of one mode; the other mode gets a window
+ * after DFL_GATE_EXPLORE, and after twice as many each time it loses again
  * (up to DFL_GATE_EXPLORE_MAX), so the evidence follows a changing load at a
  * small cost. A window is measured in spans of one crowd size: a sequence
  * that joins or leaves ends the span (and the window, whose mode the new
@@ -184,8 +184,6 @@ enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS +
        DFL_GATE_EXPLORE_MAX = 40 };  /* ... doubled after each try it loses again, up to this */
 #define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here; the
                                    evidence halves in weight every such time of its mode */
-#define DFL_GATE_TRY_S 0.5      /* a try of the mode behind: long enough to measure (a
-                                   quarter window counts), short because it is usually lost */
 typedef struct dfl_gate {
     pthread_mutex_t mu;
     int spec;                   /* the open window's mode: 1 speculation allowed */
