@@ -136,8 +136,8 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const 
     int k = 0;
     /* 32 columns per iteration: one prefetch per 64-byte line of 16-bit rows.
      * The one-row tile (1 x 4, gemv's alone) prefetches into L2, not L1: on
-     * Zen 4 a bf16 decode step then read 89-98% of the bandwidth sampled
-     * next to it, against 66-93% (docs/benchmarks.md); the tiles of several
+     * Zen 4 a bf16 decode step then read 95-99% of the bandwidth sampled
+     * next to it, against 70-84% (docs/benchmarks.md); the tiles of several
      * rows, whose lines are reused from L1 row after row, keep L1. */
     for (; k + 32 <= k8; k += 32) {
         for (int i = 0; i < aux->np; i++) {
