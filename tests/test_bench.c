@@ -55,6 +55,13 @@ static void test_calibrate(dfl_engine *e) {
     memcpy(before, T0, sizeof before);
     CHECK(dfl_spec_calibrate(e, 0, &err) == 0, "second calibration measures nothing");
     CHECK(!memcmp(before, T0, sizeof before), "and changes nothing");
+    /* a stall while a size was timed: capped by the larger sizes' times */
+    dfl_costs_init(&e->costs, e->max_block);
+    T0[1] = 1.0;
+    CHECK(dfl_spec_calibrate(e, 0, &err) == 7, "a table with block 1 measures the other 7");
+    for (int i = 0; i + 1 < 8; i++)
+        CHECK(T0[promised[i]] <= T0[promised[i + 1]], "t_round[%d] = %g above t_round[%d] = %g",
+              promised[i], T0[promised[i]], promised[i + 1], T0[promised[i + 1]]);
     /* a cap: only sizes up to it */
     dfl_costs_init(&e->costs, e->max_block);
     CHECK(dfl_spec_calibrate(e, 5, &err) == 4 && T0[4] > 0 &&
