@@ -7,14 +7,15 @@ acceptance lengths) and llama-server, on the same GGUF, with the same client
 For every server and concurrency N (1 2 4 8): a fresh server with N slots;
 a warm-up pass (every prompt once, one at a time: for the replay servers
 this records each prompt's greedy answer, which later requests replay);
-then N clients each send REQS streaming requests back to back. Reported:
+with --warm-crowd K, N clients each send K requests, unmeasured; then N
+clients each send REQS streaming requests back to back. Reported:
 aggregate tok/s (all completion tokens / wall time), per-request decode
 tok/s (tokens after the first / time after the first; median and range),
 time to first token p50 / p99, the server's peak RSS (VmHWM).
 
   build/venv/bin/python bench/bench_serve.py --model M.gguf [--draft D]
       [--llama-server PATH] [--clients 1,2,4,8] [--taus 3,6.5] [--reps R]
-      [--out results.json]
+      [--warm-crowd K] [--out results.json]
 
 With --reps R every client count runs every server R times, the servers
 alternated within each rep; the table gives medians, the aggregate's range,
@@ -123,7 +124,7 @@ async def one(client, model, prompt, max_tokens):
             "decode_tps": (tokens - 1) / (t1 - first) if tokens > 1 and t1 > first else 0.0}
 
 
-async def stage(port, model, ps, n_clients, reqs, max_tokens, replay):
+async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd=0):
     # retries: a server may close an idle keep-alive connection the client then reuses
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                 max_retries=2, timeout=3600)
@@ -132,9 +133,13 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, replay):
     for p in ps if replay else ps[:1]:
         await one(client, model, p, max_tokens)
 
-    async def worker(k):
+    async def worker(k, n=reqs):
         return [await one(client, model, ps[(k + i * n_clients) % len(ps)], max_tokens)
-                for i in range(reqs)]
+                for i in range(n)]
+    # --warm-crowd: the same clients' requests, unmeasured, so a server's policies and
+    # crowd gate have learnt this crowd, as on a server that has been up a while
+    if warm_crowd and n_clients > 1:
+        await asyncio.gather(*(worker(k, warm_crowd) for k in range(n_clients)))
     t0 = time.perf_counter()
     rs = [r for rows in await asyncio.gather(*(worker(k) for k in range(n_clients))) for r in rows]
     wall = time.perf_counter() - t0
@@ -188,6 +193,10 @@ def main():
     ap.add_argument("--only", help="run the configs whose name contains this")
     ap.add_argument("--reps", type=int, default=1,
                     help="sweeps of every client count, servers alternated within each")
+    ap.add_argument("--warm-crowd", type=int, default=0, metavar="K",
+                    help="before each measured stage of N > 1 clients, N clients send K "
+                    "requests each, unmeasured (every server alike): the steady state of a "
+                    "server that has been up, not one learning from nothing")
     ap.add_argument("--out", default="/tmp/dflash-bench-serve.json")
     a = ap.parse_args()
     a.taus = [float(x) for x in a.taus.split(",") if x] if a.draft else []
@@ -196,7 +205,7 @@ def main():
     runs = []
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {a.threads} threads; model {a.model}; "
           f"{a.max_tokens} tokens per request, {a.requests} requests per client, "
-          f"{a.reps} rep(s)", file=sys.stderr)
+          f"{a.reps} rep(s), warm crowd {a.warm_crowd}", file=sys.stderr)
     cfgs = [c for c in configs(a) if not a.only or a.only in c[0]]
     # Servers alternate within each rep and client count: on a shared machine
     # whose speed drifts by minutes, the ratios of neighbouring stages hold
@@ -209,7 +218,7 @@ def main():
                 srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
                 try:
                     r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
-                                          a.max_tokens, replay))
+                                          a.max_tokens, replay, a.warm_crowd))
                 finally:
                     rss = srv.stop()
                 r.update(server=name, clients=n, rep=rep, peak_rss_mb=rss / 1024,
@@ -221,6 +230,7 @@ def main():
                 results = summary(runs)
                 with open(a.out, "w") as f:
                     json.dump({"cpu": cpu_name(), "threads": a.threads, "model": a.model,
+                               "warm_crowd": a.warm_crowd,
                                "max_tokens": a.max_tokens, "reps": a.reps, "results": results,
                                "runs": runs}, f, indent=1)
     table(summary(runs))
