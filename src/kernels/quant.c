@@ -400,6 +400,7 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
         a->sum4 = n4 ? (int32_t *)(p + nq + nd + ns) : NULL;
         a->s = n1 ? (float *)(p + nq + nd + ns + n4) : NULL;
+        a->q_u8 = 0;
     }
     return nq + nd + ns + n4 + n1;
 }
@@ -631,13 +632,15 @@ static void qjob_run(void *ctx, int i, int ntask) {
     if (o0 < o1) qrows(j->isa, j->W, j->a, j->n, o0, o1, j->Y, j->ldy);
 }
 
-static void qact_quant(dfl_isa isa, dfl_qact *a, int n, const float *X, int ldx) {
+static void qact_quant(dfl_isa isa, dfl_type t, dfl_qact *a, int n, const float *X, int ldx) {
 #if DFL_X86
     if (isa == DFL_ISA_AVX2 || isa == DFL_ISA_AVX512) {
         dfl_qact_quant_avx2(a, n, X, ldx);
+        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0 && n >= 2) dfl_qact_u8_avx512(a);
         return;
     }
 #endif
+    (void)t;
     (void)isa;
     qact_quant_ref(a, n, X, ldx); /* also NEON's: a pass over X, not over W */
 }
@@ -649,7 +652,7 @@ void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ld
     dfl_qact a;
     qact_layout(W->type, n, W->cols, scratch, &a);
     dfl_isa isa = dfl_kernels_isa();
-    qact_quant(isa, &a, n, X, ldx);
+    qact_quant(isa, W->type, &a, n, X, ldx);
     /* One contiguous run of output rows per thread (the weights stream in
      * order); rows are in multiples of 8 so register tiles stay whole. */
     int nt = dfl_pool_size(pool), groups = (W->rows + 7) / 8;
@@ -706,7 +709,7 @@ void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *con
             continue;
         }
         p += qact_layout(W[j]->type, 1, W[j]->cols, p, &acts[j]);
-        qact_quant(g.isa, &acts[j], 1, X[j], W[j]->cols);
+        qact_quant(g.isa, W[j]->type, &acts[j], 1, X[j], W[j]->cols);
         g.a[j] = &acts[j];
     }
     int nt = dfl_pool_size(pool);
