@@ -53,10 +53,15 @@ PROMPT = "Once upon a time, a small fox found a lantern by the river and"
 TOL = {"f32": 1e-5, "f16": 2e-3}
 # The hybrids' recurrence accumulates float32 rounding on both sides, and how much depends on
 # the machine torch runs on (on a Zen 3, qwen35moe-hybrid bf16: transformers 1.4e-4 and the
-# engine 2.2e-4 from the float64 reference, on opposite sides). Each side is held to TOL
-# against tools/reference.py's float64 forward (test_reference64); against each other they
-# may then differ by twice it (an f16 cache's tolerance already covers its rounding).
+# engine 2.2e-4 from the float64 reference, on opposite sides). The engine is held to TOL
+# against tools/reference.py's float64 forward (test_reference64); against transformers it
+# may differ by twice it (an f16 cache's tolerance already covers its rounding).
 HYBRID_PAIR = 2.0
+# transformers itself against that float64 forward (a check of tools/reference.py, whose
+# errors would be 1e-2 and up): the host's torch kernels set its rounding. On an Intel Xeon
+# (AVX-512) qwen35moe-hybrid bf16 read 6.4e-4 at one row of 24 (1.9x TOL; the other rows
+# 1e-5 to 2e-4, with any thread count), while the engine stayed at 2.2e-4, within TOL.
+HF_REF64 = 4.0
 # Greedy runs are compared id for id only where transformers' top-2 margin at
 # every step exceeds this (a margin below the logit error could flip a tie).
 MIN_MARGIN = 0.05
@@ -446,8 +451,8 @@ def test_reference64(binary, name, dt, d, ids, ref):
     cfg, W = reference.load(d)
     r64, _ = reference.forward(cfg, W, ids)
     got, _, _ = dump(binary, d, ids, "f32")
-    for what, other in (("ref64-hf", ref), ("ref64", got)):
-        ok, diff, tol = compare(r64, other, "f32")
+    for what, other, scale in (("ref64-hf", ref, HF_REF64), ("ref64", got, 1.0)):
+        ok, diff, tol = compare(r64, other, "f32", scale)
         check(ok, f"{name} {dt} {what}: max |diff| {diff:.3g} > tol {tol:.3g} or an argmax differs")
         row(name, dt, what, "f32", diff, tol, ok)
 
