@@ -255,7 +255,13 @@ static void submit(dfl_target *t, dfl_fwd *f) {
     double since = dfl_now();
     while (!me.done) {
         int head = !c->busy && c->n_queued && c->queue[0] == &me;
-        double waited = dfl_now() - (since > c->side_end ? since : c->side_end);
+        /* the grace runs from the last forward's end too: a call queued during a
+         * forward of 40 ms would lead the moment it ended, before its sequences
+         * had sampled and queued again, and the crowd would split into two
+         * forwards that alternate for good (4 slots: 55% of forwards full) */
+        double from = since > c->side_end ? since : c->side_end;
+        if (c->fwd_end > from) from = c->fwd_end;
+        double waited = dfl_now() - from;
         /* a sequence in its drafter's work holds the machine and then queues: no
          * forward could run meanwhile, so the grace does not run out on it */
         if (head && (c->n_queued >= c->n_active ||
