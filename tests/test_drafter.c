@@ -341,10 +341,13 @@ static void kv_of(int l, const double *u, int pos, double *k, double *v) {
 
 /* Drafter logits (B-1, vocab) for context features F (nctx rows) and anchor
  * at position nctx; only the last `window` context rows are attended when
- * window > 0. Everything is recomputed from scratch. */
-static void ref_draft(const float *F, int nctx, int32_t anchor, int B, int window, double *out) {
+ * window > 0, and none of rows h0..h1-1 (a hole). Everything is recomputed
+ * from scratch. */
+static void ref_draft(const float *F, int nctx, int32_t anchor, int B, int window, int h0, int h1,
+                      double *out) {
     int vocab = T->c.vocab, kvd = NKV * HD, lo = window && nctx > window ? nctx - window : 0;
-    int nk = nctx - lo + B;
+    int nk = B;
+    for (int r = lo; r < nctx; r++) nk += r < h0 || r >= h1;
     double *c = calloc((size_t)nctx * DIM, sizeof(double)), *f = malloc(NCAP * DIM * sizeof(double));
     double *K = malloc((size_t)nk * kvd * sizeof(double)), *V = malloc((size_t)nk * kvd * sizeof(double));
     double *x = malloc((size_t)B * DIM * sizeof(double)), *u = malloc((size_t)B * DIM * sizeof(double));
@@ -362,15 +365,21 @@ static void ref_draft(const float *F, int nctx, int32_t anchor, int B, int windo
         for (int j = 0; j < DIM; j++) x[i * DIM + j] = row[j];
     }
     for (int l = 0; l < NL; l++) {
-        for (int r = lo; r < nctx; r++)   /* context: no input_layernorm */
-            kv_of(l, c + (size_t)r * DIM, r, K + (size_t)(r - lo) * kvd, V + (size_t)(r - lo) * kvd);
+        int nc = 0;
+        for (int r = lo; r < nctx; r++, nc++) {   /* context: no input_layernorm */
+            if (r >= h0 && r < h1) {
+                nc--;
+                continue;
+            }
+            kv_of(l, c + (size_t)r * DIM, r, K + (size_t)nc * kvd, V + (size_t)nc * kvd);
+        }
         for (int i = 0; i < B; i++) {
             rms(u + i * DIM, x + i * DIM, lw("layers.%d.input_layernorm.weight", l), DIM);
             double *qi = q + (size_t)i * NH * HD;
             mv(qi, lw("layers.%d.self_attn.q_proj.weight", l), u + i * DIM, NH * HD, DIM);
             for (int h = 0; h < NH; h++) rms(qi + h * HD, qi + h * HD, lw("layers.%d.self_attn.q_norm.weight", l), HD);
             rope(qi, NH, nctx + i);
-            int kr = nctx - lo + i;
+            int kr = nc + i;
             kv_of(l, u + i * DIM, nctx + i, K + (size_t)kr * kvd, V + (size_t)kr * kvd);
         }
         for (int i = 0; i < B; i++) {   /* no mask: every row sees all keys */
@@ -428,19 +437,19 @@ static float *features(const int32_t *ids, int n) {
     return F;
 }
 
-static void test_forward(dfl_drafter *d, const float *F, int nctx, int32_t anchor, int window) {
-    int vocab = T->c.vocab;
-    dfl_dstore *s = dfl_dstore_new(d, 256);
+/* The drafts of store s (context rows 0..nctx-1, rows h0..h1-1 a hole)
+ * against the reference, at several block sizes. */
+static void check_drafts(dfl_drafter *d, dfl_dstore *s, const float *F, int nctx, int32_t anchor,
+                         int window, int h0, int h1) {
+    int vocab = T->c.vocab, rc;
     dfl_error err = {0};
-    int rc = dfl_drafter_add_context(d, s, F, nctx, &err);
-    CHECK(rc == 0 && s->len == nctx, "add_context: %s", err.msg);
     for (int B = 2; B <= BLOCK * 2; B += B < 4 ? 1 : 5) {
         float *lg = malloc((size_t)(B - 1) * vocab * sizeof(float));
         double *want = malloc((size_t)(B - 1) * vocab * sizeof(double));
         int32_t draft[64];
         rc = dfl_drafter_draft(d, s, anchor, B, lg, draft, &err);
         CHECK(rc == 0 && s->len == nctx, "draft B=%d: %s", B, err.msg);
-        ref_draft(F, nctx, anchor, B, window, want);
+        ref_draft(F, nctx, anchor, B, window, h0, h1, want);
         double maxd = 0, maxv = 0;
         int arg_ok = 1;
         for (int i = 0; i < B - 1; i++) {
@@ -455,16 +464,65 @@ static void test_forward(dfl_drafter *d, const float *F, int nctx, int32_t ancho
                       fabs(want[(size_t)i * vocab + best] - want[(size_t)i * vocab + draft[i]]) < 1e-4;
         }
         if (getenv("VERBOSE"))
-            fprintf(stderr, "B=%d window=%d nctx=%d: max diff %g, max logit %g\n", B, window,
-                    nctx, maxd, maxv);
+            fprintf(stderr, "B=%d window=%d hole %d..%d nctx=%d: max diff %g, max logit %g\n", B,
+                    window, h0, h1, nctx, maxd, maxv);
         /* an f16 store rounds K/V to 11 bits: the logits move by about that */
         double tol = s->type == DFL_F16 ? 5e-4 : 2e-5;
-        CHECK(maxd <= tol * (maxv > 1 ? maxv : 1), "B=%d window=%d %s store: max |diff| %g "
-              "(logits up to %g)", B, window, dfl_type_name(s->type), maxd, maxv);
-        CHECK(arg_ok, "B=%d window=%d: drafts are not the reference's argmax", B, window);
+        CHECK(maxd <= tol * (maxv > 1 ? maxv : 1), "B=%d window=%d hole %d..%d %s store: max "
+              "|diff| %g (logits up to %g)", B, window, h0, h1, dfl_type_name(s->type), maxd,
+              maxv);
+        CHECK(arg_ok, "B=%d window=%d hole %d..%d: drafts are not the reference's argmax", B,
+              window, h0, h1);
         free(lg), free(want);
     }
+}
+
+static void test_forward(dfl_drafter *d, const float *F, int nctx, int32_t anchor, int window) {
+    dfl_dstore *s = dfl_dstore_new(d, 256);
+    dfl_error err = {0};
+    int rc = dfl_drafter_add_context(d, s, F, nctx, &err);
+    CHECK(rc == 0 && s->len == nctx, "add_context: %s", err.msg);
+    check_drafts(d, s, F, nctx, anchor, window, 0, 0);
     dfl_dstore_free(s);
+}
+
+/* A store with a hole (rows skipped while a crowd held its sequence to
+ * classic steps) drafts as the reference does without those rows; a cut
+ * inside or before the hole, and a copy of its prefix, keep the mapping of
+ * positions to rows: the rows re-added after a cut before the hole draft as
+ * if it never was. */
+static void test_hole(dfl_drafter *d, const float *F, int nctx, int32_t anchor, int window,
+                      int h0, int h1) {
+    size_t fr = (size_t)NCAP * DIM;
+    dfl_dstore *s = dfl_dstore_new(d, 256), *c = dfl_dstore_new(d, 256);
+    dfl_error err = {0};
+    int rc = dfl_drafter_add_context(d, s, F, h0, &err);
+    if (!rc) rc = dfl_dstore_skip(s, h1 - h0, &err);
+    if (!rc) rc = dfl_drafter_add_context(d, s, F + h1 * fr, nctx - h1, &err);
+    CHECK(rc == 0 && s->len == nctx, "a store with a hole: %s (len %d)", err.msg, s->len);
+    check_drafts(d, s, F, nctx, anchor, window, h0, h1);
+    CHECK(dfl_dstore_skip(s, 1000, &err) == DFL_ECTX, "a skip past the store's end: rc 0");
+    if (window) {   /* (a windowed store's prefix is never copied: the window skipped rows) */
+        dfl_dstore_free(s), dfl_dstore_free(c);
+        return;
+    }
+    CHECK(dfl_dstore_copy_prefix(c, s, nctx) == nctx && c->rows == s->rows,
+          "the copy of a holed store holds %d positions, %d rows (of %d)", c->len, c->rows,
+          s->rows);
+    check_drafts(d, c, F, nctx, anchor, window, h0, h1);
+    int mid = (h0 + h1) / 2;   /* a cut inside the hole keeps the rows before it */
+    dfl_dstore_truncate(s, mid);
+    CHECK(s->len == mid && s->rows == h0, "cut in the hole: %d positions, %d rows", s->len, s->rows);
+    rc = dfl_dstore_skip(s, h1 - mid, &err);
+    if (!rc) rc = dfl_drafter_add_context(d, s, F + h1 * fr, nctx - h1, &err);
+    CHECK(rc == 0 && s->len == nctx, "re-added after a cut in the hole: %s", err.msg);
+    check_drafts(d, s, F, nctx, anchor, window, h0, h1);
+    dfl_dstore_truncate(s, h0 - 2);   /* before the hole: it is gone */
+    rc = dfl_drafter_add_context(d, s, F + (h0 - 2) * fr, nctx - (h0 - 2), &err);
+    CHECK(rc == 0 && s->len == nctx && s->rows == nctx, "re-added after a cut before the hole: %s",
+          err.msg);
+    check_drafts(d, s, F, nctx, anchor, window, 0, 0);
+    dfl_dstore_free(s), dfl_dstore_free(c);
 }
 
 /* Rows appended over many calls (with drafts in between, which write the
@@ -914,6 +972,7 @@ int main(void) {
     dfl_dstore *s32 = dfl_dstore_new(d, 256);
     CHECK(s16->type == DFL_F16 && s32->type == DFL_F32, "the store takes the target's K/V type");
     dfl_dstore_free(s16), dfl_dstore_free(s32);
+    test_hole(d, F, nctx, ids[nctx], 0, nctx / 3, nctx / 3 + nctx / 4);
     T->kv_type = kv_type;
     test_incremental(d, F, nctx);
     test_pass(d, F);
@@ -943,6 +1002,7 @@ int main(void) {
     /* a window: blocks attend the last 9 context rows; older rows are never projected */
     d->window = 9;
     test_forward(d, F, nctx, ids[nctx], 9);
+    test_hole(d, F, nctx, ids[nctx], 9, nctx - 6, nctx - 3);   /* a hole inside the window */
     test_incremental(d, F, nctx);
     test_pass(d, F);
     d->window = 0;

@@ -68,6 +68,7 @@ typedef struct oracle {
     int feedback;          /* check each round feeds back forced + 1 rows */
     int bad;               /* bookkeeping failures */
     int calls;
+    int fed, skipped;      /* positions fed with features, and skipped (holes) */
 } oracle;
 
 static int o_add(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
@@ -79,6 +80,7 @@ static int o_add(dfl_proposer *p, const float *feat, const int32_t *tok, int n,
     if (o->feedback && o->forced >= 0 && n != o->forced + 1 && o->bad++ < 3)
         fprintf(stderr, "oracle: round forced to accept %d fed back %d rows\n", o->forced, n);
     o->forced = -1;
+    o->fed += n;
     if (!o->strict) {
         o->len += n;
         return 0;
@@ -118,6 +120,14 @@ static void o_truncate(dfl_proposer *p, int n) {
 }
 
 static int o_len(const dfl_proposer *p) { return ((const oracle *)p)->len; }
+
+static int o_skip(dfl_proposer *p, int n, dfl_error *err) {
+    (void)err;
+    oracle *o = (oracle *)p;
+    o->len += n;
+    o->skipped += n;
+    return 0;
+}
 
 static void oracle_init(oracle *o, dfl_kv *kv, const int *pattern, int n_pattern) {
     memset(o, 0, sizeof *o);
@@ -159,18 +169,24 @@ static void seq_free(dfl_seq *q) {
     free(q->feat);
 }
 
+/* A fresh cache and sequence with the oracle as its proposer. */
+static dfl_kv *oracle_seq(dfl_seq *q, oracle *o, const int *mix, int n_mix) {
+    dfl_kv *kv = dfl_kv_new(T, CTX);
+    seq_init(q, kv);
+    oracle_init(o, kv, mix, n_mix);
+    q->pr = &o->base;
+    return kv;
+}
+
 static int stop_tok = -1;
 static int is_stop(void *ud, int32_t id) { (void)ud; return id == stop_tok; }
 
 /* Generates after prompt with a fresh cache; checks ids against ref. */
 static void run_case(const char *what, int block, const int *pattern, int np, const int32_t *prompt,
                      int n, int max_tokens) {
-    dfl_kv *kv = dfl_kv_new(T, CTX);
     dfl_seq q;
-    seq_init(&q, kv);
     oracle o;
-    oracle_init(&o, kv, pattern, np);
-    q.pr = &o.base;
+    dfl_kv *kv = oracle_seq(&q, &o, pattern, np);
     dfl_loop_opts opt = {.block = block, .max_tokens = max_tokens};
     sink s = {0};
     dfl_stats st = {0};
@@ -213,13 +229,10 @@ static void test_forced_lengths(const int32_t *prompt, int n) {
 
 /* A follow-up turn reuses the cached prefix and still matches. */
 static void test_prefix_reuse(const int32_t *prompt, int n) {
-    dfl_kv *kv = dfl_kv_new(T, CTX);
     dfl_seq q;
-    seq_init(&q, kv);
     oracle o;
     int mix[] = {2, 0, 5, 1};
-    oracle_init(&o, kv, mix, 4);
-    q.pr = &o.base;
+    dfl_kv *kv = oracle_seq(&q, &o, mix, 4);
     dfl_loop_opts opt = {.block = 8, .max_tokens = 40};
     dfl_error err = {0};
     sink s = {0};
@@ -302,6 +315,55 @@ static void test_stops(const int32_t *prompt, int n) {
     stop_tok = -1;
 }
 
+/* While the crowd gate holds a sequence to classic steps (a second, idle
+ * sequence joined; the gate's evidence has classic far ahead), its parked
+ * rows become holes in a proposer that can skip, and are fed to one that
+ * cannot; either way the proposer stays in step with the cache, the ids are
+ * classic decode's, and once alone again it drafts from the rows it has. */
+static void test_gated(const int32_t *prompt, int n, int can_skip) {
+    const char *what = can_skip ? "gated, skipping" : "gated, no skip";
+    dfl_seq q;
+    oracle o;
+    int mix[] = {3, 1, 7, 0};
+    dfl_kv *kv = oracle_seq(&q, &o, mix, 4);
+    if (can_skip) o.base.skip = o_skip;
+    dfl_gate g;
+    dfl_gate_init(&g);
+    g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
+    g.every[0] = DFL_GATE_EXPLORE_MAX;
+    dfl_loop_opts opt = {.block = 0, .max_tokens = 80, .gate = &g};
+    sink s = {0};
+    dfl_stats st = {0};
+    dfl_error err = {0};
+    /* the idle second sequence: every round is gated; 80 tokens fill the
+     * parking rows (max_rows - 1) once */
+    dfl_target_join(T);
+    int rc = dfl_spec_generate(&q, &opt, prompt, n, on_tok, &s, &st, &err);
+    dfl_target_leave(T);
+    int same = rc == 0 && s.n == 80;
+    for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + i];
+    CHECK(same, "%s: ids differ from classic decode (%s)", what, err.msg);
+    CHECK(st.rounds == 0 && o.calls == 0, "%s: %d rounds drafted", what, (int)st.rounds);
+    CHECK(o.len == kv->len && o.bad == 0, "%s: proposer %d, kv %d, %d bookkeeping failures",
+          what, o.len, kv->len, o.bad);
+    CHECK(can_skip ? o.skipped > 0 && o.fed + o.skipped == kv->len : o.skipped == 0,
+          "%s: %d positions fed, %d skipped, of %d", what, o.fed, o.skipped, kv->len);
+    /* alone: the next turn drafts over the holes */
+    s = (sink){0};
+    st = (dfl_stats){0};
+    opt.max_tokens = 20;
+    rc = dfl_spec_generate(&q, &opt, ref, n + 80, on_tok, &s, &st, &err);
+    same = rc == 0 && s.n == 20;
+    for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + 80 + i];
+    CHECK(same && st.rounds > 0, "%s, then alone: ids differ or no rounds (%d; %s)", what,
+          (int)st.rounds, err.msg);
+    CHECK(o.len == kv->len && o.bad == 0, "%s, then alone: proposer %d, kv %d", what, o.len,
+          kv->len);
+    dfl_gate_free(&g);
+    seq_free(&q);
+    dfl_kv_free(kv);
+}
+
 int main(void) {
     const char *path = getenv("DFLASH_ORACLE_TARGET");
     if (!path) path = test_asset("stories260K/stories260K.gguf");
@@ -318,6 +380,8 @@ int main(void) {
     test_forced_lengths(prompt, 6);
     test_prefix_reuse(prompt, 6);
     test_stops(prompt, 6);
+    test_gated(prompt, 6, 1);
+    test_gated(prompt, 6, 0);
     free(ref_feat);
     /* a one-token prompt: the first round drafts with an empty context */
     make_reference(prompt, 1);

@@ -47,6 +47,9 @@ struct dfl_proposer {
      * it has nothing worth a verify (the lane then sits the round out), or
      * NULL: max_block - 1 always. Cheap: called before the policy decides. */
     int (*offer)(dfl_proposer *p, int32_t anchor, int pos);
+    /* Advances len() by n positions it never sees (a hole its later drafts
+     * attend around), or NULL: it must be fed every row. */
+    int (*skip)(dfl_proposer *p, int n, dfl_error *err);
 };
 
 /* The DFlash drafter behind the seam (src/decode/propose.c). */

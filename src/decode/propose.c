@@ -39,9 +39,12 @@ static int len(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)-
 
 static double spent(const dfl_proposer *p) { return ((const dfl_dflash_proposer *)p)->s->spent; }
 
+static int skip(dfl_proposer *p, int n, dfl_error *err) { return dfl_dstore_skip(self(p)->s, n, err); }
+
 void dfl_dflash_proposer_init(dfl_dflash_proposer *p, dfl_drafter *d, dfl_dstore *s) {
     p->base = (dfl_proposer){add_context, draft, truncate_to, len, d->cap, d->n_cap,
                              d->max_rows, spent};
+    p->base.skip = d->mtp ? NULL : skip;   /* an MTP row fuses the next token: no holes */
     p->d = d;
     p->s = s;
 }

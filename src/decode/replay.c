@@ -36,6 +36,11 @@ static double spent(const dfl_proposer *p) {
     return in->spent(in);
 }
 
+static int skip(dfl_proposer *p, int n, dfl_error *err) {
+    dfl_proposer *in = self(p)->inner;
+    return in->skip(in, n, err);
+}
+
 static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -76,6 +81,7 @@ void dfl_replay_proposer_init(dfl_replay_proposer *r, dfl_proposer *inner, const
     memset(r, 0, sizeof *r);
     r->base = (dfl_proposer){add_context, draft, truncate_to, len, inner->cap, inner->n_cap,
                              inner->max_block, inner->spent ? spent : NULL};
+    r->base.skip = inner->skip ? skip : NULL;
     r->inner = inner;
     r->ref = ref;
     r->n_ref = n_ref;

@@ -596,6 +596,7 @@ dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx) {
     size_t n = (size_t)s->n_layers * s->cap * s->kv_dim * dfl_type_block_bytes(s->type);
     s->k = dfl_aligned_alloc(n);
     s->v = dfl_aligned_alloc(n);
+    s->pos = xcalloc((size_t)s->cap, sizeof *s->pos);
     return s;
 }
 
@@ -603,34 +604,60 @@ void dfl_dstore_free(dfl_dstore *s) {
     if (!s) return;
     free(s->k);
     free(s->v);
+    free(s->pos);
     dfl_kv_free(s->mkv);
     free(s->hid);
     free(s);
 }
 
-/* Rows the window skipped cannot come back: a cut after which the next
- * block's window would reach them empties the store. */
+/* The row of position p: the first stored row at or after it; past the
+ * context, a block's row (block rows follow the last stored row). */
+static int row_of(const dfl_dstore *s, int p) {
+    if (p >= s->len) return s->rows + (p - s->len);
+    int a = 0, b = s->rows;
+    while (a < b) {
+        int m = a + (b - a) / 2;
+        if (s->pos[m] < p) a = m + 1;
+        else b = m;
+    }
+    return a;
+}
+
+/* Positions the window skipped cannot come back: a cut after which the
+ * next block's window would reach them empties the store. */
 void dfl_dstore_truncate(dfl_dstore *s, int n_keep) {
     if (s->mkv) {
         dfl_mtp_store_truncate(s, n_keep);
         return;
     }
     if (n_keep < 0) n_keep = 0;
-    if (n_keep < s->len) s->len = n_keep;
-    if (s->lo > 0 && (s->len == 0 || s->len - s->window < s->lo)) s->len = s->lo = 0;
+    if (n_keep < s->len) s->rows = row_of(s, n_keep), s->len = n_keep;
+    if (s->lo > 0 && (s->len == 0 || s->len - s->window < s->lo)) s->len = s->rows = s->lo = 0;
+}
+
+int dfl_dstore_skip(dfl_dstore *s, int n, dfl_error *err) {
+    if (s->mkv) return dfl_fail(err, DFL_EARG, "an MTP head's store cannot skip rows");
+    if (n < 0 || s->len + n > s->cap)
+        return dfl_fail(err, DFL_ECTX, "drafter store full: %d + %d positions exceed %d", s->len,
+                        n, s->cap);
+    s->len += n;
+    return 0;
 }
 
 int dfl_dstore_copy_prefix(dfl_dstore *dst, const dfl_dstore *src, int n) {
     if (src->mkv) return dfl_mtp_store_copy(dst, src, n);
-    dst->len = dst->lo = 0;
+    dst->len = dst->rows = dst->lo = 0;
     if (n > src->len) n = src->len;
     if (src->lo > 0 || n <= 0 || n > dst->cap) return 0;
+    int rows = row_of(src, n);
     size_t row = (size_t)src->kv_dim * dfl_type_block_bytes(src->type);
     for (int l = 0; l < src->n_layers; l++) {
         size_t off = (size_t)l * src->cap * row;   /* both stores share cap: one engine */
-        memcpy((char *)dst->k + off, (const char *)src->k + off, (size_t)n * row);
-        memcpy((char *)dst->v + off, (const char *)src->v + off, (size_t)n * row);
+        memcpy((char *)dst->k + off, (const char *)src->k + off, (size_t)rows * row);
+        memcpy((char *)dst->v + off, (const char *)src->v + off, (size_t)rows * row);
     }
+    memcpy(dst->pos, src->pos, (size_t)rows * sizeof *dst->pos);
+    dst->rows = rows;
     return dst->len = n;
 }
 
@@ -656,11 +683,11 @@ static void rope_rows(dfl_drafter *d, int r0, int n, int pos0) {
         dfl_rope_cs(&d->rope, pos0 + r, d->rope_cs + (size_t)(r0 + r) * d->c.head_dim);
 }
 
-/* K and V of n rows xs (already normed as the caller wants) at positions
- * pos0.. (their cos/sin in rope_cs from row r0), k-normed and rotated in
- * scratch, then stored in the store's type. */
+/* K and V of n rows xs (already normed as the caller wants; their
+ * positions' cos/sin in rope_cs from row r0), k-normed and rotated in
+ * scratch, then stored in the store's type at store rows row0.. */
 static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, int r0, int n,
-                       int pos0) {
+                       int row0) {
     const dfl_config *c = &d->c;
     const dfl_dlayer *L = &d->layers[l];
     matmul(d, &L->wk, n, xs, c->dim, d->k, s->kv_dim);
@@ -669,8 +696,8 @@ static void project_kv(dfl_drafter *d, dfl_dstore *s, int l, const float *xs, in
     for (int r = 0; r < n; r++) {
         float *k = d->k + (size_t)r * s->kv_dim, *v = d->v + (size_t)r * s->kv_dim;
         dfl_rope_apply_cs(&d->rope, k, c->n_kv_heads, d->rope_cs + (size_t)(r0 + r) * c->head_dim);
-        dfl_quant_row(s->type, k, store_row(s, s->k, l, pos0 + r), s->kv_dim);
-        dfl_quant_row(s->type, v, store_row(s, s->v, l, pos0 + r), s->kv_dim);
+        dfl_quant_row(s->type, k, store_row(s, s->k, l, row0 + r), s->kv_dim);
+        dfl_quant_row(s->type, v, store_row(s, s->v, l, row0 + r), s->kv_dim);
     }
 }
 
@@ -712,12 +739,14 @@ static void context_pass(dfl_drafter *d, dfl_dwork **w, int k) {
             }
             for (int i = 0; i < k; i++)
                 project_kv(d, w[i]->s, l, xs + (size_t)w[i]->row * c->dim, w[i]->row,
-                           w[i]->n - w[i]->skip, w[i]->s->len + w[i]->skip);
+                           w[i]->n - w[i]->skip, w[i]->s->rows);
         }
     }
     for (int i = 0; i < k; i++) {
-        if (w[i]->skip > 0) w[i]->s->lo = w[i]->s->len + w[i]->skip;
-        w[i]->s->len += w[i]->n;
+        dfl_dstore *s = w[i]->s;
+        if (w[i]->skip > 0) s->lo = s->len + w[i]->skip;
+        for (int p = s->len + w[i]->skip; p < s->len + w[i]->n; p++) s->pos[s->rows++] = p;
+        s->len += w[i]->n;
     }
 }
 
@@ -732,17 +761,17 @@ static void block_attention(dfl_drafter *d, dfl_dstore *s, int l, int B, int pos
     float scale = 1.0f / sqrtf((float)hd);
     int lo = s->window && pos0 - s->window > 0 ? pos0 - s->window : 0;
     if (lo < s->lo) lo = s->lo;
-    int swa = d->sliding >> l & 1 ? d->swa : 0;
-    if (!swa) {
-        for (int r = 0; r < n; r++) nk[r] = (d->causal ? pos0 + r0 + r + 1 : pos0 + B) - lo;
-        dfl_kv_view v = {store_row(s, s->k, l, lo), store_row(s, s->v, l, lo), s->type,
+    int swa = d->sliding >> l & 1 ? d->swa : 0, base = s->rows, lo_row = row_of(s, lo);
+    if (!swa) {   /* (block row j is store row base + j) */
+        for (int r = 0; r < n; r++) nk[r] = (d->causal ? base + r0 + r + 1 : base + B) - lo_row;
+        dfl_kv_view v = {store_row(s, s->k, l, lo_row), store_row(s, s->v, l, lo_row), s->type,
                          s->kv_dim, (size_t)hd};
         dfl_attention(d->t->pool, n, q, &v, nk, c->n_heads, c->n_kv_heads, hd, scale, att);
         return;
     }
     for (int r = 0; r < n; r++) {   /* sliding rows are causal (checked at load) */
-        int p = pos0 + r0 + r, first = p + 1 - swa > lo ? p + 1 - swa : lo;
-        nk[r] = p + 1 - first;
+        int p = pos0 + r0 + r, first = row_of(s, p + 1 - swa > lo ? p + 1 - swa : lo);
+        nk[r] = base + r0 + r + 1 - first;
         dfl_kv_view v = {store_row(s, s->k, l, first), store_row(s, s->v, l, first), s->type,
                          s->kv_dim, (size_t)hd};
         dfl_attention(d->t->pool, 1, q + (size_t)r * qd, &v, nk + r, c->n_heads, c->n_kv_heads,
@@ -805,7 +834,7 @@ static void conv_works(dfl_drafter *d, const dfl_dlayer *L, int sub, int side, d
 }
 
 /* One drafter layer over every work's block rows in d->x (R rows). Every
- * row's K/V enter its store's slack rows past len (len stays); queries and
+ * row's K/V enter its store's slack rows past its last (len stays); queries and
  * everything after attention run for all rows, or in the last layer for the
  * rows kept. Returns the rows now in d->x. */
 static int block_layer(dfl_drafter *d, dfl_dwork **w, int k, int l, int R) {
@@ -818,7 +847,7 @@ static int block_layer(dfl_drafter *d, dfl_dwork **w, int k, int l, int R) {
     if (conv) conv_works(d, L, 0, 0, w, k, rows, R, d->xn);
     for (int i = 0; i < k; i++)
         project_kv(d, w[i]->s, l, d->xn + (size_t)w[i]->row * c->dim, w[i]->row, w[i]->B,
-                   w[i]->s->len);
+                   w[i]->s->rows);
     int n = last ? keep_out_rows(d, w, k, !conv) : R;
     for (int i = 0; last && i < k; i++) rows[i] = w[i]->n_out + 1;
     matmul(d, &L->wq, n, d->xn, c->dim, d->q, qd);

@@ -103,10 +103,19 @@ typedef struct dfl_drafter {
     int32_t *sel_cand;         /* DFlash2: (max_rows, top_k) their ids, best first */
 } dfl_drafter;
 
-/* Per-sequence side store: context K/V per drafter layer, plus B slack rows. */
+/* Per-sequence side store: context K/V per drafter layer, plus B slack rows.
+ * Its rows cover positions 0..len-1 with holes: positions older than the
+ * window, and stretches skipped while a crowd held the sequence to classic
+ * steps (dfl_dstore_skip). The rows stay contiguous, each with its position
+ * (K is rotated at that position when stored), and a block's rows follow
+ * the last one; a block attends to the rows there are. */
 typedef struct dfl_dstore {
-    int len, cap;              /* context rows stored; rows allocated (ctx + max block) */
-    int lo;                    /* rows below lo were never projected (older than the window) */
+    int len, cap;              /* positions covered (the next row's); rows allocated (ctx +
+                                  max block) */
+    int rows;                  /* context rows stored (<= len) */
+    int32_t *pos;              /* (cap) each stored row's position, increasing */
+    int lo;                    /* positions below lo were never projected (older than the
+                                  window) */
     int window;                /* rows a block reads back (draft_window or a sliding drafter's
                                   window, the tighter) when made; 0: all */
     int n_layers, kv_dim;
@@ -151,6 +160,10 @@ int dfl_mtp_add_context(dfl_drafter *d, dfl_dstore *s, const float *feat, const 
 dfl_dstore *dfl_dstore_new(const dfl_drafter *d, int ctx);
 void dfl_dstore_free(dfl_dstore *s);
 void dfl_dstore_truncate(dfl_dstore *s, int n_keep);
+/* Covers n more positions with no rows: a hole the next blocks attend
+ * around (their drafts change, never the output, which the verify decides).
+ * A DFlash store only (an MTP store fuses each row with the next). */
+int dfl_dstore_skip(dfl_dstore *s, int n, dfl_error *err);
 /* dst takes src's first n context rows (n <= src->len); returns the rows it
  * holds (0 when src's window skipped some of them). */
 int dfl_dstore_copy_prefix(dfl_dstore *dst, const dfl_dstore *src, int n);
