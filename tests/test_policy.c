@@ -306,6 +306,12 @@ static void gate(void) {
     CHECK(got >= 0.96 * 40 * 120, "classic ahead: %.0f tokens in 120 s, classic alone %.0f",
           got, 40.0 * 120);
     CHECK(share > 0.01 && share < 0.1, "classic ahead: speculation %.2f of the ticks", share);
+    /* Five sequences were never measured either, but speculation that lost
+     * its tries with four loses with more: five wait as long to try. */
+    double share5;
+    gate_run(&g, &now, 15, 5, tok, slow, &share5);
+    CHECK(share5 == 0, "speculation behind at four: five try it after as long (open %.2f)",
+          share5);
     /* Three sequences were never measured: their crowd starts with what four
      * measured (classic ahead), and tries speculation after a few windows. */
     double share3;

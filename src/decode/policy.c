@@ -353,12 +353,17 @@ static void window_close(dfl_gate *g) {
     g->age[c][!m]++;
     g->windows[m]++;
     if (!g->every[c]) g->every[c] = DFL_GATE_EXPLORE;
-    if (g->trying) {   /* the mode behind: still behind waits twice as long, ahead resets */
-        int ahead = dfl_gate_rate(g, c, m) > dfl_gate_rate(g, c, !m);
-        g->every[c] = ahead ? DFL_GATE_EXPLORE
-                            : 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c]
-                                                                     : DFL_GATE_EXPLORE_MAX;
-    }
+    if (!g->trying) return;
+    /* The mode behind: still behind waits twice as long, ahead resets. A busy
+     * server's crowd changes size every second or so, and each size tried on
+     * its own schedule: speculation behind is behind in the larger crowds too
+     * (their verify rows cost more), classic steps in the smaller ones, so
+     * their tries wait as long, counted from their own last. */
+    int ahead = dfl_gate_rate(g, c, m) > dfl_gate_rate(g, c, !m);
+    int every = 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c] : DFL_GATE_EXPLORE_MAX;
+    g->every[c] = ahead ? DFL_GATE_EXPLORE : every;
+    for (int j = 0; j < DFL_GATE_CROWDS && !ahead; j++)
+        if ((m ? j > c : j < c) && g->every[j] < every) g->every[j] = every;
 }
 
 /* The mode measured ahead for crowd c: its own, else the nearest crowd's
