@@ -379,6 +379,12 @@ static void crowd(void) {
           "two in the crowd, acceptance 0.9: speculate (block %d)", B);
     p.crowd_rate = 62;   /* four sequences, 64 ms ticks */
     CHECK(dfl_policy_choose(&p, 0) == 1, "four in the crowd: the rows cost the others more");
+    /* the slot's next request starts knowing the crowd it was in, not as if alone */
+    dfl_policy next;
+    dfl_policy_init(&next, &c, 8);
+    dfl_policy_resume(&next, &p);
+    CHECK(next.crowd_rate == 62 && dfl_policy_choose(&next, 0) == 1,
+          "a resumed policy keeps the crowd's rate (%g) and its verdict", next.crowd_rate);
     feed(&p, 8, 0.5, 2000);
     p.crowd_rate = 36;
     CHECK(dfl_policy_choose(&p, 0) == 1, "two in the crowd, acceptance 0.5: classic");

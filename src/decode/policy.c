@@ -184,6 +184,7 @@ void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
     memcpy(p->hits, prev->hits, sizeof p->hits);
     p->reprobe_every = prev->reprobe_every;
     p->classic_run = prev->classic_run;
+    p->crowd_rate = prev->crowd_rate;
 }
 
 /* ---- lanes ------------------------------------------------------------------- */

@@ -39,7 +39,8 @@ typedef struct dfl_policy {
                                            positions, not the whole drafter block */
     int ctx;                            /* cache rows when the last round was chosen */
     double crowd_rate;                  /* tokens per second of the forwards this sequence
-                                           shares with others, all together (0: alone) */
+                                           shares with others, all together (0: alone);
+                                           carried to the slot's next request */
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
