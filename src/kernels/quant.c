@@ -4,13 +4,18 @@
  *
  * The matmul quantizes each activation row to int8 blocks (one f32 scale per
  * 32, or per 256 for K-quant weights), then does integer dot products per
- * block. The float side is fixed by the SIMD shape: eight lanes, lane k holds
- * the integer sum of elements 4k..4k+3 of each 32-element group, and is
- * accumulated over blocks in order with one fused multiply-add per block;
- * the eight lanes are then added in one fixed tree (hsum8). Q4_1's mins
- * make one more float sum, over blocks in order, added after hsum8. The
- * twins below spell out exactly that, so tests can memcmp them against the
- * SIMD code. */
+ * block. Integer sums are exact in any order; only the float side has to be
+ * fixed, and the twins below spell it out so that tests can memcmp them
+ * against the SIMD code:
+ * - Q8_0: the block's 32 products summed exactly, then one fused
+ *   multiply-add per block, in block order, into one accumulator. So a SIMD
+ *   kernel puts outputs side by side in its lanes (8 on AVX2, 16 on
+ *   AVX-512) and spends one FMA per row, block and lane-full of outputs.
+ * - Q4_0, Q4_1 and the K-quants: eight lanes, lane k holding the integer sum
+ *   of elements 4k..4k+3 of each 32-element group, accumulated over blocks
+ *   in order with one fused multiply-add per block; the eight lanes are then
+ *   added in one fixed tree (hsum8). Q4_1's mins make one more float sum,
+ *   over blocks in order, added after hsum8. */
 #include "kernels/quant.h"
 
 #include <assert.h>
@@ -390,6 +395,7 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
     size_t ns = is_kquant(t) ? align64((size_t)n * (cols / 16) * sizeof(int16_t)) : 0;
     size_t n4 = t == DFL_Q4_0 ? align64((size_t)n * (cols / 4) * sizeof(int32_t)) : 0;
     size_t n1 = t == DFL_Q4_1 ? nd : 0;
+    size_t n8 = t == DFL_Q8_0 ? nd : 0;
     if (a) {
         uint8_t *p = scratch;
         a->blk = blk;
@@ -400,9 +406,9 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
         a->sum4 = n4 ? (int32_t *)(p + nq + nd + ns) : NULL;
         a->s = n1 ? (float *)(p + nq + nd + ns + n4) : NULL;
-        a->q_u8 = 0;
+        a->xoff = NULL; /* set by qact_xoff, in the last n8 bytes */
     }
-    return nq + nd + ns + n4 + n1;
+    return nq + nd + ns + n4 + n1 + n8;
 }
 
 size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols) {
@@ -460,7 +466,23 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
         }
 }
 
-/* ---- the twins of the AVX2 / NEON dot products ------------------------- */
+#if DFL_X86
+/* dfl_qact.xoff for the n rows of a (Q8_0: its scratch has room after s). */
+static void qact_xoff(dfl_qact *a, int n) {
+    int nb = a->cols / 32;
+    size_t nd = align64((size_t)(n + 7) / 8 * 8 * nb * sizeof(float));
+    a->xoff = (int32_t *)((uint8_t *)a->d + nd);
+    for (int r = 0; r < (n + 7) / 8 * 8; r++)
+        for (int b = 0; b < nb; b++) {
+            int sum = 0;
+            if (r < n)
+                for (int i = 0; i < 32; i++) sum += dfl_qact_q(a, r, b)[i];
+            a->xoff[dfl_qact_di(nb, r, b)] = -128 * sum;
+        }
+}
+#endif
+
+/* ---- the twins of the SIMD dot products --------------------------------- */
 
 /* The fixed lane tree of the SIMD horizontal sum. */
 static float hsum8(const float a[8]) {
@@ -481,19 +503,24 @@ static int lane4u(const uint8_t *w, const int8_t *x, int k) {
     return s;
 }
 
-/* Q8_0, Q4_0 and Q4_1 (as int8 weights: q - 8, q): per block of 32,
+/* Q4_0 and Q4_1 (as int8 weights: q - 8, q): per block of 32,
  * acc[k] = fma(isum[k], dw * dx, acc[k]). */
 static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s) {
     for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
 }
 
-/* Each against activation row r of a. */
+/* Each against activation row r of a. Q8_0: acc = fma(isum, dw * dx, acc)
+ * per block, isum the block's whole integer sum (at most 32 * 127 * 128 in
+ * magnitude, so exact as a float). */
 static float dot_q8_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
-    float acc[8] = {0};
-    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0))
-        acc_block32(acc, (const int8_t *)(p + 2), dfl_qact_q(a, r, b),
-                    h2f(rd16(p)) * a->d[dfl_qact_di(nb, r, b)]);
-    return hsum8(acc);
+    float acc = 0;
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0)) {
+        const int8_t *w = (const int8_t *)(p + 2), *x = dfl_qact_q(a, r, b);
+        int isum = 0;
+        for (int e = 0; e < 32; e++) isum += w[e] * x[e];
+        acc = fmaf((float)isum, h2f(rd16(p)) * a->d[dfl_qact_di(nb, r, b)], acc);
+    }
+    return acc;
 }
 
 /* Q4_1 also sums its mins over blocks, am = fma(m, s, am) (s: dfl_qact.s),
@@ -636,7 +663,7 @@ static void qact_quant(dfl_isa isa, dfl_type t, dfl_qact *a, int n, const float 
 #if DFL_X86
     if (isa == DFL_ISA_AVX2 || isa == DFL_ISA_AVX512) {
         dfl_qact_quant_avx2(a, n, X, ldx);
-        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0 && n >= 2) dfl_qact_u8_avx512(a);
+        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0 && n >= 2) qact_xoff(a, n);
         return;
     }
 #endif

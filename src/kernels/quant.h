@@ -80,9 +80,9 @@ typedef struct dfl_qact {
                                maddubs unsigned and (q - 8) . x = q . x - sum4 */
     float *s;               /* laid out as d: d x the sum of the block's 32 quants (Q4_1 only,
                                else NULL), ggml's q8_1 s: a block's min m enters as m * s */
-    int q_u8;               /* q holds x + 128, unsigned (x xor 0x80): Q8_0 rows on the
-                               AVX-512 path, where vpdpbusd takes the activations unsigned and
-                               starts from -128 x the weights' sums of 4 */
+    int32_t *xoff;          /* laid out as d: -128 x the sum of the block's 32 quants (Q8_0 on
+                               the AVX-512 path, else NULL): vpdpbusd takes the weights as
+                               w + 128, unsigned, and starts each block's sum from it */
 } dfl_qact;
 
 /* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */
@@ -109,8 +109,6 @@ void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, 
  * 0 if W's type or n has no AVX-512 kernel (then the AVX2 one runs). */
 int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                      int ldy);
-/* Turns a->q into x + 128 in place and sets a->q_u8 (quant_avx512.c). */
-void dfl_qact_u8_avx512(dfl_qact *a);
 /* Element k of an f32 / f16 / bf16 weight row as f32 (matmul.c): the twins'
  * and every path's k tail read weights through it. */
 float dfl_w_at(dfl_type t, const uint8_t *row, int k);

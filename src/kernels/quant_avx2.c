@@ -1,18 +1,21 @@
 /* quant_avx2.c - AVX2 matmul kernels for the quantized weight types; each
  * does exactly the arithmetic of its twin in quant.c (see the comment there).
  *
- * A task owns a run of output rows. For each weight row, activation rows go
- * in register tiles of up to 8: each weight block is decoded once per tile
- * and feeds the tile's rows, and the weight row stays in L1 for the later
- * tiles, so the weights are read from memory once per call.
+ * A task owns a run of output rows. For each weight row (Q8_0: each run of
+ * 8), activation rows go in register tiles of up to 8: each weight block is
+ * decoded once per tile and feeds the tile's rows, and the weight row stays
+ * in L1 for the later tiles, so the weights are read from memory once per
+ * call.
  *
  * What bounds the speed here (Zen 3, no VNNI): integer multiplies (maddubs,
- * madd) and FMAs share two pipes. So per row and 32 weights the Q8_0/Q4_0/
- * Q4_1 kernel spends maddubs + madd + one FMA, with the scale product dw*dx
- * (and Q4_1's min term) formed once per block for all 8 rows of a tile (the
+ * madd) and FMAs share two pipes. So per row and 32 weights the Q4_0/Q4_1
+ * kernel spends maddubs + madd + one FMA, with the scale product dw*dx (and
+ * Q4_1's min term) formed once per block for all 8 rows of a tile (the
  * activation scales are stored 8 rows side by side for this); the K-quant
  * kernels spend maddubs + madd (which applies the sub-block scale) and keep
- * integer sums in registers across the whole super-block. */
+ * integer sums in registers across the whole super-block. Q8_0's twin adds
+ * one whole integer sum per block, so its kernel holds 8 outputs side by
+ * side and spends one FMA per row and block for all 8. */
 #include "kernels/kernels.h"
 #if DFL_X86 /* the whole file: x86-64 only */
 #include <immintrin.h>
@@ -118,16 +121,137 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
 
 /* ---- register tiles -------------------------------------------------------
  * A tile is R activation rows r0.. (r0 a multiple of 8, R a constant after
- * inlining) against one weight row; n rows are cut into tiles of 8 and one
+ * inlining) against one weight row (Q8_0: eight); n rows are cut into tiles of 8 and one
  * remainder. Which rows share a tile never changes a row's arithmetic. */
 
-/* ---- Q8_0, Q4_0, Q4_1: blocks of 32 against activation blocks of 32 ----- */
+/* ---- Q8_0: 8 outputs side by side --------------------------------------
+ * The twin (dot_q8_0_ref) adds each block's exact integer sum with one FMA,
+ * so a ymm holds 8 outputs. The 8 weight rows' block is transposed once per
+ * tile (register k, lane j: row j's quants 4k..4k+3) and serves every
+ * activation row of the tile, whose quants 4k..4k+3 are broadcast: per k,
+ * |w| . (x * sign(w)) by sign, maddubs, madd, add; then one convert and one
+ * FMA by dw * dx for all 8 outputs. That is 35 operations per row and block
+ * for 8 outputs (sign, maddubs, madd, convert, FMA per output in lanes: 40),
+ * plus 32 per block and tile to transpose; a lone row skips the transpose. */
 
-enum { Q80, Q40, Q41 }; /* the kind of a block-32 kernel */
+/* Quants 32 bytes from rows[j] + off (j < 8) transposed: ws[k] lane j =
+ * row j's quants 4k..4k+3, wu[k] = |ws[k]|. */
+INLINE void transpose8(const uint8_t *const *rows, size_t off, __m256i *ws, __m256i *wu) {
+    __m256i r[8], u[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) r[j] = loadu(rows[j] + off);
+    for (int j = 0; j < 8; j += 4) { /* per 128-bit half: rows j..j+3, dwords k and k + 4 */
+        __m256i a = _mm256_unpacklo_epi32(r[j], r[j + 1]), b = _mm256_unpackhi_epi32(r[j], r[j + 1]);
+        __m256i c = _mm256_unpacklo_epi32(r[j + 2], r[j + 3]);
+        __m256i d = _mm256_unpackhi_epi32(r[j + 2], r[j + 3]);
+        u[j] = _mm256_unpacklo_epi64(a, c), u[j + 1] = _mm256_unpackhi_epi64(a, c);
+        u[j + 2] = _mm256_unpacklo_epi64(b, d), u[j + 3] = _mm256_unpackhi_epi64(b, d);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        ws[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        ws[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) wu[k] = _mm256_sign_epi8(ws[k], ws[k]);
+}
+
+/* The f16 scales at rows[j] + off (vo: the rows' offsets from rows[0]). */
+INLINE __m256 scales8(const uint8_t *p, __m256i vo) {
+    __m256i h = _mm256_and_si256(_mm256_i32gather_epi32((const int *)p, vo, 1),
+                                 _mm256_set1_epi32(0xffff));
+    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h),
+                                            _mm256_extracti128_si256(h, 1)));
+}
+
+/* Lane j: the sum of p[j]'s 8 lanes (integers: exact in any order), by 14
+ * shuffles and 7 adds. */
+INLINE __m256i sum8(const __m256i *p) {
+    __m256i t[4], u[2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
+                                _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) /* per 128 bits: rows 4j..4j+3, half their lanes */
+        u[j] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * j], t[2 * j + 1]),
+                                _mm256_unpackhi_epi64(t[2 * j], t[2 * j + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
+                            _mm256_permute2x128_si256(u[0], u[1], 0x31));
+}
+
+/* The 8 rows' sums of one block against one activation row's x: |w| .
+ * (x * sign(w)) per lane of 4 for each row, then sum8. With a single
+ * activation row this beats transposing (14 shuffles, not 24). */
+INLINE __m256i block_sums1(const uint8_t *const *rows, size_t off, __m256i xv) {
+    __m256i p[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        __m256i w = loadu(rows[j] + off);
+        p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)),
+                                 _mm256_set1_epi16(1));
+    }
+    return sum8(p);
+}
+
+/* R activation rows from r0 (one group of dfl_qact.q) against the 8 weight
+ * rows: y[i * ldy + j] for the no real ones. */
+INLINE void tile_q8(const int R, const uint8_t *const *rows, int no, int nb, const dfl_qact *a,
+                    int r0, float *y, int ldy) {
+    __m256 acc[TILE];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    const int8_t *x = dfl_qact_q(a, r0, 0);          /* [nb][R][32] */
+    const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
+    const __m256i vo = _mm256_setr_epi32(0, row_off(rows, 1), row_off(rows, 2), row_off(rows, 3),
+                                         row_off(rows, 4), row_off(rows, 5), row_off(rows, 6),
+                                         row_off(rows, 7));
+    const __m256i one = _mm256_set1_epi16(1);
+    const size_t next = 8 * (size_t)row_off(rows, 1); /* the next 8 rows, 8 row lengths on */
+    for (int b = 0; b < nb; b++, x += 32 * R, dx += 8) {
+        size_t off = (size_t)b * sizeof(dfl_block_q8_0);
+        if (b % 2 == 0) /* a line of each of the next 8 rows per 2 blocks (68 bytes) */
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T0);
+        __m256 dw = scales8(rows[0] + off, vo);
+        if (R == 1) {
+            __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx));
+            __m256i s = block_sums1(rows, off + 2, load(x));
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[0]);
+            continue;
+        }
+        __m256i ws[8], wu[8];
+        transpose8(rows, off + 2, ws, wu);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m256i p = _mm256_sign_epi8(_mm256_set1_epi32(quad(x + 32 * i, k)), ws[k]);
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], p), one));
+            }
+            __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        if (no == 8) {
+            _mm256_storeu_ps(y + (size_t)i * ldy, acc[i]);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, acc[i]);
+            memcpy(y + (size_t)i * ldy, t, sizeof(float) * (size_t)no);
+        }
+    }
+}
+
+/* ---- Q4_0, Q4_1: blocks of 32 against activation blocks of 32 ----------- */
+
+enum { Q40, Q41 }; /* the kind of a block-32 kernel */
 
 INLINE size_t block_bytes(const int kind) {
-    return kind == Q80 ? sizeof(dfl_block_q8_0)
-         : kind == Q40 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q4_1);
+    return kind == Q40 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q4_1);
 }
 
 /* The 32 nibbles of a Q4_0 / Q4_1 block (qs: its 16 bytes) as unsigned
@@ -137,22 +261,16 @@ INLINE __m256i q4_nibbles(const uint8_t *qs) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xf));
 }
 
-/* The weight block wb as maddubs takes it: wu unsigned (|w| for Q8_0, the
- * nibbles q for Q4_0/Q4_1), ws the signed Q8_0 quants (else zero). */
-INLINE void weights32(const int kind, const uint8_t *wb, __m256i *wu, __m256i *ws) {
-    *ws = kind == Q80 ? loadu(wb + 2) : _mm256_setzero_si256();
-    *wu = kind == Q80 ? _mm256_sign_epi8(*ws, *ws) : q4_nibbles(wb + (kind == Q41 ? 4 : 2));
+/* The weight block wb as maddubs takes it: the nibbles q, unsigned. */
+INLINE __m256i weights32(const int kind, const uint8_t *wb) {
+    return q4_nibbles(wb + (kind == Q41 ? 4 : 2));
 }
 
-/* The integer lanes of one row against one block: Q8_0 as |w| . (x * sign(w)),
- * so that maddubs has its unsigned operand; Q4_0 as q . x - 8 x (sum of x
- * per lane), with the unsigned nibbles q straight into maddubs; Q4_1 as
+/* The integer lanes of one row against one block: Q4_0 as q . x - 8 x (sum
+ * of x per lane), with the unsigned nibbles q straight into maddubs; Q4_1 as
  * q . x (its mins go separately, see scales32). */
-INLINE __m256i lanes32(const int kind, __m256i wu, __m256i ws, const int8_t *x,
-                       const int32_t *s4) {
-    __m256i xv = load(x);
-    if (kind == Q80) xv = _mm256_sign_epi8(xv, ws);
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), _mm256_set1_epi16(1));
+INLINE __m256i lanes32(const int kind, __m256i wu, const int8_t *x, const int32_t *s4) {
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, load(x)), _mm256_set1_epi16(1));
     return kind == Q40 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
 }
 
@@ -193,34 +311,18 @@ INLINE __m256 row_scale(const int R, __m256 s03, __m256 s47, const float *s, int
  * one of the 7 per row and block gains ~20%. So the scale products are
  * broadcast by shuffles of s03 / s47 (two loads a block instead of one a
  * row; with 1-2 rows the two cost more than they save), and the asm keeps
- * gcc from folding the shuffles back into broadcast loads. Q8_0 rows go in
- * pairs, stage by stage, which keeps more loads in flight (~2%). */
+ * gcc from folding the shuffles back into broadcast loads. */
 INLINE void block32(const int kind, const int R, const uint8_t *wb, const uint8_t *pf,
                     const int8_t *xb, const int32_t *s4b, size_t s4s, const float *s,
                     __m256 *acc) {
     if (pf) _mm_prefetch((const char *)pf, _MM_HINT_T0);
-    __m256i ws, wu;
-    weights32(kind, wb, &wu, &ws);
+    __m256i wu = weights32(kind, wb);
     __m256 s03 = _mm256_broadcast_ps((const __m128 *)s);
     __m256 s47 = _mm256_broadcast_ps((const __m128 *)(s + 4));
     if (R > 2) __asm__("" : "+x"(s03), "+x"(s47));
-    if (kind == Q80 && R % 2 == 0) {
-        const __m256i one = _mm256_set1_epi16(1);
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i += 2) { /* lanes32's steps, two rows at once */
-            __m256i p0 = _mm256_sign_epi8(load(xb + i * 32), ws);
-            __m256i p1 = _mm256_sign_epi8(load(xb + i * 32 + 32), ws);
-            p0 = _mm256_maddubs_epi16(wu, p0), p1 = _mm256_maddubs_epi16(wu, p1);
-            p0 = _mm256_madd_epi16(p0, one), p1 = _mm256_madd_epi16(p1, one);
-            __m256 f0 = _mm256_cvtepi32_ps(p0), f1 = _mm256_cvtepi32_ps(p1);
-            acc[i] = _mm256_fmadd_ps(f0, row_scale(R, s03, s47, s, i), acc[i]);
-            acc[i + 1] = _mm256_fmadd_ps(f1, row_scale(R, s03, s47, s, i + 1), acc[i + 1]);
-        }
-        return;
-    }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        __m256i p = lanes32(kind, wu, ws, xb + i * 32, kind == Q40 ? s4b + i * s4s : NULL);
+        __m256i p = lanes32(kind, wu, xb + i * 32, kind == Q40 ? s4b + i * s4s : NULL);
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), row_scale(R, s03, s47, s, i), acc[i]);
     }
 }
@@ -229,8 +331,7 @@ INLINE void block32(const int kind, const int R, const uint8_t *wb, const uint8_
  * dw * dx of the next block are formed while this one runs, 8 rows per
  * vmulps, and stored in a ring of two: a block of lead time keeps the
  * store-to-load forwarding off the critical path. wn is the next weight row,
- * prefetched a line per two blocks (of Q8_0's 68 bytes, every 17th line is
- * left to the hardware prefetcher; no loss measured): with several rows the
+ * prefetched a line per two blocks: with several rows the
  * loop is compute bound, so the hardware prefetcher alone leaves the first
  * tile of a group waiting on memory. The loop walks pointers and has no
  * spare-slot branch: with indices gcc spent ~17 instructions a block on
@@ -251,9 +352,7 @@ INLINE void tile32(const int kind, const int R, const uint8_t *w, const uint8_t 
             /* memory bound: the weights AHEAD bytes on (rows are contiguous;
              * past the matrix the hint is dropped) */
             _mm_prefetch((const char *)((uintptr_t)w + AHEAD), _MM_HINT_T0);
-            __m256i ws, wu;
-            weights32(kind, w, &wu, &ws);
-            __m256i p = lanes32(kind, wu, ws, x, kind == Q40 ? s4 + 8 * b : NULL);
+            __m256i p = lanes32(kind, weights32(kind, w), x, kind == Q40 ? s4 + 8 * b : NULL);
             __m256 sc = _mm256_set1_ps(f16_load(w) * dx[0]);
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[0]);
             if (kind == Q41) am1 = fmaf(f16_load(w + 2), sx[0], am1);
@@ -363,7 +462,7 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *w
 
 /* ---- rows of W (quant_rows.h) ------------------------------------------ */
 
-DFL_QROWS(AVX2, rows_q8_0, 32, tile32, Q80)
+DFL_Q8ROWS(AVX2, rows_q8_0, 8, 8, tile_q8)
 DFL_QROWS(AVX2, rows_q4_0, 32, tile32, Q40)
 DFL_QROWS(AVX2, rows_q4_1, 32, tile32, Q41)
 DFL_QROWS(AVX2, rows_q4_K, QK_K, tile_k, 0)

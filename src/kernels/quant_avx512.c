@@ -7,19 +7,15 @@
  * negated into x) ran 0.9x, and a one-row Q4_K kernel (two sub-blocks per
  * zmm, vpdpwssd) 0.94-1.0x: the AVX2 one already reads at the bandwidth.
  *
- * A zmm register holds the 8 lanes of two activation rows: row i in the low
- * 256 bits, row i+1 in the high. The activation layout already serves this:
- * within a group of dfl_qact.q the rows' 32 quants of a block follow each
- * other, so two rows are one 64-byte load. The weight block is decoded once
- * and broadcast to both halves. Per pair of rows and 32 weights:
- *   Q8_0: vpdpbusd (x + 128) . w per lane of 4 (the tile's activations
- *         are stored unsigned, dfl_qact.q_u8), starting from the weight
- *         block's -128 w (formed once for the tile), convert, one FMA: 4
- *         operations. (Negating x where w < 0 for |w| . x, as AVX2's
- *         vpsignb does, cost a fifth more, and -128 x per row beside the
- *         quants pushed a tile of 3072 columns out of L1);
- *   Q4_1: vpdpbusd q . x, the same; its mins one FMA a block for the 8
- *         rows of a tile (as the AVX2 kernel);
+ * Q8_0 (its twin adds one whole integer sum per block) puts 16 outputs side
+ * by side in a zmm, below. For the others a zmm register holds the 8 lanes
+ * of two activation rows: row i in the low 256 bits, row i+1 in the high.
+ * The activation layout already serves this: within a group of dfl_qact.q
+ * the rows' 32 quants of a block follow each other, so two rows are one
+ * 64-byte load. The weight block is decoded once and broadcast to both
+ * halves. Per pair of rows and 32 weights:
+ *   Q4_1: vpdpbusd q . x, convert, one FMA; its mins one FMA a block for
+ *         the 8 rows of a tile (as the AVX2 kernel);
  *   Q4_K, Q6_K: vpmaddubsw q . x, vpdpwssd by the sub-block scale into the
  *         super-block's integer sums (AVX2: maddubs, madd, add).
  * The integer lane sums are those of maddubs + madd (no saturation can
@@ -39,7 +35,7 @@
         __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"), always_inline))
 
 enum { PAIRS = DFL_QTILE / 2 };
-enum { Q80, Q41, Q4K, Q6K }; /* the weight type of a tile */
+enum { Q41, Q4K, Q6K }; /* the weight type of a tile */
 
 /* Rows 2p, 2p+1 of a tile's block as one zmm (xb: the tile's [R][32] quants
  * of the block); an odd last row alone in the low half, zeros above. */
@@ -71,37 +67,26 @@ INLINE void store_pair(const int R, __m512 acc, int p, const float *m, float *y,
  * acc[p]: the 8 lanes of rows 2p, 2p+1; xb: the tile's quants of the block
  * ([R][32] per 32 weights); dxb: the rows' activation scales ([8]). */
 
-/* The 32 weights of a block of 32 in both halves, as vpdpbusd takes them:
- * Q8_0's signed w, with *c = -128 x its sums of 4 (the activations come
- * as x + 128); Q4_1's nibbles q, unsigned (against the signed x). */
-INLINE __m512i weights32(const int kind, const uint8_t *wb, __m512i *c) {
-    const __m512i zero = _mm512_setzero_si512();
-    if (kind == Q80) {
-        __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 2)));
-        *c = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)0x80), w));
-        return w;
-    }
-    /* Q4_1's nibbles: bytes 0-15 low, 16-31 high, in each half */
+/* Q4_1's 32 nibbles q of a block in both halves, unsigned, as vpdpbusd
+ * takes them against the signed x: bytes 0-15 low, 16-31 high. */
+INLINE __m512i nibbles32(const uint8_t *wb) {
     __m128i q = _mm_loadu_si128((const __m128i *)(wb + 4));
     __m256i q2 = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    *c = zero;
     return _mm512_and_si512(_mm512_broadcast_i64x4(q2), _mm512_set1_epi8(0xf));
 }
 
-/* Q8_0, Q4_1: per pair, vpdpbusd x + 128 by w from c (Q8_0) or q by x
- * (Q4_1), convert, FMA by dw * dx (8 rows' products by one vmulps, spread
- * to the pairs by vpermps); Q4_1's mins: am += m * sx for the 8 rows (sxb). */
-INLINE void block32(const int kind, const int R, const uint8_t *wb, const int8_t *xb,
-                    const float *dxb, const float *sxb, __m256 *am, __m512 *acc) {
-    __m512i c, wv = weights32(kind, wb, &c);
+/* Q4_1: per pair, vpdpbusd q by x, convert, FMA by dw * dx (8 rows'
+ * products by one vmulps, spread to the pairs by vpermps); its mins: am +=
+ * m * sx for the 8 rows (sxb). */
+INLINE void block32(const int R, const uint8_t *wb, const int8_t *xb, const float *dxb,
+                    const float *sxb, __m256 *am, __m512 *acc) {
+    __m512i wv = nibbles32(wb);
     __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(f16_load(wb)),
                                                     _mm256_load_ps(dxb)));
-    if (kind == Q41)
-        *am = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(wb + 2)), _mm256_load_ps(sxb), *am);
+    *am = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(wb + 2)), _mm256_load_ps(sxb), *am);
 #pragma GCC unroll 4
     for (int p = 0; p < (R + 1) / 2; p++) {
-        __m512i xv = load_pair(R, xb, p);
-        __m512i d = kind == Q80 ? _mm512_dpbusd_epi32(c, xv, wv) : _mm512_dpbusd_epi32(c, wv, xv);
+        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, load_pair(R, xb, p));
         acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), pair_scale(s, p), acc[p]);
     }
 }
@@ -161,6 +146,89 @@ INLINE void block_k(const int q6, const int R, const uint8_t *wb, const int8_t *
     }
 }
 
+/* ---- Q8_0: 16 outputs side by side -------------------------------------
+ * The twin (dot_q8_0_ref) adds each block's exact integer sum with one FMA,
+ * so a zmm holds 16 outputs. The 16 weight rows' block is transposed once
+ * per tile (register k, lane j: row j's quants 4k..4k+3, plus 128 so that
+ * vpdpbusd takes them unsigned) and serves up to 16 activation rows: per
+ * row, 8 vpdpbusd by its quants 4k..4k+3 (a broadcast memory operand),
+ * starting from -128 x the block's quant sum (dfl_qact.xoff), then one
+ * convert, one multiply by dw * dx and one FMA for the 16 outputs: 11
+ * operations, where lanes of 8 spend 4 per pair of rows and output. */
+
+/* Quants 32 bytes from rows[j] + off (j < 16), transposed and + 128. */
+INLINE void transpose16(const uint8_t *const *rows, size_t off, __m512i *wt) {
+    __m512i r[8], u[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) /* row j in the low 256 bits, row j + 8 in the high */
+        r[j] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[j] + off))),
+            _mm256_loadu_si256((const __m256i *)(rows[j + 8] + off)), 1);
+    for (int j = 0; j < 8; j += 4) { /* per 128 bits: rows j..j+3 (+8), dwords k and k + 4 */
+        __m512i a = _mm512_unpacklo_epi32(r[j], r[j + 1]), b = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+        __m512i c = _mm512_unpacklo_epi32(r[j + 2], r[j + 3]);
+        __m512i d = _mm512_unpackhi_epi32(r[j + 2], r[j + 3]);
+        u[j] = _mm512_unpacklo_epi64(a, c), u[j + 1] = _mm512_unpackhi_epi64(a, c);
+        u[j + 2] = _mm512_unpacklo_epi64(b, d), u[j + 3] = _mm512_unpackhi_epi64(b, d);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        wt[k] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo, u[k + 4]), bias);
+        wt[k + 4] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], hi, u[k + 4]), bias);
+    }
+}
+
+/* The f16 scales at rows[j] + off (vo: the rows' offsets from rows[0]). */
+INLINE __m512 scales16(const uint8_t *p, __m512i vo) {
+    __m512i h = _mm512_i32gather_epi32(vo, (const int *)p, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(h, _mm512_set1_epi32(0xffff))));
+}
+
+/* R activation rows from r0 (r0 a multiple of 8: rows r0.. and r0+8.. are
+ * two groups of dfl_qact.q) against the 16 weight rows: y[i * ldy + j] for
+ * the no real ones. */
+INLINE void tile_q8(const int R, const uint8_t *const *rows, int no, int nb, const dfl_qact *a,
+                    int r0, float *y, int ldy) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+    const int R0 = R < 8 ? R : 8;                    /* rows in the first group */
+    const int8_t *x0 = dfl_qact_q(a, r0, 0);         /* [nb][R0][32] */
+    const int8_t *x1 = R > 8 ? dfl_qact_q(a, r0 + 8, 0) : x0; /* [nb][R - 8][32] */
+    const size_t d0 = dfl_qact_di(nb, r0, 0);        /* d and xoff: [nb][8] per group */
+    const size_t d1 = R > 8 ? dfl_qact_di(nb, r0 + 8, 0) : d0;
+    __m512i vo = _mm512_setzero_si512();
+    for (int j = 1; j < 16; j++)
+        vo = _mm512_mask_set1_epi32(vo, (__mmask16)(1u << j), row_off(rows, j));
+    const size_t next = 16 * (size_t)row_off(rows, 1); /* the next 16 rows (as quant_avx2.c) */
+    for (int b = 0; b < nb; b++) {
+        size_t off = (size_t)b * sizeof(dfl_block_q8_0);
+        if (b % 2 == 0)
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T0);
+        __m512i wt[8];
+        transpose16(rows, off + 2, wt);
+        __m512 dw = scales16(rows[0] + off, vo);
+#pragma GCC unroll 16
+        for (int i = 0; i < R; i++) {
+            const int8_t *xi = i < 8 ? x0 + ((size_t)b * R0 + i) * 32
+                                     : x1 + ((size_t)b * (R - 8) + i - 8) * 32;
+            size_t di = (i < 8 ? d0 + i : d1 + i - 8) + (size_t)b * 8;
+            __m512i s = _mm512_set1_epi32(a->xoff[di]);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) s = _mm512_dpbusd_epi32(s, wt[k], _mm512_set1_epi32(quad(xi, k)));
+            __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[di]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[i]);
+        }
+    }
+    const __mmask16 m = (__mmask16)((1u << no) - 1);
+#pragma GCC unroll 16
+    for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(y + (size_t)i * ldy, m, acc[i]);
+}
+
 /* ---- a tile: R rows from r0 (one group of dfl_qact.q) against weight row w */
 
 INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *wn, int nb,
@@ -171,8 +239,7 @@ INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *w
     for (int p = 0; p < (R + 1) / 2; p++) acc[p] = _mm512_setzero_ps();
     const int kq = kind == Q4K || kind == Q6K;
     const size_t ss = (size_t)a->cols / 16;
-    const size_t bb = kind == Q80 ? sizeof(dfl_block_q8_0)
-                    : kind == Q41 ? sizeof(dfl_block_q4_1)
+    const size_t bb = kind == Q41 ? sizeof(dfl_block_q4_1)
                     : kind == Q4K ? sizeof(dfl_block_q4_K) : sizeof(dfl_block_q6_K);
     const int8_t *x = dfl_qact_q(a, r0, 0);          /* [nb][R][blk] */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
@@ -185,7 +252,7 @@ INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *w
             block_k(kind == Q6K, R, w, x, bsum + 16 * b, ss, dx, acc);
         } else {
             if (b % 2 == 0) _mm_prefetch((const char *)w + ahead, _MM_HINT_T0);
-            block32(kind, R, w, x, dx, sx, &am, acc);
+            block32(R, w, x, dx, sx, &am, acc);
         }
     }
     float M[8] __attribute__((aligned(32)));
@@ -195,7 +262,7 @@ INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *w
         store_pair(R, acc[p], p, kind == Q41 ? M + 2 * p : NULL, y, ldy);
 }
 
-DFL_QROWS(AVX512, rows_q8_0, 32, tile, Q80)
+DFL_Q8ROWS(AVX512, rows_q8_0, 16, 16, tile_q8)
 DFL_QROWS(AVX512, rows_q4_1, 32, tile, Q41)
 DFL_QROWS(AVX512, rows_q4_K, QK_K, tile, Q4K)
 DFL_QROWS(AVX512, rows_q6_K, QK_K, tile, Q6K)
@@ -205,7 +272,7 @@ int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
     if (n < 2) return 0;
     switch (W->type) {
     case DFL_Q8_0:
-        if (!a->q_u8) return 0;
+        if (!a->xoff) return 0;
         rows_q8_0(W, a, n, o0, o1, Y, ldy);
         return 1;
     case DFL_Q4_1: rows_q4_1(W, a, n, o0, o1, Y, ldy); return 1;
@@ -213,15 +280,6 @@ int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
     case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); return 1;
     default: return 0;
     }
-}
-
-/* x + 128 for every quant: an xor of the sign bit. q is padded to 64 bytes. */
-AVX512 void dfl_qact_u8_avx512(dfl_qact *a) {
-    const size_t nq = (size_t)a->n * a->cols;
-    for (size_t i = 0; i < nq; i += 64)
-        _mm512_storeu_si512(a->q + i, _mm512_xor_si512(_mm512_loadu_si512(a->q + i),
-                                                       _mm512_set1_epi8((char)0x80)));
-    a->q_u8 = 1;
 }
 
 #endif

@@ -9,7 +9,8 @@
  * (the nibbles and Q6_K's 0..63 quants fit int8, so one signed dot serves
  * every type; integer sums are exact in any order). The float side is the
  * twin's: one fused multiply-add (vfmaq) per lane and block, in block order,
- * then hsum8's tree. Float weights: acc[l] = fma(w, x, acc[l]) over k in
+ * then hsum8's tree; Q8_0's twin first adds the 8 lanes as integers (vaddvq)
+ * and keeps one float accumulator. Float weights: acc[l] = fma(w, x, acc[l]) over k in
  * steps of 8, the tree, the tail with scalar fmaf; f16 and bf16 widen
  * exactly. Activation quantization stays on the twin (one pass over X, not
  * over the weights).
@@ -80,13 +81,13 @@ INLINE void weights32(int kind, const uint8_t *wb, int8x16_t *w0, int8x16_t *w1)
 }
 
 /* Rows r0 .. r0+R-1 against weight row w (nb blocks): the twins dot_q8_0_ref
- * and dot_q4_ref. Per block and row acc = fma(isum, dw * dx, acc); Q4_1's
- * mins am = fma(m, s, am) and the result hsum8 + am (no + 0 for the others:
- * -0 + 0 would be +0). */
+ * and dot_q4_ref. Per block and row acc = fma(isum, dw * dx, acc), Q8_0's
+ * isum the whole block's; Q4_1's mins am = fma(m, s, am) and the result
+ * hsum8 + am (no + 0 for the others: -0 + 0 would be +0). */
 INLINE void tile32(int kind, int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
                    float *y, int ldy) {
     float32x4_t lo[TILE], hi[TILE];
-    float am[TILE];
+    float am[TILE]; /* Q4_1's mins; Q8_0's whole sum */
     for (int i = 0; i < R; i++) lo[i] = hi[i] = vdupq_n_f32(0), am[i] = 0;
     const size_t bb = block_bytes(kind);
     for (int b = 0; b < nb; b++, w += bb) {
@@ -98,13 +99,18 @@ INLINE void tile32(int kind, int R, const uint8_t *w, int nb, const dfl_qact *a,
             dot32(w0, w1, dfl_qact_q(a, r0 + i, b), &s0, &s1);
             size_t di = dfl_qact_di(nb, r0 + i, b);
             float s = dw * a->d[di];
+            if (kind == Q80) {
+                am[i] = fmaf((float)vaddvq_s32(vaddq_s32(s0, s1)), s, am[i]);
+                continue;
+            }
             lo[i] = vfmaq_n_f32(lo[i], vcvtq_f32_s32(s0), s);
             hi[i] = vfmaq_n_f32(hi[i], vcvtq_f32_s32(s1), s);
             if (kind == Q41) am[i] = fmaf(mw, a->s[di], am[i]);
         }
     }
     for (int i = 0; i < R; i++)
-        y[(size_t)i * ldy] = kind == Q41 ? hsum8(lo[i], hi[i]) + am[i] : hsum8(lo[i], hi[i]);
+        y[(size_t)i * ldy] = kind == Q80   ? am[i]
+                           : kind == Q41 ? hsum8(lo[i], hi[i]) + am[i] : hsum8(lo[i], hi[i]);
 }
 
 /* ---- K-quants: super-blocks of 256 --------------------------------------
