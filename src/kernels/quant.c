@@ -406,7 +406,7 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
         a->sum4 = n4 ? (int32_t *)(p + nq + nd + ns) : NULL;
         a->s = n1 ? (float *)(p + nq + nd + ns + n4) : NULL;
-        a->xoff = NULL; /* set by qact_xoff, in the last n8 bytes */
+        a->xoff = n8 ? (int32_t *)(p + nq + nd + ns + n4 + n1) : NULL; /* filled by qact_xoff */
     }
     return nq + nd + ns + n4 + n1 + n8;
 }
@@ -467,16 +467,14 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
 }
 
 #if DFL_X86
-/* dfl_qact.xoff for the n rows of a (Q8_0: its scratch has room after s). */
+/* Fills dfl_qact.xoff for the n rows of a (Q8_0; only the AVX-512 kernel
+ * reads it, one row at a time, so the padding rows stay unset). */
 static void qact_xoff(dfl_qact *a, int n) {
     int nb = a->cols / 32;
-    size_t nd = align64((size_t)(n + 7) / 8 * 8 * nb * sizeof(float));
-    a->xoff = (int32_t *)((uint8_t *)a->d + nd);
-    for (int r = 0; r < (n + 7) / 8 * 8; r++)
+    for (int r = 0; r < n; r++)
         for (int b = 0; b < nb; b++) {
             int sum = 0;
-            if (r < n)
-                for (int i = 0; i < 32; i++) sum += dfl_qact_q(a, r, b)[i];
+            for (int i = 0; i < 32; i++) sum += dfl_qact_q(a, r, b)[i];
             a->xoff[dfl_qact_di(nb, r, b)] = -128 * sum;
         }
 }

@@ -80,9 +80,10 @@ typedef struct dfl_qact {
                                maddubs unsigned and (q - 8) . x = q . x - sum4 */
     float *s;               /* laid out as d: d x the sum of the block's 32 quants (Q4_1 only,
                                else NULL), ggml's q8_1 s: a block's min m enters as m * s */
-    int32_t *xoff;          /* laid out as d: -128 x the sum of the block's 32 quants (Q8_0 on
-                               the AVX-512 path, else NULL): vpdpbusd takes the weights as
-                               w + 128, unsigned, and starts each block's sum from it */
+    int32_t *xoff;          /* laid out as d: -128 x the sum of the block's 32 quants (Q8_0,
+                               else NULL; filled for 2 or more rows on the AVX-512 path only):
+                               vpdpbusd takes the weights as w + 128, unsigned, and starts
+                               each block's sum from it */
 } dfl_qact;
 
 /* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */

@@ -271,8 +271,7 @@ int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
                      int ldy) {
     if (n < 2) return 0;
     switch (W->type) {
-    case DFL_Q8_0:
-        if (!a->xoff) return 0;
+    case DFL_Q8_0: /* (xoff is filled for n >= 2 on this path: quant.c qact_quant) */
         rows_q8_0(W, a, n, o0, o1, Y, ldy);
         return 1;
     case DFL_Q4_1: rows_q4_1(W, a, n, o0, o1, Y, ldy); return 1;

@@ -131,7 +131,7 @@ enum { DFL_QTILE = 8, DFL_QGROUP_BYTES = 96 << 10 };
 /* Byte offsets of rows[j] from rows[0] (within one matrix: they fit). */
 DFL_QINLINE int row_off(const uint8_t *const *rows, int j) { return (int)(rows[j] - rows[0]); }
 
-/* Quants 4k..4k+3 of an activation block in every 32-bit lane. */
+/* Quants 4k..4k+3 of an activation block as one 32-bit word (the callers broadcast it). */
 DFL_QINLINE int32_t quad(const int8_t *x, int k) {
     int32_t v;
     memcpy(&v, x + 4 * k, 4);
