@@ -631,6 +631,11 @@ static void test_attention(void) {
     test_attention_case(2, 2, 2, 128, 5000);
     test_attention_case(9, 4, 2, 264, 70);   /* too large to pack: units one by one */
     test_attention_case(5, 16, 2, 128, 150); /* GQA 8: 3-unit groups and a 2-unit tail */
+    /* Heads of 16k dims (the AVX-512 forms): 64-dim value tiles and a
+     * 16-dim tail, tile tails of 1..3 units, the largest packed head. */
+    test_attention_case(16, 8, 2, 80, 190);
+    test_attention_case(7, 12, 4, 96, 65);
+    test_attention_case(32, 4, 4, 256, 100);
     /* Small heads (8..32 dims): the transposed-key scores, GQA, 1..32 rows,
      * blocks that end inside a group of 8 keys, and a wide row stride (V
      * packed). */

@@ -22,8 +22,10 @@
  * contiguous once and read from cache by all: the scores as a small units x
  * keys matmul, the values as units x dims register tiles. Small heads (8..32
  * dims) with rows close together (a model in cache) take the second way even
- * for decode, their scores 8 keys per vector from a transposed K block. The
- * arithmetic per element is the twin's in every case.
+ * for decode, their scores 8 keys per vector from a transposed K block. On
+ * the avx512 path the many-unit form computes scores and values in zmm
+ * registers instead (heads of 16k dims up to PACK_HD). The arithmetic per
+ * element is the twin's in every case.
  *
  * K and V are f32 or f16 (the target's cache). An f16 element is widened
  * exactly where it is read, so both types share every sum; the decode path
@@ -55,6 +57,7 @@ typedef struct {
     const char *K2, *V2; /* keys from split on (dfl_kv_view), or NULL */
     int split;
     size_t hs2;
+    int wide;    /* the AVX-512 forms of the many-unit path (see block_units) */
 } att_job;
 
 /* Element bytes; a literal the inlined kernels fold (dfl_type_block_bytes is a table). */
@@ -513,11 +516,133 @@ SCORES_KT_FN(16) SCORES_KT_FN(24) SCORES_KT_FN(32)
 typedef void (*scores_kt_fn)(const float *, const float *, int, float, float *);
 static const scores_kt_fn scores_kts[5] = {0, scores_kt8, scores_kt16, scores_kt24, scores_kt32};
 
+/* ---- AVX-512: the many-unit path (verify, prefill) in zmm registers, each
+ * element still the twin's chain. A score's 8 dot-order lanes fill half a
+ * zmm; two keys share one, so a block is packed in key pairs (pair p's dims
+ * d..d+7 of key 2p, then of key 2p+1, 16 floats) and the unit's 8 query
+ * values are broadcast to both halves. Eight keys' registers then reduce
+ * with vec.h's lane tree, half by half, into one vector of 8 scores. The
+ * values are independent per element: 16 dims a register instead of 8. The
+ * softmax bookkeeping between the two stays the AVX2 code. */
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+#define AVX512_INLINE __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"), always_inline)) inline
+
+enum { WIDE_U = 4 }; /* units per register tile: 16 accumulators, 4 keys or values */
+
+/* dst: keys [0, nk) of a block in pairs, zeros up to the next multiple of 8. */
+AVX512 static void pack_pairs(float *dst, const char *K, dfl_type t, int ldk, int nk, int hd) {
+    for (int j = 0; j < ((nk + 7) & ~7); j++) {
+        float *o = dst + (size_t)(j >> 1) * 2 * hd + (j & 1) * 8;
+        for (int d = 0; d < hd; d += 8)
+            _mm256_storeu_ps(o + 2 * d, j < nk ? kv8(t, K, (size_t)j * ldk + d) : _mm256_setzero_ps());
+    }
+}
+
+/* The scores of keys 0..7 from their four pair registers: dfl_hsum8's tree
+ * on each half (the halves added, then lanes (0,2) and (1,3), then the
+ * two), the keys in order in the result. */
+static AVX512_INLINE __m256 tree8x8(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m512 p = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x88),  /* keys 0-3: s of each */
+                             _mm512_shuffle_f32x4(a0, a1, 0xdd));
+    __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x88),  /* keys 4-7 */
+                             _mm512_shuffle_f32x4(a2, a3, 0xdd));
+    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(p, q, 0x44),        /* s0+s2, s1+s3 of key c, c+4 */
+                             _mm512_shuffle_ps(p, q, 0xee));
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));             /* lane 0: key c; lane 2: c+4 */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, t));
+}
+
+/* s[u * BK + j] = dot(q[u], K_j) * scale for U units by keys j < nk8 (a
+ * multiple of 8) of the pair-packed block kp. */
+static AVX512_INLINE void scores_wide(int U, const float *const *q, const float *kp, int nk8,
+                                      int hd, float scale, float *s) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int j = 0; j < nk8; j += 8) {
+        const float *k = kp + (size_t)j * hd;   /* pair j/2 */
+        __m512 a[WIDE_U][4];
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) a[u][p] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+            __m512 kv[4];
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) kv[p] = _mm512_loadu_ps(k + (size_t)p * 2 * hd + 2 * d);
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++) {
+                __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(q[u] + d))));
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) a[u][p] = _mm512_fmadd_ps(qv, kv[p], a[u][p]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+            _mm256_store_ps(s + u * BK + j, _mm256_mul_ps(tree8x8(a[u][0], a[u][1], a[u][2], a[u][3]), sv));
+    }
+}
+
+/* acc[u][d..] = fma(p[u][j], V_j[d..], acc[u][d..]) for j in [j0, j1), U
+ * units by D 16-dim vectors at d. */
+static AVX512_INLINE void values_wide(int U, int D, float *const *acc, const float *p,
+                                      const float *V, int ldv, int d, int j0, int j1) {
+    __m512 a[WIDE_U][4];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 4
+        for (int i = 0; i < D; i++) a[u][i] = _mm512_loadu_ps(acc[u] + d + 16 * i);
+    for (int j = j0; j < j1; j++) {
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < D; i++) vv[i] = _mm512_loadu_ps(V + (size_t)j * ldv + d + 16 * i);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m512 pv = _mm512_set1_ps(p[u * BK + j]);
+#pragma GCC unroll 4
+            for (int i = 0; i < D; i++) a[u][i] = _mm512_fmadd_ps(pv, vv[i], a[u][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 4
+        for (int i = 0; i < D; i++) _mm512_storeu_ps(acc[u] + d + 16 * i, a[u][i]);
+}
+
+#define WIDE_FNS(U)                                                                            \
+    AVX512 static void scores_wide##U(const float *const *q, const float *kp, int nk8, int hd,  \
+                                      float scale, float *s) {                                 \
+        scores_wide(U, q, kp, nk8, hd, scale, s);                                              \
+    }                                                                                          \
+    AVX512 static void values_wide##U(float *const *acc, const float *p, const float *V,        \
+                                      int ldv, int hd, int j0, int j1) {                       \
+        int d = 0;                                                                             \
+        for (; d + 64 <= hd; d += 64) values_wide(U, 4, acc, p, V, ldv, d, j0, j1);            \
+        for (; d < hd; d += 16) values_wide(U, 1, acc, p, V, ldv, d, j0, j1);                  \
+    }
+WIDE_FNS(1) WIDE_FNS(2) WIDE_FNS(3) WIDE_FNS(4)
+typedef void (*wide_values_fn)(float *const *, const float *, const float *, int, int, int, int);
+typedef void (*wide_scores_fn)(const float *const *, const float *, int, int, float, float *);
+static const wide_scores_fn wide_scores[WIDE_U + 1] = {0, scores_wide1, scores_wide2, scores_wide3,
+                                                       scores_wide4};
+static const wide_values_fn wide_values[WIDE_U + 1] = {0, values_wide1, values_wide2, values_wide3,
+                                                       values_wide4};
+
+/* The values of U <= 4 units, keys [j0, j1), on the AVX-512 or AVX2 path. */
+static void values_any(int wide, int U, float *const *acc, const float *p, const float *V,
+                       int ldv, int hd, int j0, int j1) {
+    if (wide)
+        wide_values[U](acc, p, V, ldv, hd, j0, j1);
+    else
+        values_all(U, acc, p, V, ldv, hd, j0, j1);
+}
+
 /* One key block for units 0..nu (q[u], acc[u] = its slice of out, nk[u] keys
  * of the block, m / l its running max and sum). f16 blocks are always packed
- * (widened once); hd <= PACK_HD then. */
+ * (widened once); hd <= PACK_HD then. wide: the AVX-512 scores and values
+ * (hd a multiple of 16). */
 DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *acc, const int *nk,
-                                 const kv_block *b, int hd, float scale, float *m, float *l) {
+                                 const kv_block *b, int hd, float scale, float *m, float *l,
+                                 int wide) {
     _Alignas(32) float s[UNITS * BK], buf[BK * PACK_HD];
     int f16 = b->t == DFL_F16, ldk = b->ldk;
     size_t es = kv_size(b->t), ldb = (size_t)ldk * es;
@@ -540,6 +665,17 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
             if (!close) pf_some(&pf);
             scores_kts[hd / 8](q[u], buf, nk8, scale, s + u * BK);
         }
+    } else if (wide) {
+        int nk8 = (kmax + 7) & ~7;
+        pack_pairs(buf, b->K, b->t, ldk, kmax, hd);
+        pf_start(&pf, b->nextk, ldb, b->next_nk, hd * (int)es,
+                 (nu + WIDE_U - 1) / WIDE_U * (nk8 / 8));
+        for (int u = 0; u < nu; u += WIDE_U)
+            for (int j = 0; j < nk8; j += 8) {
+                pf_some(&pf);
+                wide_scores[nu - u < WIDE_U ? nu - u : WIDE_U](q + u, buf + (size_t)j * hd, 8, hd,
+                                                              scale, s + u * BK + j);
+            }
     } else {
         const float *kb = (const float *)b->K;
         int ld = ldk;
@@ -599,14 +735,15 @@ DFL_AVX2 static void block_units(int nu, const float *const *q, float *const *ac
         vb = buf, ldv = hd;
     }
     pf_start(&pf, close ? NULL : b->nextv, ldb, b->next_nk, hd * (int)es, ugroups);
-    for (int u = 0; u < nu; u += 4) {
+    for (int u = 0; u < nu; u += 4) {   /* 4 units a tile on either path */
         int U = nu - u < 4 ? nu - u : 4, common = BK;
         if (!close) pf_some(&pf);
         for (int i = u; i < u + U; i++) common = nk[i] < common ? nk[i] : common;
-        if (common > 0) values_all(U, acc + u, s + u * BK, vb, ldv, hd, 0, common);
+        if (common > 0) values_any(wide, U, acc + u, s + u * BK, vb, ldv, hd, 0, common);
         for (int i = u; i < u + U; i++)
             if (nk[i] > common && nk[i] > 0)
-                values_all(1, acc + i, s + i * BK, vb, ldv, hd, common > 0 ? common : 0, nk[i]);
+                values_any(wide, 1, acc + i, s + i * BK, vb, ldv, hd, common > 0 ? common : 0,
+                           nk[i]);
     }
 }
 
@@ -649,7 +786,7 @@ static void att_units_avx2(const att_job *a, int kh, int u0, int u1) {
                                                            u == 0 && b.nextk ? &b : NULL);
             }
         else
-            block_units(nu, q, acc, nk, &b, a->hd, a->scale, m, l);
+            block_units(nu, q, acc, nk, &b, a->hd, a->scale, m, l, a->wide);
     }
     for (int u = 0; u < nu; u++)
         finish_unit(a, kh * a->g + (u0 + u) % a->g, m[u], l[u], acc[u]);
@@ -683,6 +820,9 @@ void dfl_attention_sinks(dfl_pool *pool, int n, const float *q, const dfl_kv_vie
     if (n <= 0) return;
     att_job a = make_job(n, q, kv, n_keys, n_heads, n_kv, hd, scale, out);
     a.simd = dfl_kernels_simd();
+#if DFL_X86
+    a.wide = dfl_kernels_isa() == DFL_ISA_AVX512 && hd % 16 == 0 && hd <= PACK_HD;
+#endif
     a.sinks = sinks;
     dfl_pool_run(pool, att_task, &a, n_kv * a.tpk);
 }
