@@ -6,6 +6,8 @@
  *
  *   bench_kernels [threads] [seconds per measurement] [f32|f16|bf16|attention|all] [0.6b|1.7b]
  *
+ * DFLASH_ISA=generic|avx2|avx512|neon runs that kernel path (as dflash does), for A/Bs.
+ *
  * A type (or a model) given: only those matmuls, no attention (quicker A/B
  * runs); "attention": attention alone, over f32 and f16 keys.
  */
@@ -70,22 +72,22 @@ static double time_matmul(mats *m, int n, const float *X, float *Y) {
 /* ---- attention ------------------------------------------------------------------ */
 
 static void bench_attention(void) {
-    int nh = 16, nkv = 8, hd = 128, kvd = nkv * hd, ctxs[] = {1024, 8192, 32768}, ns[] = {1, 16};
+    int nh = 16, nkv = 8, hd = 128, kvd = nkv * hd, ctxs[] = {1024, 8192, 32768}, ns[] = {1, 16, 32};
     size_t cap = 32768, m = cap * kvd, hs = cap * hd;
     float *K = dfl_aligned_alloc(sizeof(float) * m), *V = dfl_aligned_alloc(sizeof(float) * m);
     uint16_t *Kh = dfl_aligned_alloc(2 * m), *Vh = dfl_aligned_alloc(2 * m);
-    float *q = dfl_aligned_alloc(sizeof(float) * 16 * nh * hd);
-    float *out = dfl_aligned_alloc(sizeof(float) * 16 * nh * hd);
+    float *q = dfl_aligned_alloc(sizeof(float) * 32 * nh * hd);
+    float *out = dfl_aligned_alloc(sizeof(float) * 32 * nh * hd);
     for (size_t i = 0; i < m; i++) K[i] = V[i] = (float)(i % 13) * 0.01f;
     dfl_quant_row(DFL_F16, K, Kh, (int)m);
     dfl_quant_row(DFL_F16, V, Vh, (int)m);
-    for (int i = 0; i < 16 * nh * hd; i++) q[i] = (float)(i % 7) * 0.1f;
+    for (int i = 0; i < 32 * nh * hd; i++) q[i] = (float)(i % 7) * 0.1f;
     printf("\nattention (16 heads, 8 kv heads, hd 128; one run per kv head as the target's cache):"
            " ms per call, K/V read GB/s\n");
     for (int t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++)
-            for (int ni = 0; ni < 2; ni++) {
-                int n = ns[ni], nk[16];
+            for (int ni = 0; ni < 3; ni++) {
+                int n = ns[ni], nk[32];
                 dfl_kv_view kv = {t ? (void *)Kh : K, t ? (void *)Vh : V, t ? DFL_F16 : DFL_F32,
                                   hd, hs};
                 double bw = dfl_machine_read_bw(pool, (size_t)128 << 20, 3);
@@ -110,9 +112,14 @@ int main(int argc, char **argv) {
     nthreads = argc > 1 ? atoi(argv[1]) : dfl_ncpu();
     if (argc > 2) min_time = atof(argv[2]);
     pool = dfl_pool_new(nthreads);
+    const char *isa = getenv("DFLASH_ISA");
+    if (isa && (dfl_isa_from_name(isa) < 0 || dfl_kernels_set_isa((dfl_isa)dfl_isa_from_name(isa)))) {
+        fprintf(stderr, "bench_kernels: DFLASH_ISA=%s: not a path this CPU runs\n", isa);
+        return 1;
+    }
     const char *only = argc > 3 ? argv[3] : "all";
     int big = argc > 4 && !strcmp(argv[4], "1.7b");
-    printf("threads %d, avx2 %d\n", nthreads, dfl_cpu_has_avx2());
+    printf("threads %d, %s kernels\n", nthreads, dfl_isa_name(dfl_kernels_isa()));
     double bw = dfl_machine_read_bw(pool, 0, 5), peak = dfl_machine_fma_peak(pool, 0);
     printf("read bandwidth %.1f GB/s, FMA peak %.1f GFLOP/s\n\n", bw, peak);
 
