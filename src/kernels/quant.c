@@ -7,11 +7,12 @@
  * block. Integer sums are exact in any order; only the float side has to be
  * fixed, and the twins below spell it out so that tests can memcmp them
  * against the SIMD code:
- * - Q8_0: the block's 32 products summed exactly, then one fused
- *   multiply-add per block, in block order, into one accumulator. So a SIMD
- *   kernel puts outputs side by side in its lanes (8 on AVX2, 16 on
- *   AVX-512) and spends one FMA per row, block and lane-full of outputs.
- * - Q4_0, Q4_1 and the K-quants: eight lanes, lane k holding the integer sum
+ * - Q8_0 and Q4_0 (as int8 weights q - 8): the block's 32 products summed
+ *   exactly, then one fused multiply-add per block, in block order, into
+ *   one accumulator. So a SIMD kernel puts outputs side by side in its lanes
+ *   (8 on AVX2, 16 on AVX-512) and spends one FMA per row, block and
+ *   lane-full of outputs.
+ * - Q4_1 and the K-quants: eight lanes, lane k holding the integer sum
  *   of elements 4k..4k+3 of each 32-element group, accumulated over blocks
  *   in order with one fused multiply-add per block; the eight lanes are then
  *   added in one fixed tree (hsum8). Q4_1's mins make one more float sum,
@@ -393,9 +394,8 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
     size_t nq = align64((size_t)n * cols);
     size_t nd = align64((size_t)(n + 7) / 8 * 8 * (cols / blk) * sizeof(float));
     size_t ns = is_kquant(t) ? align64((size_t)n * (cols / 16) * sizeof(int16_t)) : 0;
-    size_t n4 = t == DFL_Q4_0 ? align64((size_t)n * (cols / 4) * sizeof(int32_t)) : 0;
     size_t n1 = t == DFL_Q4_1 ? nd : 0;
-    size_t n8 = t == DFL_Q8_0 ? nd : 0;
+    size_t n8 = t == DFL_Q8_0 || t == DFL_Q4_0 ? nd : 0;
     if (a) {
         uint8_t *p = scratch;
         a->blk = blk;
@@ -404,11 +404,10 @@ static size_t qact_layout(dfl_type t, int n, int cols, void *scratch, dfl_qact *
         a->q = (int8_t *)p;
         a->d = (float *)(p + nq);
         a->bsum = ns ? (int16_t *)(p + nq + nd) : NULL;
-        a->sum4 = n4 ? (int32_t *)(p + nq + nd + ns) : NULL;
-        a->s = n1 ? (float *)(p + nq + nd + ns + n4) : NULL;
-        a->xoff = n8 ? (int32_t *)(p + nq + nd + ns + n4 + n1) : NULL; /* filled by qact_xoff */
+        a->s = n1 ? (float *)(p + nq + nd + ns) : NULL;
+        a->xoff = n8 ? (int32_t *)(p + nq + nd + ns + n1) : NULL; /* filled by qact_xoff */
     }
-    return nq + nd + ns + n4 + n1 + n8;
+    return nq + nd + ns + n1 + n8;
 }
 
 size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols) {
@@ -453,11 +452,6 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
                 for (int i = 16 * g; i < 16 * g + 16; i++) s += *qel(a, r, i);
                 a->bsum[(size_t)r * (a->cols / 16) + g] = (int16_t)s;
             }
-        if (a->sum4)
-            for (int g = 0; g < a->cols / 4; g++)
-                a->sum4[(size_t)r * (a->cols / 4) + g] =
-                    8 * (*qel(a, r, 4 * g) + *qel(a, r, 4 * g + 1) + *qel(a, r, 4 * g + 2) +
-                         *qel(a, r, 4 * g + 3));
     }
     for (int r = n; r % 8; r++) /* the unused lanes of the last group of 8 */
         for (int b = 0; b < nb; b++) {
@@ -467,15 +461,15 @@ static void qact_quant_ref(dfl_qact *a, int n, const float *X, int ldx) {
 }
 
 #if DFL_X86
-/* Fills dfl_qact.xoff for the n rows of a (Q8_0; only the AVX-512 kernel
- * reads it, one row at a time, so the padding rows stay unset). */
-static void qact_xoff(dfl_qact *a, int n) {
+/* Fills dfl_qact.xoff, -z x each block's quant sum, for the n rows of a
+ * (the kernels read it one row at a time, so the padding rows stay unset). */
+static void qact_xoff(dfl_qact *a, int n, int z) {
     int nb = a->cols / 32;
     for (int r = 0; r < n; r++)
         for (int b = 0; b < nb; b++) {
             int sum = 0;
             for (int i = 0; i < 32; i++) sum += dfl_qact_q(a, r, b)[i];
-            a->xoff[dfl_qact_di(nb, r, b)] = -128 * sum;
+            a->xoff[dfl_qact_di(nb, r, b)] = -z * sum;
         }
 }
 #endif
@@ -501,19 +495,27 @@ static int lane4u(const uint8_t *w, const int8_t *x, int k) {
     return s;
 }
 
-/* Q4_0 and Q4_1 (as int8 weights: q - 8, q): per block of 32,
+/* Q4_1 (as int8 weights q): per block of 32,
  * acc[k] = fma(isum[k], dw * dx, acc[k]). */
 static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s) {
     for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
 }
 
-/* Each against activation row r of a. Q8_0: acc = fma(isum, dw * dx, acc)
- * per block, isum the block's whole integer sum (at most 32 * 127 * 128 in
- * magnitude, so exact as a float). */
-static float dot_q8_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
+/* Each against activation row r of a. Q8_0 and Q4_0 (q40; weights q - 8):
+ * acc = fma(isum, dw * dx, acc) per block, isum the block's whole integer
+ * sum (at most 32 * 128 * 127 in magnitude, so exact as a float). */
+static float dot_whole_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, int q40) {
     float acc = 0;
-    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q8_0)) {
-        const int8_t *w = (const int8_t *)(p + 2), *x = dfl_qact_q(a, r, b);
+    for (int b = 0; b < nb; b++, p += q40 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0)) {
+        const int8_t *x = dfl_qact_q(a, r, b);
+        int8_t w[32];
+        if (q40) {
+            uint8_t q[32];
+            q4_nibbles(p + 2, q);
+            for (int i = 0; i < 32; i++) w[i] = (int8_t)(q[i] - 8);
+        } else {
+            memcpy(w, p + 2, 32);
+        }
         int isum = 0;
         for (int e = 0; e < 32; e++) isum += w[e] * x[e];
         acc = fmaf((float)isum, h2f(rd16(p)) * a->d[dfl_qact_di(nb, r, b)], acc);
@@ -523,18 +525,18 @@ static float dot_q8_0_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
 
 /* Q4_1 also sums its mins over blocks, am = fma(m, s, am) (s: dfl_qact.s),
  * and returns hsum8(acc) + am. */
-static float dot_q4_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, int q41) {
+static float dot_q4_1_ref(const uint8_t *p, int nb, const dfl_qact *a, int r) {
     float acc[8] = {0}, am = 0;
-    for (int b = 0; b < nb; b++, p += q41 ? sizeof(dfl_block_q4_1) : sizeof(dfl_block_q4_0)) {
+    for (int b = 0; b < nb; b++, p += sizeof(dfl_block_q4_1)) {
         uint8_t q[32];
         int8_t w[32];
-        q4_nibbles(p + (q41 ? 4 : 2), q);
-        for (int i = 0; i < 32; i++) w[i] = (int8_t)(q41 ? q[i] : q[i] - 8);
+        q4_nibbles(p + 4, q);
+        for (int i = 0; i < 32; i++) w[i] = (int8_t)q[i];
         size_t di = dfl_qact_di(nb, r, b);
         acc_block32(acc, w, dfl_qact_q(a, r, b), h2f(rd16(p)) * a->d[di]);
-        if (q41) am = fmaf(h2f(rd16(p + 2)), a->s[di], am);
+        am = fmaf(h2f(rd16(p + 2)), a->s[di], am);
     }
-    return q41 ? hsum8(acc) + am : hsum8(acc);
+    return hsum8(acc) + am;
 }
 
 /* Q4_K per super-block: isum[k] = sum_j sc[j] * lane k of group j;
@@ -592,9 +594,9 @@ static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1
             const int16_t *bs = a->bsum ? a->bsum + (size_t)r * (W->cols / 16) : NULL;
             float y = 0;
             switch (W->type) {
-            case DFL_Q8_0: y = dot_q8_0_ref(w, nb, a, r); break;
-            case DFL_Q4_0: y = dot_q4_ref(w, nb, a, r, 0); break;
-            case DFL_Q4_1: y = dot_q4_ref(w, nb, a, r, 1); break;
+            case DFL_Q8_0: y = dot_whole_ref(w, nb, a, r, 0); break;
+            case DFL_Q4_0: y = dot_whole_ref(w, nb, a, r, 1); break;
+            case DFL_Q4_1: y = dot_q4_1_ref(w, nb, a, r); break;
             case DFL_Q4_K: y = dot_q4_K_ref(w, nb, a, r, bs); break;
             case DFL_Q6_K: y = dot_q6_K_ref(w, nb, a, r, bs); break;
             default: break;
@@ -661,7 +663,8 @@ static void qact_quant(dfl_isa isa, dfl_type t, dfl_qact *a, int n, const float 
 #if DFL_X86
     if (isa == DFL_ISA_AVX2 || isa == DFL_ISA_AVX512) {
         dfl_qact_quant_avx2(a, n, X, ldx);
-        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0 && n >= 2) qact_xoff(a, n);
+        if (t == DFL_Q4_0) qact_xoff(a, n, 8);
+        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0 && n >= 2) qact_xoff(a, n, 128);
         return;
     }
 #endif

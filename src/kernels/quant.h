@@ -75,15 +75,14 @@ typedef struct dfl_qact {
                                2^-100), 8 rows side by side so that a tile of 8 rows
                                scales its 8 scales in one vector op; see dfl_qact_di */
     int16_t *bsum;          /* [n, cols / 16]: sums of 16 quants (K-quants only, else NULL) */
-    int32_t *sum4;          /* [n, cols / 4]: 8 x the sum of quants 4k..4k+3 (Q4_0 only, else
-                               NULL): lane k of a block's offset, so Q4_0 nibbles enter
-                               maddubs unsigned and (q - 8) . x = q . x - sum4 */
     float *s;               /* laid out as d: d x the sum of the block's 32 quants (Q4_1 only,
                                else NULL), ggml's q8_1 s: a block's min m enters as m * s */
-    int32_t *xoff;          /* laid out as d: -128 x the sum of the block's 32 quants (Q8_0,
-                               else NULL; filled for 2 or more rows on the AVX-512 path only):
-                               vpdpbusd takes the weights as w + 128, unsigned, and starts
-                               each block's sum from it */
+    int32_t *xoff;          /* laid out as d: -z x the sum of the block's 32 quants, z the
+                               weights' offset (else NULL): Q8_0 128 (filled for 2 or more
+                               rows on the AVX-512 path only: vpdpbusd takes the weights as
+                               w + 128, unsigned), Q4_0 8 (filled on x86: its nibbles q enter
+                               unsigned, (q - 8) . x = q . x - 8 sum x); a block's integer
+                               sum starts from it */
 } dfl_qact;
 
 /* Index in dfl_qact.d of row r's scale of block b (nb blocks per row). */

@@ -8,14 +8,14 @@
  * call.
  *
  * What bounds the speed here (Zen 3, no VNNI): integer multiplies (maddubs,
- * madd) and FMAs share two pipes. So per row and 32 weights the Q4_0/Q4_1
+ * madd) and FMAs share two pipes. So per row and 32 weights the Q4_1
  * kernel spends maddubs + madd + one FMA, with the scale product dw*dx (and
- * Q4_1's min term) formed once per block for all 8 rows of a tile (the
+ * its min term) formed once per block for all 8 rows of a tile (the
  * activation scales are stored 8 rows side by side for this); the K-quant
  * kernels spend maddubs + madd (which applies the sub-block scale) and keep
- * integer sums in registers across the whole super-block. Q8_0's twin adds
- * one whole integer sum per block, so its kernel holds 8 outputs side by
- * side and spends one FMA per row and block for all 8. */
+ * integer sums in registers across the whole super-block. The twins of
+ * Q8_0 and Q4_0 add one whole integer sum per block, so their kernel holds
+ * 8 outputs side by side and spends one FMA per row and block for all 8. */
 #include "kernels/kernels.h"
 #if DFL_X86 /* the whole file: x86-64 only */
 #include <immintrin.h>
@@ -97,12 +97,6 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
                 a->s[di] = a->d[di] * (float)(s[0] + s[1]);
             }
         }
-        if (a->sum4) /* 8 x sums of 4: maddubs by ones, madd by eights */
-            for (int i = 0; i < a->cols; i += 32) {
-                __m256i s = _mm256_maddubs_epi16(_mm256_set1_epi8(1), loadu(q + i / 32 * qs));
-                _mm256_storeu_si256((__m256i *)(a->sum4 + (size_t)r * (a->cols / 4) + i / 4),
-                                    _mm256_madd_epi16(s, _mm256_set1_epi16(8)));
-            }
         if (!a->bsum) continue;
         int16_t *bs = a->bsum + (size_t)r * (a->cols / 16);
         for (int i = 0; i < a->cols; i += 32) {
@@ -124,22 +118,47 @@ AVX2 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx) {
  * inlining) against one weight row (Q8_0: eight); n rows are cut into tiles of 8 and one
  * remainder. Which rows share a tile never changes a row's arithmetic. */
 
-/* ---- Q8_0: 8 outputs side by side --------------------------------------
- * The twin (dot_q8_0_ref) adds each block's exact integer sum with one FMA,
+/* ---- Q8_0 and Q4_0: 8 outputs side by side ------------------------------
+ * The twin (dot_whole_ref) adds each block's exact integer sum with one FMA,
  * so a ymm holds 8 outputs. The 8 weight rows' block is transposed once per
  * tile (register k, lane j: row j's quants 4k..4k+3) and serves every
  * activation row of the tile, whose quants 4k..4k+3 are broadcast: per k,
- * |w| . (x * sign(w)) by sign, maddubs, madd, add; then one convert and one
- * FMA by dw * dx for all 8 outputs. That is 35 operations per row and block
- * for 8 outputs (sign, maddubs, madd, convert, FMA per output in lanes: 40),
- * plus 32 per block and tile to transpose; a lone row skips the transpose. */
+ * maddubs, madd, add; then one convert and one FMA by dw * dx for all 8
+ * outputs. Q8_0's signed weights enter maddubs as |w| . (x * sign(w)), one
+ * vpsignb more; Q4_0's nibbles q enter unsigned, and the sum starts from
+ * -8 x the block's quant sum (dfl_qact.xoff). So Q8_0 spends 35 operations
+ * per row and block for 8 outputs (sign, maddubs, madd, convert, FMA per
+ * output in lanes: 40), plus 32 per block and tile to transpose; a lone
+ * row skips the transpose. */
 
-/* Quants 32 bytes from rows[j] + off (j < 8) transposed: ws[k] lane j =
- * row j's quants 4k..4k+3, wu[k] = |ws[k]|. */
-INLINE void transpose8(const uint8_t *const *rows, size_t off, __m256i *ws, __m256i *wu) {
+enum { W8, W4 }; /* the weights of a whole-sum kernel: Q8_0, Q4_0 */
+
+INLINE size_t whole_bytes(const int kind) {
+    return kind == W8 ? sizeof(dfl_block_q8_0) : sizeof(dfl_block_q4_0);
+}
+
+/* The 32 nibbles of a Q4_0 / Q4_1 block (qs: its 16 bytes) as unsigned
+ * bytes, in element order. */
+INLINE __m256i q4_nibbles(const uint8_t *qs) {
+    __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs)); /* one load */
+    q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+    return _mm256_and_si256(q, _mm256_set1_epi8(0xf));
+}
+
+/* A block's 32 weights (wb: past its f16 scale) in element order: Q8_0's
+ * signed quants or Q4_0's unsigned nibbles. */
+INLINE __m256i whole32(const int kind, const uint8_t *wb) {
+    return kind == W8 ? loadu(wb) : q4_nibbles(wb);
+}
+
+/* The weights of rows[j] + off (j < 8) transposed: ws[k] lane j = row j's
+ * quants 4k..4k+3; wu[k] what maddubs takes unsigned: |ws[k]| (Q8_0) or
+ * ws[k] itself (Q4_0). */
+INLINE void transpose8(const int kind, const uint8_t *const *rows, size_t off, __m256i *ws,
+                       __m256i *wu) {
     __m256i r[8], u[8];
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) r[j] = loadu(rows[j] + off);
+    for (int j = 0; j < 8; j++) r[j] = whole32(kind, rows[j] + off);
     for (int j = 0; j < 8; j += 4) { /* per 128-bit half: rows j..j+3, dwords k and k + 4 */
         __m256i a = _mm256_unpacklo_epi32(r[j], r[j + 1]), b = _mm256_unpackhi_epi32(r[j], r[j + 1]);
         __m256i c = _mm256_unpacklo_epi32(r[j + 2], r[j + 3]);
@@ -153,7 +172,7 @@ INLINE void transpose8(const uint8_t *const *rows, size_t off, __m256i *ws, __m2
         ws[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
     }
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) wu[k] = _mm256_sign_epi8(ws[k], ws[k]);
+    for (int k = 0; k < 8; k++) wu[k] = kind == W8 ? _mm256_sign_epi8(ws[k], ws[k]) : ws[k];
 }
 
 /* The f16 scales at rows[j] + off (vo: the rows' offsets from rows[0]). */
@@ -180,54 +199,62 @@ INLINE __m256i sum8(const __m256i *p) {
                             _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
-/* The 8 rows' sums of one block against one activation row's x: |w| .
- * (x * sign(w)) per lane of 4 for each row, then sum8. With a single
+/* The 8 rows' sums of one block against one activation row's x (without
+ * Q4_0's offset): per lane of 4 for each row, then sum8. With a single
  * activation row this beats transposing (14 shuffles, not 24). */
-INLINE __m256i block_sums1(const uint8_t *const *rows, size_t off, __m256i xv) {
+INLINE __m256i block_sums1(const int kind, const uint8_t *const *rows, size_t off, __m256i xv) {
     __m256i p[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        __m256i w = loadu(rows[j] + off);
-        p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)),
-                                 _mm256_set1_epi16(1));
+        __m256i w = whole32(kind, rows[j] + off);
+        __m256i m = kind == W8
+            ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w))
+            : _mm256_maddubs_epi16(w, xv);
+        p[j] = _mm256_madd_epi16(m, _mm256_set1_epi16(1));
     }
     return sum8(p);
 }
 
 /* R activation rows from r0 (one group of dfl_qact.q) against the 8 weight
  * rows: y[i * ldy + j] for the no real ones. */
-INLINE void tile_q8(const int R, const uint8_t *const *rows, int no, int nb, const dfl_qact *a,
-                    int r0, float *y, int ldy) {
+INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, int no, int nb,
+                       const dfl_qact *a, int r0, float *y, int ldy) {
     __m256 acc[TILE];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     const int8_t *x = dfl_qact_q(a, r0, 0);          /* [nb][R][32] */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
+    const int32_t *xo = kind == W4 ? a->xoff + dfl_qact_di(nb, r0, 0) : NULL; /* [nb][8] */
     const __m256i vo = _mm256_setr_epi32(0, row_off(rows, 1), row_off(rows, 2), row_off(rows, 3),
                                          row_off(rows, 4), row_off(rows, 5), row_off(rows, 6),
                                          row_off(rows, 7));
     const __m256i one = _mm256_set1_epi16(1);
-    const size_t next = 8 * (size_t)row_off(rows, 1); /* the next 8 rows, 8 row lengths on */
-    for (int b = 0; b < nb; b++, x += 32 * R, dx += 8) {
-        size_t off = (size_t)b * sizeof(dfl_block_q8_0);
-        if (b % 2 == 0) /* a line of each of the next 8 rows per 2 blocks (68 bytes) */
+    const size_t next = 8 * (size_t)row_off(rows, 1), bb = whole_bytes(kind);
+    for (int b = 0; b < nb; b++, x += 32 * R, dx += 8, xo = xo ? xo + 8 : xo) {
+        size_t off = (size_t)b * bb;
+        /* a line of each of the next 8 rows (8 row lengths on) per two blocks: Q4_0's
+         * 36 bytes too, as at 72 some lines went unfetched (decode read 45% of the
+         * bandwidth, not 80%) */
+        if (b % 2 == 0)
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T0);
         __m256 dw = scales8(rows[0] + off, vo);
         if (R == 1) {
             __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx));
-            __m256i s = block_sums1(rows, off + 2, load(x));
+            __m256i s = block_sums1(kind, rows, off + 2, load(x));
+            if (kind == W4) s = _mm256_add_epi32(s, _mm256_set1_epi32(xo[0]));
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[0]);
             continue;
         }
         __m256i ws[8], wu[8];
-        transpose8(rows, off + 2, ws, wu);
+        transpose8(kind, rows, off + 2, ws, wu);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            __m256i s = _mm256_setzero_si256();
+            __m256i s = kind == W4 ? _mm256_set1_epi32(xo[i]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
-                __m256i p = _mm256_sign_epi8(_mm256_set1_epi32(quad(x + 32 * i, k)), ws[k]);
+                __m256i p = _mm256_set1_epi32(quad(x + 32 * i, k));
+                if (kind == W8) p = _mm256_sign_epi8(p, ws[k]);
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], p), one));
             }
             __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
@@ -246,48 +273,25 @@ INLINE void tile_q8(const int R, const uint8_t *const *rows, int no, int nb, con
     }
 }
 
-/* ---- Q4_0, Q4_1: blocks of 32 against activation blocks of 32 ----------- */
+/* ---- Q4_1: blocks of 32 against activation blocks of 32 ----------------- */
 
-enum { Q40, Q41 }; /* the kind of a block-32 kernel */
-
-INLINE size_t block_bytes(const int kind) {
-    return kind == Q40 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q4_1);
-}
-
-/* The 32 nibbles of a Q4_0 / Q4_1 block (qs: its 16 bytes) as unsigned
- * bytes, in element order. */
-INLINE __m256i q4_nibbles(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xf));
-}
-
-/* The weight block wb as maddubs takes it: the nibbles q, unsigned. */
-INLINE __m256i weights32(const int kind, const uint8_t *wb) {
-    return q4_nibbles(wb + (kind == Q41 ? 4 : 2));
-}
-
-/* The integer lanes of one row against one block: Q4_0 as q . x - 8 x (sum
- * of x per lane), with the unsigned nibbles q straight into maddubs; Q4_1 as
- * q . x (its mins go separately, see scales32). */
-INLINE __m256i lanes32(const int kind, __m256i wu, const int8_t *x, const int32_t *s4) {
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, load(x)), _mm256_set1_epi16(1));
-    return kind == Q40 ? _mm256_sub_epi32(p, _mm256_loadu_si256((const __m256i *)s4)) : p;
+/* The integer lanes of one row against one block: q . x with the unsigned
+ * nibbles q straight into maddubs (the mins go separately, see scales32). */
+INLINE __m256i lanes32(__m256i wu, const int8_t *x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wu, load(x)), _mm256_set1_epi16(1));
 }
 
 /* The scale products dw * dx of weight block wb for the 8 rows of a tile;
- * Q4_1 also adds the block's min times the rows' sums (sxb) to am, the
- * rows' sums of the mins (8 rows side by side), in block order. */
-INLINE void scales32(const int kind, float *S, const uint8_t *wb, const float *dxb,
-                     const float *sxb, __m256 *am) {
+ * also adds the block's min times the rows' sums (sxb) to am, the rows'
+ * sums of the mins (8 rows side by side), in block order. */
+INLINE void scales32(float *S, const uint8_t *wb, const float *dxb, const float *sxb, __m256 *am) {
     uint16_t h;
     memcpy(&h, wb, 2);
     __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
     _mm256_store_ps(S, _mm256_mul_ps(dw, _mm256_load_ps(dxb)));
-    if (kind == Q41) {
-        memcpy(&h, wb + 2, 2);
-        __m256 m = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
-        *am = _mm256_fmadd_ps(m, _mm256_load_ps(sxb), *am);
-    }
+    memcpy(&h, wb + 2, 2);
+    __m256 m = _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+    *am = _mm256_fmadd_ps(m, _mm256_load_ps(sxb), *am);
 }
 
 /* Row i's scale product as a vector, from s03 / s47 (rows 0-3 / 4-7, each
@@ -304,25 +308,23 @@ INLINE __m256 row_scale(const int R, __m256 s03, __m256 s47, const float *s, int
 }
 
 /* One block of a tile: wb the weight block, pf an address to prefetch (or
- * NULL), xb the R rows' quants of the block ([R][32]), s4b their sums of 4
- * (Q4_0; s4s from one row to the next), s the scale products.
+ * NULL), xb the R rows' quants of the block ([R][32]), s the scale products.
  *
  * Here every instruction costs about alike, loads included: dropping any
  * one of the 7 per row and block gains ~20%. So the scale products are
  * broadcast by shuffles of s03 / s47 (two loads a block instead of one a
  * row; with 1-2 rows the two cost more than they save), and the asm keeps
  * gcc from folding the shuffles back into broadcast loads. */
-INLINE void block32(const int kind, const int R, const uint8_t *wb, const uint8_t *pf,
-                    const int8_t *xb, const int32_t *s4b, size_t s4s, const float *s,
-                    __m256 *acc) {
+INLINE void block32(const int R, const uint8_t *wb, const uint8_t *pf, const int8_t *xb,
+                    const float *s, __m256 *acc) {
     if (pf) _mm_prefetch((const char *)pf, _MM_HINT_T0);
-    __m256i wu = weights32(kind, wb);
+    __m256i wu = q4_nibbles(wb + 4);
     __m256 s03 = _mm256_broadcast_ps((const __m128 *)s);
     __m256 s47 = _mm256_broadcast_ps((const __m128 *)(s + 4));
     if (R > 2) __asm__("" : "+x"(s03), "+x"(s47));
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        __m256i p = lanes32(kind, wu, xb + i * 32, kind == Q40 ? s4b + i * s4s : NULL);
+        __m256i p = lanes32(wu, xb + i * 32);
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), row_scale(R, s03, s47, s, i), acc[i]);
     }
 }
@@ -335,57 +337,54 @@ INLINE void block32(const int kind, const int R, const uint8_t *wb, const uint8_
  * loop is compute bound, so the hardware prefetcher alone leaves the first
  * tile of a group waiting on memory. The loop walks pointers and has no
  * spare-slot branch: with indices gcc spent ~17 instructions a block on
- * bookkeeping. Q4_1's mins cost one FMA a block for all rows (scales32). */
-INLINE void tile32(const int kind, const int R, const uint8_t *w, const uint8_t *wn, int nb,
+ * bookkeeping. The mins cost one FMA a block for all rows (scales32). */
+INLINE void tile32(const int Q, const int R, const uint8_t *w, const uint8_t *wn, int nb,
                    const dfl_qact *a, int r0, float *y, int ldy) {
+    (void)Q;
     __m256 acc[TILE], am = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
-    const size_t xs = (size_t)a->cols, bb = block_bytes(kind);
+    const size_t bb = sizeof(dfl_block_q4_1);
     const int8_t *x = dfl_qact_q(a, r0, 0); /* [nb][R][32] (the tile is a group of dfl_qact.q) */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
-    const float *sx = kind == Q41 ? a->s + dfl_qact_di(nb, r0, 0) : dx; /* [nb][8], Q4_1 */
-    const int32_t *s4 = kind == Q40 ? a->sum4 + (size_t)r0 * (xs / 4) : NULL;
+    const float *sx = a->s + dfl_qact_di(nb, r0, 0); /* [nb][8] */
     if (R == 1) { /* one row: its scale product is one scalar multiply */
         float am1 = 0;
         for (int b = 0; b < nb; b++, w += bb, x += 32, dx += 8, sx += 8) {
             /* memory bound: the weights AHEAD bytes on (rows are contiguous;
              * past the matrix the hint is dropped) */
             _mm_prefetch((const char *)((uintptr_t)w + AHEAD), _MM_HINT_T0);
-            __m256i p = lanes32(kind, weights32(kind, w), x, kind == Q40 ? s4 + 8 * b : NULL);
+            __m256i p = lanes32(q4_nibbles(w + 4), x);
             __m256 sc = _mm256_set1_ps(f16_load(w) * dx[0]);
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[0]);
-            if (kind == Q41) am1 = fmaf(f16_load(w + 2), sx[0], am1);
+            am1 = fmaf(f16_load(w + 2), sx[0], am1);
         }
-        y[0] = kind == Q41 ? hsum8(acc[0]) + am1 : hsum8(acc[0]);
+        y[0] = hsum8(acc[0]) + am1;
         return;
     }
     const ptrdiff_t ahead = wn - w;
     float S[2][8] __attribute__((aligned(32)));
-    scales32(kind, S[0], w, dx, sx, &am);
+    scales32(S[0], w, dx, sx, &am);
     for (int k = 0; k < (nb - 1) / 2; k++) { /* two blocks a turn, one or two left after */
         float *s = S[0];
         __asm__("" : "+r"(s)); /* else gcc keeps all 16 slot addresses, spilled */
-        scales32(kind, s + 8, w + bb, dx + 8, sx + 8, &am);
-        block32(kind, R, w, w + ahead, x, s4, xs / 4, s, acc);
-        scales32(kind, s, w + 2 * bb, dx + 16, sx + 16, &am);
-        block32(kind, R, w + bb, NULL, x + 32 * R, s4 ? s4 + 8 : s4, xs / 4, s + 8, acc);
+        scales32(s + 8, w + bb, dx + 8, sx + 8, &am);
+        block32(R, w, w + ahead, x, s, acc);
+        scales32(s, w + 2 * bb, dx + 16, sx + 16, &am);
+        block32(R, w + bb, NULL, x + 32 * R, s + 8, acc);
         w += 2 * bb, x += 64 * R, dx += 16, sx += 16;
-        if (s4) s4 += 16;
     }
     if (nb % 2 == 0) {
-        scales32(kind, S[1], w + bb, dx + 8, sx + 8, &am);
-        block32(kind, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
-        block32(kind, R, w + bb, w + bb + ahead, x + 32 * R, s4 ? s4 + 8 : s4, xs / 4, S[1],
-                acc);
+        scales32(S[1], w + bb, dx + 8, sx + 8, &am);
+        block32(R, w, w + ahead, x, S[0], acc);
+        block32(R, w + bb, w + bb + ahead, x + 32 * R, S[1], acc);
     } else {
-        block32(kind, R, w, w + ahead, x, s4, xs / 4, S[0], acc);
+        block32(R, w, w + ahead, x, S[0], acc);
     }
     float M[8] __attribute__((aligned(32)));
     _mm256_store_ps(M, am);
 #pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-        y[(size_t)i * ldy] = kind == Q41 ? hsum8(acc[i]) + M[i] : hsum8(acc[i]);
+    for (int i = 0; i < R; i++) y[(size_t)i * ldy] = hsum8(acc[i]) + M[i];
 }
 
 /* ---- K-quants: super-blocks of 256 against activation blocks of 256 ----- */
@@ -462,9 +461,9 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *w
 
 /* ---- rows of W (quant_rows.h) ------------------------------------------ */
 
-DFL_Q8ROWS(AVX2, rows_q8_0, 8, 8, tile_q8)
-DFL_QROWS(AVX2, rows_q4_0, 32, tile32, Q40)
-DFL_QROWS(AVX2, rows_q4_1, 32, tile32, Q41)
+DFL_Q8ROWS(AVX2, rows_q8_0, 8, 8, tile_whole, W8)
+DFL_Q8ROWS(AVX2, rows_q4_0, 8, 8, tile_whole, W4)
+DFL_QROWS(AVX2, rows_q4_1, 32, tile32, 0)
 DFL_QROWS(AVX2, rows_q4_K, QK_K, tile_k, 0)
 DFL_QROWS(AVX2, rows_q6_K, QK_K, tile_k, 1)
 

@@ -1,14 +1,14 @@
-/* quant_avx512.c - AVX-512 (F/BW/VL + VNNI) matmul kernels for Q8_0, Q4_1,
- * Q4_K and Q6_K weights with several activation rows (verify blocks, MoE
- * expert groups); each does exactly the arithmetic of its twin in quant.c,
- * as the AVX2 ones in quant_avx2.c do. Q4_0, and one row (decode, bound by
- * memory) of every type, run the AVX2 kernels: measured against them
- * (bench_quant, docs/benchmarks.md), Q4_0 done as Q8_0 here (w = q - 8
- * negated into x) ran 0.9x, and a one-row Q4_K kernel (two sub-blocks per
- * zmm, vpdpwssd) 0.94-1.0x: the AVX2 one already reads at the bandwidth.
+/* quant_avx512.c - AVX-512 (F/BW/VL + VNNI) matmul kernels for Q8_0, Q4_0,
+ * Q4_1, Q4_K and Q6_K weights with several activation rows (verify blocks,
+ * MoE expert groups); each does exactly the arithmetic of its twin in
+ * quant.c, as the AVX2 ones in quant_avx2.c do. One row (decode, bound by
+ * memory) of every type runs the AVX2 kernels: measured against them
+ * (bench_quant, docs/benchmarks.md), a one-row Q4_K kernel (two sub-blocks
+ * per zmm, vpdpwssd) ran 0.94-1.0x: the AVX2 one already reads at the
+ * bandwidth.
  *
- * Q8_0 (its twin adds one whole integer sum per block) puts 16 outputs side
- * by side in a zmm, below. For the others a zmm register holds the 8 lanes
+ * Q8_0 and Q4_0 (their twin adds one whole integer sum per block) put 16
+ * outputs side by side in a zmm, below. For the others a zmm register holds the 8 lanes
  * of two activation rows: row i in the low 256 bits, row i+1 in the high.
  * The activation layout already serves this: within a group of dfl_qact.q
  * the rows' 32 quants of a block follow each other, so two rows are one
@@ -146,24 +146,41 @@ INLINE void block_k(const int q6, const int R, const uint8_t *wb, const int8_t *
     }
 }
 
-/* ---- Q8_0: 16 outputs side by side -------------------------------------
- * The twin (dot_q8_0_ref) adds each block's exact integer sum with one FMA,
+/* ---- Q8_0 and Q4_0: 16 outputs side by side ----------------------------
+ * The twin (dot_whole_ref) adds each block's exact integer sum with one FMA,
  * so a zmm holds 16 outputs. The 16 weight rows' block is transposed once
- * per tile (register k, lane j: row j's quants 4k..4k+3, plus 128 so that
- * vpdpbusd takes them unsigned) and serves up to 16 activation rows: per
- * row, 8 vpdpbusd by its quants 4k..4k+3 (a broadcast memory operand),
- * starting from -128 x the block's quant sum (dfl_qact.xoff), then one
- * convert, one multiply by dw * dx and one FMA for the 16 outputs: 11
- * operations, where lanes of 8 spend 4 per pair of rows and output. */
+ * per tile (register k, lane j: row j's quants 4k..4k+3, unsigned as
+ * vpdpbusd takes them: Q8_0's plus 128, Q4_0's nibbles q as they are) and
+ * serves up to 16 activation rows: per row, 8 vpdpbusd by its quants
+ * 4k..4k+3 (a broadcast memory operand), starting from -128 (Q4_0: -8) x
+ * the block's quant sum (dfl_qact.xoff), then one convert, one multiply by
+ * dw * dx and one FMA for the 16 outputs: 11 operations, where lanes of 8
+ * spend 4 per pair of rows and output. */
 
-/* Quants 32 bytes from rows[j] + off (j < 16), transposed and + 128. */
-INLINE void transpose16(const uint8_t *const *rows, size_t off, __m512i *wt) {
+enum { W8, W4 }; /* the weights of a whole-sum kernel: Q8_0, Q4_0 */
+
+/* The 32 weights of blocks a and b (past their f16 scales) in the low and
+ * high 256 bits: Q8_0's quants, or Q4_0's nibbles (each block's 16 bytes
+ * into two 128-bit lanes, the second shifted down by 4). */
+INLINE __m512i weights2(const int kind, const uint8_t *a, const uint8_t *b) {
+    if (kind == W8)
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                                  _mm256_loadu_si256((const __m256i *)b), 1);
+    __m512i t = _mm512_castsi256_si512(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+        _mm_loadu_si128((const __m128i *)b), 1));
+    t = _mm512_shuffle_i64x2(t, t, 0x50); /* a, a, b, b */
+    t = _mm512_mask_srli_epi16(t, (__mmask32)0xff00ff00u, t, 4);
+    return _mm512_and_si512(t, _mm512_set1_epi8(0xf));
+}
+
+/* The weights 2 bytes on from rows[j] + off (j < 16), transposed and
+ * unsigned. */
+INLINE void transpose16(const int kind, const uint8_t *const *rows, size_t off, __m512i *wt) {
     __m512i r[8], u[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) /* row j in the low 256 bits, row j + 8 in the high */
-        r[j] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[j] + off))),
-            _mm256_loadu_si256((const __m256i *)(rows[j + 8] + off)), 1);
+        r[j] = weights2(kind, rows[j] + off + 2, rows[j + 8] + off + 2);
     for (int j = 0; j < 8; j += 4) { /* per 128 bits: rows j..j+3 (+8), dwords k and k + 4 */
         __m512i a = _mm512_unpacklo_epi32(r[j], r[j + 1]), b = _mm512_unpackhi_epi32(r[j], r[j + 1]);
         __m512i c = _mm512_unpacklo_epi32(r[j + 2], r[j + 3]);
@@ -173,7 +190,7 @@ INLINE void transpose16(const uint8_t *const *rows, size_t off, __m512i *wt) {
     }
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const __m512i bias = _mm512_set1_epi8(kind == W8 ? (char)0x80 : 0);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         wt[k] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo, u[k + 4]), bias);
@@ -190,8 +207,8 @@ INLINE __m512 scales16(const uint8_t *p, __m512i vo) {
 /* R activation rows from r0 (r0 a multiple of 8: rows r0.. and r0+8.. are
  * two groups of dfl_qact.q) against the 16 weight rows: y[i * ldy + j] for
  * the no real ones. */
-INLINE void tile_q8(const int R, const uint8_t *const *rows, int no, int nb, const dfl_qact *a,
-                    int r0, float *y, int ldy) {
+INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, int no, int nb,
+                       const dfl_qact *a, int r0, float *y, int ldy) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
@@ -204,13 +221,14 @@ INLINE void tile_q8(const int R, const uint8_t *const *rows, int no, int nb, con
     for (int j = 1; j < 16; j++)
         vo = _mm512_mask_set1_epi32(vo, (__mmask16)(1u << j), row_off(rows, j));
     const size_t next = 16 * (size_t)row_off(rows, 1); /* the next 16 rows (as quant_avx2.c) */
+    const size_t bb = kind == W8 ? sizeof(dfl_block_q8_0) : sizeof(dfl_block_q4_0);
     for (int b = 0; b < nb; b++) {
-        size_t off = (size_t)b * sizeof(dfl_block_q8_0);
-        if (b % 2 == 0)
+        size_t off = (size_t)b * bb;
+        if (b % 2 == 0) /* a line of each next row per two blocks (quant_avx2.c) */
 #pragma GCC unroll 16
             for (int j = 0; j < 16; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T0);
         __m512i wt[8];
-        transpose16(rows, off + 2, wt);
+        transpose16(kind, rows, off, wt);
         __m512 dw = scales16(rows[0] + off, vo);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
@@ -262,7 +280,8 @@ INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *w
         store_pair(R, acc[p], p, kind == Q41 ? M + 2 * p : NULL, y, ldy);
 }
 
-DFL_Q8ROWS(AVX512, rows_q8_0, 16, 16, tile_q8)
+DFL_Q8ROWS(AVX512, rows_q8_0, 16, 16, tile_whole, W8)
+DFL_Q8ROWS(AVX512, rows_q4_0, 16, 16, tile_whole, W4)
 DFL_QROWS(AVX512, rows_q4_1, 32, tile, Q41)
 DFL_QROWS(AVX512, rows_q4_K, QK_K, tile, Q4K)
 DFL_QROWS(AVX512, rows_q6_K, QK_K, tile, Q6K)
@@ -274,6 +293,7 @@ int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1,
     case DFL_Q8_0: /* (xoff is filled for n >= 2 on this path: quant.c qact_quant) */
         rows_q8_0(W, a, n, o0, o1, Y, ldy);
         return 1;
+    case DFL_Q4_0: rows_q4_0(W, a, n, o0, o1, Y, ldy); return 1; /* (xoff: always on x86) */
     case DFL_Q4_1: rows_q4_1(W, a, n, o0, o1, Y, ldy); return 1;
     case DFL_Q4_K: rows_q4_K(W, a, n, o0, o1, Y, ldy); return 1;
     case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); return 1;

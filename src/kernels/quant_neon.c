@@ -80,14 +80,14 @@ INLINE void weights32(int kind, const uint8_t *wb, int8x16_t *w0, int8x16_t *w1)
     *w0 = lo, *w1 = hi;
 }
 
-/* Rows r0 .. r0+R-1 against weight row w (nb blocks): the twins dot_q8_0_ref
- * and dot_q4_ref. Per block and row acc = fma(isum, dw * dx, acc), Q8_0's
- * isum the whole block's; Q4_1's mins am = fma(m, s, am) and the result
- * hsum8 + am (no + 0 for the others: -0 + 0 would be +0). */
+/* Rows r0 .. r0+R-1 against weight row w (nb blocks): the twins
+ * dot_whole_ref and dot_q4_1_ref. Per block and row acc = fma(isum, dw * dx,
+ * acc), isum the whole block's for Q8_0 and Q4_0, Q4_1's per lane of 4;
+ * Q4_1's mins am = fma(m, s, am) and the result hsum8 + am. */
 INLINE void tile32(int kind, int R, const uint8_t *w, int nb, const dfl_qact *a, int r0,
                    float *y, int ldy) {
     float32x4_t lo[TILE], hi[TILE];
-    float am[TILE]; /* Q4_1's mins; Q8_0's whole sum */
+    float am[TILE]; /* Q4_1's mins; the whole sum of Q8_0 and Q4_0 */
     for (int i = 0; i < R; i++) lo[i] = hi[i] = vdupq_n_f32(0), am[i] = 0;
     const size_t bb = block_bytes(kind);
     for (int b = 0; b < nb; b++, w += bb) {
@@ -99,7 +99,7 @@ INLINE void tile32(int kind, int R, const uint8_t *w, int nb, const dfl_qact *a,
             dot32(w0, w1, dfl_qact_q(a, r0 + i, b), &s0, &s1);
             size_t di = dfl_qact_di(nb, r0 + i, b);
             float s = dw * a->d[di];
-            if (kind == Q80) {
+            if (kind != Q41) {
                 am[i] = fmaf((float)vaddvq_s32(vaddq_s32(s0, s1)), s, am[i]);
                 continue;
             }
@@ -109,8 +109,7 @@ INLINE void tile32(int kind, int R, const uint8_t *w, int nb, const dfl_qact *a,
         }
     }
     for (int i = 0; i < R; i++)
-        y[(size_t)i * ldy] = kind == Q80   ? am[i]
-                           : kind == Q41 ? hsum8(lo[i], hi[i]) + am[i] : hsum8(lo[i], hi[i]);
+        y[(size_t)i * ldy] = kind == Q41 ? hsum8(lo[i], hi[i]) + am[i] : am[i];
 }
 
 /* ---- K-quants: super-blocks of 256 --------------------------------------

@@ -5,8 +5,8 @@
  * Weight rows go in groups of about DFL_QGROUP_BYTES, and each tile of
  * activation rows runs over the whole group: the group comes from memory
  * once (first tile) and stays in L2 for the other tiles, while a tile's
- * activations (8 rows, one group of dfl_qact.q) stay in L1. Q8_0's kernels
- * take 8 or 16 weight rows at once instead, and every activation tile runs
+ * activations (8 rows, one group of dfl_qact.q) stay in L1. The kernels of
+ * Q8_0 and Q4_0 take 8 or 16 weight rows at once instead, and every activation tile runs
  * over them before the next 8 or 16 (DFL_Q8ROWS). Which rows share a tile
  * never changes a row's arithmetic. */
 #ifndef DFL_QUANT_ROWS_H
@@ -101,18 +101,19 @@ enum { DFL_QTILE = 8, DFL_QGROUP_BYTES = 96 << 10 };
         }                                                                                          \
     }
 
-/* name(W, a, n, o0, o1, Y, ldy) for Q8_0, whose kernels put OUT outputs side
- * by side: TILE_FN(R, rows, no, nb, a, r, y, ldy) for each run of OUT output
+/* name(W, a, n, o0, o1, Y, ldy) for Q8_0 and Q4_0, whose kernels put OUT outputs side
+ * by side: TILE_FN(K, R, rows, no, nb, a, r, y, ldy) for each run of OUT output
  * rows (rows: their pointers, the last real one repeated past o1; no: how
  * many are real) and each tile of R <= RT activation rows from r, RT 8 or 16. */
-#define DFL_Q8_CASE(R, F) case R: F(R, rows, no, nb, a, r, y, ldy); break;
-#define DFL_Q8_CASES8(F)                                                                           \
-    DFL_Q8_CASE(1, F) DFL_Q8_CASE(2, F) DFL_Q8_CASE(3, F) DFL_Q8_CASE(4, F) DFL_Q8_CASE(5, F)      \
-    DFL_Q8_CASE(6, F) DFL_Q8_CASE(7, F) DFL_Q8_CASE(8, F)
-#define DFL_Q8_CASES16(F)                                                                          \
-    DFL_Q8_CASES8(F) DFL_Q8_CASE(9, F) DFL_Q8_CASE(10, F) DFL_Q8_CASE(11, F) DFL_Q8_CASE(12, F)    \
-    DFL_Q8_CASE(13, F) DFL_Q8_CASE(14, F) DFL_Q8_CASE(15, F) DFL_Q8_CASE(16, F)
-#define DFL_Q8ROWS(ATTR, name, OUT, RT, TILE_FN)                                                   \
+#define DFL_Q8_CASE(R, F, K) case R: F(K, R, rows, no, nb, a, r, y, ldy); break;
+#define DFL_Q8_CASES8(F, K)                                                                        \
+    DFL_Q8_CASE(1, F, K) DFL_Q8_CASE(2, F, K) DFL_Q8_CASE(3, F, K) DFL_Q8_CASE(4, F, K)            \
+    DFL_Q8_CASE(5, F, K) DFL_Q8_CASE(6, F, K) DFL_Q8_CASE(7, F, K) DFL_Q8_CASE(8, F, K)
+#define DFL_Q8_CASES16(F, K)                                                                       \
+    DFL_Q8_CASES8(F, K) DFL_Q8_CASE(9, F, K) DFL_Q8_CASE(10, F, K) DFL_Q8_CASE(11, F, K)           \
+    DFL_Q8_CASE(12, F, K) DFL_Q8_CASE(13, F, K) DFL_Q8_CASE(14, F, K) DFL_Q8_CASE(15, F, K)        \
+    DFL_Q8_CASE(16, F, K)
+#define DFL_Q8ROWS(ATTR, name, OUT, RT, TILE_FN, K)                                                \
     ATTR static void name(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,    \
                           int ldy) {                                                               \
         int nb = W->cols / 32;                                                                     \
@@ -123,7 +124,7 @@ enum { DFL_QTILE = 8, DFL_QGROUP_BYTES = 96 << 10 };
                 rows[j] = W->data + (size_t)(o + (j < no ? j : no - 1)) * W->row_bytes;            \
             for (int r = 0; r < n; r += (RT)) {                                                    \
                 float *y = Y + (size_t)r * ldy + o;                                                \
-                switch (n - r < (RT) ? n - r : (RT)) { DFL_Q8_CASES##RT(TILE_FN) }                 \
+                switch (n - r < (RT) ? n - r : (RT)) { DFL_Q8_CASES##RT(TILE_FN, K) }              \
             }                                                                                      \
         }                                                                                          \
     }
