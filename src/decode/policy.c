@@ -289,7 +289,11 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
     if (!(p->seen > 0)) return p->max_budget < DFL_TREE_FIRST ? p->max_budget : DFL_TREE_FIRST;
     int best = 0;
     double best_rate = chain_rate;
-    for (int N = 2; N <= p->max_budget; N++) {
+    /* A tree wins on its rate only once trees have had drafts accepted: the
+     * prior keeps the calibration above 0 against decayed sums, so at zero
+     * acceptance a tree predicted about 1.3 tokens, and where its rows cost
+     * about one (a tiny model, a noisy clock) it took every round. */
+    for (int N = 2; p->actual >= 1 && N <= p->max_budget; N++) {
         double t = tree_cost(tree_costs, chain_costs, N, ctx);
         double rate = t > 0 ? dfl_tree_policy_expected(p, N) / t : 0;
         if (rate > best_rate) best_rate = rate, best = N;
