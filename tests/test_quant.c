@@ -410,37 +410,49 @@ static void test_matmul(void) {
     for (int p = 0; p < 3; p++) dfl_pool_free(pools[p]);
 }
 
-/* dfl_matmul_group: one-row products of several matrices in one dispatch give
- * each matrix's dfl_qmatmul bits, on every path, with inputs shared or not. */
+/* dfl_matmul_group: products of several matrices over the same rows in one
+ * dispatch give each matrix's dfl_qmatmul bits, on every path, with inputs
+ * shared or not, for one row (a decode step) and several (a verify block,
+ * the AVX-512 kernels' 16-row tile). */
+enum { GK = 5, GCOLS = 512, GMAXN = 16, GMAXR = 67 };
+static float gx[3][GMAXN * GCOLS], gy[GK][GMAXN * GMAXR], gwant[GK][GMAXN * GMAXR];
+
+static void group_case(dfl_pool *pool, const qmat *m, int n, void *scratch, const char *what) {
+    const dfl_mat *W[GK];
+    const float *X[GK] = {gx[0], gx[0], gx[1], gx[2], gx[2]};
+    float *Y[GK];
+    for (int j = 0; j < GK; j++) {
+        W[j] = &m[j].W, Y[j] = gy[j];
+        run(pool, &m[j], n, X[j], GCOLS, gwant[j], m[j].W.rows);
+    }
+    memset(gy, 0xff, sizeof gy);
+    dfl_matmul_group(pool, W, n, X, Y, GK, scratch);
+    int same = 1;
+    for (int j = 0; j < GK; j++) same &= rows_equal(gy[j], gwant[j], n * m[j].W.rows);
+    CHECK(same, "%s, %d rows: a grouped product differs from its own", what, n);
+}
+
 static void test_group(void) {
-    static const int rows[] = {13, 40, 8, 67, 29};
-    enum { K = 5, COLS = 512 };
+    static const int rows[GK] = {13, 40, 8, GMAXR, 29}, ns[] = {1, 3, GMAXN};
     dfl_pool *pools[3] = {dfl_pool_new(1), dfl_pool_new(2), dfl_pool_new(3)};
+    for (int i = 0; i < 3; i++) fill(gx[i], GMAXN * GCOLS, 1.0f);
     for (int ti = 0; ti < NTYPES; ti++) {
-        qmat m[K];
-        float x[3][COLS], y[K][67], want[K][67];
-        for (int i = 0; i < 3; i++) fill(x[i], COLS, 1.0f);
-        const dfl_mat *W[K];
-        const float *X[K] = {x[0], x[0], x[1], x[2], x[2]};
-        float *Y[K];
-        for (int j = 0; j < K; j++) make_mat(&m[j], types[ti], rows[j], COLS, j % 2), W[j] = &m[j].W,
-                                    Y[j] = y[j];
-        void *scratch = dfl_aligned_alloc(K * dfl_matmul_scratch(types[ti], 1, COLS));
+        qmat m[GK];
+        for (int j = 0; j < GK; j++) make_mat(&m[j], types[ti], rows[j], GCOLS, j % 2);
+        void *scratch = dfl_aligned_alloc(GK * dfl_matmul_scratch(types[ti], GMAXN, GCOLS));
         for (int isa = DFL_ISA_GENERIC; isa <= (int)dfl_cpu_isa(); isa++) {
             dfl_kernels_set_isa((dfl_isa)isa);
-            for (int p = 0; p < 3; p++) {
-                for (int j = 0; j < K; j++) run(pools[p], &m[j], 1, X[j], COLS, want[j], rows[j]);
-                memset(y, 0xff, sizeof y);
-                dfl_matmul_group(pools[p], W, X, Y, K, scratch);
-                int same = 1;
-                for (int j = 0; j < K; j++) same &= rows_equal(y[j], want[j], rows[j]);
-                CHECK(same, "%s, %s path, %d threads: a grouped product differs from its own",
-                      dfl_type_name(types[ti]), dfl_isa_name((dfl_isa)isa), p + 1);
-            }
+            for (int p = 0; p < 3; p++)
+                for (int k = 0; k < 3; k++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "%s, %s path, %d threads", dfl_type_name(types[ti]),
+                             dfl_isa_name((dfl_isa)isa), p + 1);
+                    group_case(pools[p], m, ns[k], scratch, what);
+                }
         }
         dfl_kernels_set_isa(dfl_cpu_isa());
         free(scratch);
-        for (int j = 0; j < K; j++) free(m[j].data), free(m[j].Wd);
+        for (int j = 0; j < GK; j++) free(m[j].data), free(m[j].Wd);
     }
     for (int p = 0; p < 3; p++) dfl_pool_free(pools[p]);
 }

@@ -36,13 +36,14 @@ typedef struct dfl_mat {
 void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
                 int ldy, void *scratch);
 size_t dfl_matmul_scratch(dfl_type t, int n, int cols);
-/* k one-row products Y[j] = W[j] X[j] (Y[j]: W[j]->rows floats) in one
- * dispatch when the W are quantized of one type: a mixture of experts' decode
- * step runs 3 x top_k small products, and a dispatch each cost more in thread
- * wake-ups than the products take. Each output is what dfl_matmul gives.
- * X[j] == X[j - 1] shares one quantized copy. scratch: at least k times
- * dfl_matmul_scratch(type, 1, cols) bytes. */
-void dfl_matmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *const *X,
+/* k products Y[j] = W[j] X[j] over the same n rows (X[j]: n x W[j]->cols,
+ * Y[j]: n x W[j]->rows) in one dispatch when the W are quantized of one type:
+ * a decode step's q/k/v and gate/up, and a mixture of experts' 3 x top_k
+ * small products, each woke the threads for a product of a few hundred KB to
+ * a few MB, and waited at its end for the slower one. Each output is what
+ * dfl_matmul gives. X[j] == X[j - 1] shares one quantized copy. scratch: at
+ * least dfl_matmul_scratch(type, n, cols) bytes per distinct X. */
+void dfl_matmul_group(dfl_pool *pool, const dfl_mat *const *W, int n, const float *const *X,
                       float *const *Y, int k, void *scratch);
 /* Gives a small float matrix (f32 / f16 / bf16, at most 256 KiB as f32 and
  * 192 columns: a model whose weights sit in cache) its transpose in m->wt,

@@ -509,15 +509,15 @@ void dfl_matmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx
     dfl_pool_run(pool, mm_task, &j, (W->rows + chunk - 1) / chunk);
 }
 
-void dfl_matmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *const *X,
+void dfl_matmul_group(dfl_pool *pool, const dfl_mat *const *W, int n, const float *const *X,
                       float *const *Y, int k, void *scratch) {
     int same = k > 0 && W[0]->type > DFL_BF16;
     for (int j = 1; j < k && same; j++) same = W[j]->type == W[0]->type;
     if (same) {
-        dfl_qmatmul_group(pool, W, X, Y, k, scratch);
+        dfl_qmatmul_group(pool, W, n, X, Y, k, scratch);
         return;
     }
-    for (int j = 0; j < k; j++) dfl_matmul(pool, W[j], 1, X[j], W[j]->cols, Y[j], W[j]->rows, scratch);
+    for (int j = 0; j < k; j++) dfl_matmul(pool, W[j], n, X[j], W[j]->cols, Y[j], W[j]->rows, scratch);
 }
 
 size_t dfl_matmul_scratch(dfl_type t, int n, int cols) {

@@ -689,7 +689,7 @@ void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ld
     dfl_pool_run(pool, qjob_run, &j, nt);
 }
 
-/* ---- one-row products of several matrices in one dispatch ------------------ */
+/* ---- products of several matrices over the same rows, in one dispatch ----- */
 
 enum { QGROUP_MAX = 64 };
 
@@ -697,7 +697,7 @@ typedef struct {
     const dfl_mat *const *W;
     const dfl_qact *a[QGROUP_MAX];
     float *const *Y;
-    int k, per;                    /* matrices; groups of 8 output rows per task */
+    int n, k, per;                 /* rows; matrices; groups of 8 output rows per task */
     int first[QGROUP_MAX + 1];     /* matrix j's groups start at first[j] */
     dfl_isa isa;
 } qgroup;
@@ -713,20 +713,20 @@ static void qgroup_run(void *ctx, int i, int ntask) {
         if (a >= b) continue;
         int o0 = (a - g->first[j]) * 8, o1 = (b - g->first[j]) * 8;
         if (o1 > g->W[j]->rows) o1 = g->W[j]->rows;
-        qrows(g->isa, g->W[j], g->a[j], 1, o0, o1, g->Y[j], g->W[j]->rows);
+        qrows(g->isa, g->W[j], g->a[j], g->n, o0, o1, g->Y[j], g->W[j]->rows);
     }
 }
 
-void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *const *X,
+void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, int n, const float *const *X,
                        float *const *Y, int k, void *scratch) {
-    if (k <= 0) return;
+    if (k <= 0 || n <= 0) return;
     if (k > QGROUP_MAX) {   /* (no caller asks for more; stay correct if one does) */
-        dfl_qmatmul_group(pool, W, X, Y, QGROUP_MAX, scratch);
-        dfl_qmatmul_group(pool, W + QGROUP_MAX, X + QGROUP_MAX, Y + QGROUP_MAX, k - QGROUP_MAX,
-                          scratch);
+        dfl_qmatmul_group(pool, W, n, X, Y, QGROUP_MAX, scratch);
+        dfl_qmatmul_group(pool, W + QGROUP_MAX, n, X + QGROUP_MAX, Y + QGROUP_MAX,
+                          k - QGROUP_MAX, scratch);
         return;
     }
-    qgroup g = {.W = W, .Y = Y, .k = k, .isa = dfl_kernels_isa()};
+    qgroup g = {.W = W, .Y = Y, .n = n, .k = k, .isa = dfl_kernels_isa()};
     dfl_qact acts[QGROUP_MAX];
     uint8_t *p = scratch;
     for (int j = 0; j < k; j++) {
@@ -736,8 +736,8 @@ void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *con
             g.a[j] = g.a[j - 1];
             continue;
         }
-        p += qact_layout(W[j]->type, 1, W[j]->cols, p, &acts[j]);
-        qact_quant(g.isa, W[j]->type, &acts[j], 1, X[j], W[j]->cols);
+        p += qact_layout(W[j]->type, n, W[j]->cols, p, &acts[j]);
+        qact_quant(g.isa, W[j]->type, &acts[j], n, X[j], W[j]->cols);
         g.a[j] = &acts[j];
     }
     int nt = dfl_pool_size(pool);

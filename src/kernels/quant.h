@@ -14,10 +14,10 @@
  * dfl_qmatmul_scratch(W->type, n, W->cols) bytes, 64-byte aligned. */
 void dfl_qmatmul(dfl_pool *pool, const dfl_mat *W, int n, const float *X, int ldx, float *Y,
                  int ldy, void *scratch);
-/* Plain-C twin, single-threaded. */
 /* dfl_matmul_group's quantized path (W all of one type). */
-void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, const float *const *X,
+void dfl_qmatmul_group(dfl_pool *pool, const dfl_mat *const *W, int n, const float *const *X,
                        float *const *Y, int k, void *scratch);
+/* Plain-C twin, single-threaded. */
 void dfl_qmatmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, int ldy);
 size_t dfl_qmatmul_scratch(dfl_type t, int n, int cols);
 void dfl_qdequant_row(dfl_type t, const void *src, float *dst, int cols);

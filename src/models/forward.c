@@ -21,6 +21,15 @@ static void matmul(dfl_target *t, const dfl_mat *W, int n, const float *X, float
     dfl_matmul(t->pool, W, n, X, W->cols, Y, W->rows, t->qscratch);
 }
 
+/* Two or three products of the same rows x in one dispatch (c may be NULL). */
+static void products3(dfl_target *t, int n, const float *x, const dfl_mat *a, float *ya,
+                      const dfl_mat *b, float *yb, const dfl_mat *c, float *yc) {
+    const dfl_mat *W[3] = {a, b, c};
+    const float *X[3] = {x, x, x};
+    float *Y[3] = {ya, yb, yc};
+    dfl_matmul_group(t->pool, W, n, X, Y, c ? 3 : 2, t->qscratch);
+}
+
 static void add_bias(float *y, const float *b, int n, int d) {
     if (!b) return;
     for (int r = 0; r < n; r++)
@@ -73,10 +82,13 @@ static void split_q_gate(dfl_target *t, const dfl_layer *L, int n) {
 static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     const dfl_config *c = &t->c;
     int n = b->n, hd = c->head_dim, qd = L->n_heads * hd, kvd = c->n_kv_heads * hd;
-    if (c->gating == DFL_GATE_Q_SIGMOID) split_q_gate(t, L, n);
-    else matmul(t, &L->wq, n, t->xn, t->q);
-    matmul(t, &L->wk, n, t->xn, t->k);
-    matmul(t, &L->wv, n, t->xn, t->v);
+    if (c->gating == DFL_GATE_Q_SIGMOID) {
+        split_q_gate(t, L, n);
+        matmul(t, &L->wk, n, t->xn, t->k);
+        matmul(t, &L->wv, n, t->xn, t->v);
+    } else {
+        products3(t, n, t->xn, &L->wq, t->q, &L->wk, t->k, &L->wv, t->v);
+    }
     add_bias(t->q, L->bq, n, qd);
     add_bias(t->k, L->bk, n, kvd);
     add_bias(t->v, L->bv, n, kvd);
@@ -180,8 +192,7 @@ static void attention_layer(dfl_target *t, const dfl_layer *L, const rows *b, in
 static void swiglu_mlp(dfl_target *t, const dfl_mat *g, const dfl_mat *u, const dfl_mat *d, int n,
                        const float *x, float *out) {
     float *h2 = t->h2 + (size_t)n * g->rows;   /* past the rows' own h2 */
-    matmul(t, g, n, x, t->h2);
-    matmul(t, u, n, x, h2);
+    products3(t, n, x, g, t->h2, u, h2, NULL, NULL);
     dfl_swiglu(t->h2, t->h2, h2, n * g->rows);
     matmul(t, d, n, t->h2, out);
 }
@@ -250,12 +261,12 @@ static void experts_one_row(dfl_target *t, const dfl_moe *M) {
         X[2 * k] = X[2 * k + 1] = t->xn;
         Y[2 * k] = t->h2 + (size_t)2 * k * F, Y[2 * k + 1] = t->h2 + (size_t)(2 * k + 1) * F;
     }
-    dfl_matmul_group(t->pool, W, X, Y, 2 * K, t->qscratch);
+    dfl_matmul_group(t->pool, W, 1, X, Y, 2 * K, t->qscratch);
     for (int k = 0; k < K; k++) {
         dfl_swiglu(Y[2 * k], Y[2 * k], Y[2 * k + 1], F);
         W[k] = &M->down[ex[k]], X[k] = Y[2 * k], Y[k] = t->moe_y + (size_t)k * D;
     }
-    dfl_matmul_group(t->pool, W, X, Y, K, t->qscratch);
+    dfl_matmul_group(t->pool, W, 1, X, Y, K, t->qscratch);
     for (int k = 0; k < K; k++) {
         float w = t->moe_w[k];
         for (int d = 0; d < D; d++) t->h1[d] += w * Y[k][d];
