@@ -332,6 +332,12 @@ double dfl_gate_rate(const dfl_gate *g, int c, int m) {
     return g->sec[c][m] >= GATE_MIN_S ? g->tok[c][m] / g->sec[c][m] : 0;
 }
 
+/* Whether crowd c measured speculation ahead: by DFL_GATE_MARGIN, since the
+ * windows leave out what speculation costs a crowd outside them. */
+static int spec_ahead(const dfl_gate *g, int c) {
+    return dfl_gate_rate(g, c, 1) > DFL_GATE_MARGIN * dfl_gate_rate(g, c, 0);
+}
+
 /* The open span's tokens and time join its crowd and mode's sums, which
  * first lose weight by half per window of that time (the machine's speed
  * and the texts drift); a span with a prefill in it is dropped. A new span
@@ -364,7 +370,7 @@ static void window_close(dfl_gate *g) {
      * its own schedule: speculation behind is behind in the larger crowds too
      * (their verify rows cost more), classic steps in the smaller ones, so
      * their tries wait as long, counted from their own last. */
-    int ahead = dfl_gate_rate(g, c, m) > dfl_gate_rate(g, c, !m);
+    int ahead = m ? spec_ahead(g, c) : !spec_ahead(g, c);
     int every = 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c] : DFL_GATE_EXPLORE_MAX;
     g->every[c] = ahead ? DFL_GATE_EXPLORE : every;
     for (int j = 0; j < DFL_GATE_CROWDS && !ahead; j++)
@@ -379,8 +385,7 @@ static int gate_best(const dfl_gate *g, int c) {
     for (int k = 0; k < DFL_GATE_CROWDS; k++)
         for (int j = c - k; j <= c + k; j += k ? 2 * k : 1) {
             if (j < 0 || j >= DFL_GATE_CROWDS) continue;
-            double r0 = dfl_gate_rate(g, j, 0), r1 = dfl_gate_rate(g, j, 1);
-            if (r0 > 0 && r1 > 0) return r1 > r0;
+            if (dfl_gate_rate(g, j, 0) > 0 && dfl_gate_rate(g, j, 1) > 0) return spec_ahead(g, j);
         }
     return -1;
 }

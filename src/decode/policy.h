@@ -183,6 +183,14 @@ enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS +
                                    share the last) */
        DFL_GATE_EXPLORE = 5,    /* windows between tries of the mode that measured behind */
        DFL_GATE_EXPLORE_MAX = 40 };  /* ... doubled after each try it loses again, up to this */
+/* Speculation wins a crowd only when its windows measured this much ahead of
+ * classic steps'. The windows leave out the prefills and the crowd's end,
+ * where speculation costs more: requests of one crowd finish at uneven times
+ * (a 4-client Zen 5 run: 18-70 tok/s a request, classic steps 31-40), so the
+ * last ones run with the machine half idle. With a tie in the windows
+ * (146-155 tok/s against classic's 144-157), that run's aggregate was 0.93x
+ * classic's. */
+#define DFL_GATE_MARGIN 1.1
 #define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here; the
                                    evidence halves in weight every such time of its mode */
 typedef struct dfl_gate {
