@@ -307,6 +307,21 @@ static void gate_margin(void) {
     }
 }
 
+/* Speculation far behind (4 tok/s against 40): its tries end after
+ * DFL_GATE_ABORT_S and come four times rarer each, so over two minutes the
+ * crowd loses under 3% (whole windows, twice rarer: 4.5%). */
+static void gate_far(void) {
+    double tok[2] = {4, 1}, sec[2] = {0.1, 0.25}, now = 0, share;
+    dfl_gate g;
+    dfl_gate_init(&g);
+    double got = gate_run(&g, &now, 120, 4, tok, sec, &share);
+    CHECK(got >= 0.97 * 40 * 120, "speculation far behind: %.0f tokens in 120 s, classic %.0f",
+          got, 40.0 * 120);
+    CHECK(g.windows[1] >= 3, "... and still tried now and then (%llu windows)",
+          (unsigned long long)g.windows[1]);
+    dfl_gate_free(&g);
+}
+
 static void gate(void) {
     dfl_gate g;
     dfl_gate_init(&g);
@@ -372,6 +387,7 @@ static void gate(void) {
     CHECK(share < 0.15, "after the prefill, classic ahead: speculation %.2f of the ticks", share);
     dfl_gate_free(&g);
     gate_margin();
+    gate_far();
 }
 
 /* In a crowd the table holds marginal costs (a step's row 10 ms, a round of

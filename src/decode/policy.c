@@ -354,6 +354,12 @@ static void span_close(dfl_gate *g, double now) {
     g->s0 = now, g->tokens = 0, g->span_dropped = g->prefill > 0;
 }
 
+/* Whether speculation measured far behind classic steps in crowd c. */
+static int far_behind(const dfl_gate *g, int c) {
+    double r0 = dfl_gate_rate(g, c, 0), r1 = dfl_gate_rate(g, c, 1);
+    return r0 > 0 && r1 > 0 && r1 < DFL_GATE_FAR * r0;
+}
+
 /* The open window counts once its spans measured a quarter of it: its mode's
  * evidence of that crowd is fresh, the other mode's ages by a window, and a
  * try of the mode behind sets when it is next tried. */
@@ -370,8 +376,8 @@ static void window_close(dfl_gate *g) {
      * its own schedule: speculation behind is behind in the larger crowds too
      * (their verify rows cost more), classic steps in the smaller ones, so
      * their tries wait as long, counted from their own last. */
-    int ahead = m ? spec_ahead(g, c) : !spec_ahead(g, c);
-    int every = 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c] : DFL_GATE_EXPLORE_MAX;
+    int ahead = m ? spec_ahead(g, c) : !spec_ahead(g, c), grow = m && far_behind(g, c) ? 4 : 2;
+    int every = grow * g->every[c] < DFL_GATE_EXPLORE_MAX ? grow * g->every[c] : DFL_GATE_EXPLORE_MAX;
     g->every[c] = ahead ? DFL_GATE_EXPLORE : every;
     for (int j = 0; j < DFL_GATE_CROWDS && !ahead; j++)
         if ((m ? j > c : j < c) && g->every[j] < every) g->every[j] = every;
@@ -401,10 +407,19 @@ static int gate_pick(dfl_gate *g, int active) {
     return g->trying ? !best : best;
 }
 
+/* A try of speculation whose open span has run DFL_GATE_ABORT_S at far less
+ * than classic steps' rate ends its window now: at eight clients a try cost
+ * the crowd about half a window of tokens. */
+static int try_lost(const dfl_gate *g, double now) {
+    double d = now - g->s0, r0 = dfl_gate_rate(g, crowd(g->n), 0);
+    return g->trying && g->spec && !g->span_dropped && d >= DFL_GATE_ABORT_S && r0 > 0 &&
+           g->tokens / d < DFL_GATE_FAR * r0;
+}
+
 int dfl_gate_open(dfl_gate *g, double now, int active) {
     if (active < 2) return 1;
     pthread_mutex_lock(&g->mu);
-    if (g->n != active || now - g->t0 >= DFL_GATE_WINDOW_S) {
+    if (g->n != active || now - g->t0 >= DFL_GATE_WINDOW_S || try_lost(g, now)) {
         span_close(g, now);
         window_close(g);
         g->n = active, g->t0 = now, g->measured = 0;

@@ -191,6 +191,12 @@ enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS +
  * (146-155 tok/s against classic's 144-157), that run's aggregate was 0.93x
  * classic's. */
 #define DFL_GATE_MARGIN 1.1
+/* Speculation below this share of classic steps' rate is far behind: a try
+ * measuring that ends after DFL_GATE_ABORT_S, and the next waits four times as
+ * long instead of twice (at 8 clients on Zen 5 a try committed about a third
+ * of a classic window's tokens, and the tries cost the crowd 3-9%). */
+#define DFL_GATE_FAR 0.7
+#define DFL_GATE_ABORT_S 0.5
 #define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here; the
                                    evidence halves in weight every such time of its mode */
 typedef struct dfl_gate {
