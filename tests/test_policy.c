@@ -394,15 +394,21 @@ static void gate(void) {
  * B rows 50 ms of drafter plus 10 ms a row): by its own rate no round could
  * win, E(B) <= B; at the crowd's rate a round wins while its extra tokens pay
  * for the time it adds to everyone's tick. */
+/* A slot's policy in a crowd: marginal costs of `row` seconds a row, plus
+ * `drafter` for a round's drafter pass; acceptance a per position. */
+static void crowd_policy(dfl_costs *c, dfl_policy *p, double drafter, double row, double a) {
+    dfl_costs_init(c, 8);
+    c->t_round[0][1] = row;
+    for (int B = 2; B <= 8; B++) c->t_round[0][B] = drafter + row * B;
+    dfl_policy_init(p, c, 8);
+    feed(p, 8, a, 2000);
+    p->classic_run = 0;
+}
+
 static void crowd(void) {
     dfl_costs c;
-    dfl_costs_init(&c, 8);
-    c.t_round[0][1] = 0.010;
-    for (int B = 2; B <= 8; B++) c.t_round[0][B] = 0.050 + 0.010 * B;
     dfl_policy p;
-    dfl_policy_init(&p, &c, 8);
-    feed(&p, 8, 0.9, 2000);
-    p.classic_run = 0;
+    crowd_policy(&c, &p, 0.050, 0.010, 0.9);
     CHECK(dfl_policy_choose(&p, 0) == 1, "alone by these costs: classic");
     p.crowd_rate = 36;   /* two sequences, 55 ms ticks */
     int B = dfl_policy_choose(&p, 0);
@@ -420,6 +426,30 @@ static void crowd(void) {
     feed(&p, 8, 0.5, 2000);
     p.crowd_rate = 36;
     CHECK(dfl_policy_choose(&p, 0) == 1, "two in the crowd, acceptance 0.5: classic");
+}
+
+/* Among sequences that speculate, a row's time is priced at the tokens per
+ * second the gate measured of the crowd, not at the rows per second of the
+ * forward: four slots verifying 8 rows in 70 ms ticks run 457 rows/s but
+ * commit 297 tokens/s (5.2 a round). Priced at rows, a slot's own drafts
+ * look not worth their rows (marginal cost 1.6 ms a row, 3 ms of drafter). */
+static void crowd_price(void) {
+    dfl_costs c;
+    dfl_policy p;
+    crowd_policy(&c, &p, 0.003, 0.0016, 0.87);
+    p.crowd_rate = 457;
+    CHECK(dfl_policy_choose(&p, 0) == 1, "priced at rows per second: classic steps");
+    dfl_gate g;
+    dfl_gate_init(&g);
+    CHECK(dfl_gate_price(&g, 4) == 0, "no speculation measured yet: no price");
+    double now = 0, tok[2] = {4, 21}, sec[2] = {0.026, 0.070};
+    gate_run(&g, &now, 3, 4, tok, sec, NULL);   /* the first windows speculate */
+    double price = dfl_gate_price(&g, 4);
+    CHECK(fabs(price - 300) < 1, "the gate's price: %.1f tokens per second, measured 300", price);
+    CHECK(dfl_gate_price(&g, 1) == 0, "one sequence alone: no price");
+    p.crowd_rate = price;
+    CHECK(dfl_policy_choose(&p, 0) > 1, "priced at the crowd's tokens per second: speculate");
+    dfl_gate_free(&g);
 }
 
 /* ---- lanes: the per-round choice among drafter, n-gram and MTP ------------- */
@@ -565,6 +595,7 @@ static void lane_feat(void) {
 
 int main(void) {
     crowd();
+    crowd_price();
     lanes();
     lane_feat();
     gate();

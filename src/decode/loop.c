@@ -449,6 +449,15 @@ static int pick_block(run *r, dfl_policy *pol, int *lane) {
 
 /* ---- generation ----------------------------------------------------------- */
 
+/* The crowd's tokens per second that a round's time is priced at: the
+ * gate's measure of the speculating crowd (dfl_gate_price); before it has
+ * one, or without a gate, the rows per second of this sequence's classic
+ * ticks, which are tokens while the others take classic steps too. */
+static double crowd_price(const run *r, int active) {
+    double p = r->o->gate ? dfl_gate_price(r->o->gate, active) : 0;
+    return p > 0 ? p : r->crowd;
+}
+
 static int check_prompt(const dfl_seq *q, const int32_t *prompt, int n, dfl_error *err) {
     if (n < 1)
         return dfl_fail(err, DFL_EARG, "empty prompt: at least one token (e.g. BOS) is needed");
@@ -561,7 +570,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         int active = r.spec ? dfl_target_active(q->t) : 1, gen0 = r.gen;
         r.gated = r.spec && o->gate && o->block == 0 && o->tree_budget <= 0 &&
                   !dfl_gate_open(o->gate, dfl_now(), active);
-        for (int l = 0; l < DFL_LANES; l++) pol[l].crowd_rate = active > 1 ? r.crowd : 0;
+        double price = active > 1 ? crowd_price(&r, active) : 0;
+        for (int l = 0; l < DFL_LANES; l++) pol[l].crowd_rate = price;
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
         int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, costs[DFL_LANE_DRAFTER],

@@ -332,6 +332,14 @@ double dfl_gate_rate(const dfl_gate *g, int c, int m) {
     return g->sec[c][m] >= GATE_MIN_S ? g->tok[c][m] / g->sec[c][m] : 0;
 }
 
+double dfl_gate_price(dfl_gate *g, int active) {
+    if (active < 2) return 0;
+    pthread_mutex_lock(&g->mu);
+    double r = dfl_gate_rate(g, crowd(active), 1);
+    pthread_mutex_unlock(&g->mu);
+    return r;
+}
+
 /* Whether crowd c measured speculation ahead: by DFL_GATE_MARGIN, since the
  * windows leave out what speculation costs a crowd outside them. */
 static int spec_ahead(const dfl_gate *g, int c) {

@@ -227,5 +227,14 @@ void dfl_gate_note(dfl_gate *g, int active, int tokens);
 void dfl_gate_prefill(dfl_gate *g, double now, int delta);
 /* Crowd c's (active - 2) measured tokens per second in mode m; 0: not yet. */
 double dfl_gate_rate(const dfl_gate *g, int c, int m);
+/* What a second of the shared forward is worth with `active` sequences
+ * speculating: the tokens per second the gate measured of them all, with
+ * speculation allowed (0: not yet). A verify row's time is priced at this,
+ * not at the rows per second of a forward: other sequences' verify rows
+ * commit less than a token each, and at rows per second a slot among
+ * speculating ones saw its own drafts as not worth their rows, stayed on
+ * classic steps, and ran at a third of the others' speed (4 clients, tau
+ * 6.5: 20.9 tok/s against 53-68), so the crowd ended with it alone. */
+double dfl_gate_price(dfl_gate *g, int active);
 
 #endif
