@@ -13,7 +13,7 @@ aggregate tok/s (all completion tokens / wall time), per-request decode
 tok/s (tokens after the first / time after the first; median and range),
 time to first token p50 / p99, the server's peak RSS (VmHWM).
 
-  build/venv/bin/python bench/bench_serve.py --model M.gguf [--draft D]
+  build/venv/bin/python bench/bench_serve.py --model M.gguf [--draft D [--draft-dtype T]]
       [--llama-server PATH] [--clients 1,2,4,8] [--taus 3,6.5] [--reps R]
       [--warm-crowd K] [--out results.json]
 
@@ -157,10 +157,11 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd
 def configs(a):
     base = [a.dflash, "serve", "-m", a.model, "-t", str(a.threads), "-c", str(a.ctx)]
     out = [("dflash classic", False, lambda n, port: base + ["--port", str(port), "-np", str(n)])]
+    dd = ["--draft-dtype", a.draft_dtype] if a.draft_dtype else []
     for tau in a.taus:
         out.append((f"dflash DFlash tau {tau:g}", True,
                     lambda n, port, tau=tau: base + ["--port", str(port), "-np", str(n), "--draft",
-                                                     a.draft, "--replay-tau", str(tau)]))
+                                                     a.draft, "--replay-tau", str(tau)] + dd))
     if a.llama_server:
         out.append(("llama-server", False, lambda n, port: [
             a.llama_server, "-m", a.model, "-t", str(a.threads), "-np", str(n),
@@ -182,6 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="target GGUF (both servers load it)")
     ap.add_argument("--draft", help="DFlash drafter for the replay servers")
+    ap.add_argument("--draft-dtype", help="the replay servers' --draft-dtype (e.g. q8_0)")
     ap.add_argument("--dflash", default=os.path.join(HERE, "build", "dflash"))
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (optional)")
     ap.add_argument("--clients", default="1,2,4,8")

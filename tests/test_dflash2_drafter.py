@@ -289,7 +289,7 @@ def test_probe(binary, dirs, tmp):
                             "-p", PROMPT, "-n", "2", "-t", "1"], capture_output=True, text=True,
                            timeout=300)
         blk = re.search(r"--block-size (\d+)", args).group(1)
-        want = f"DFlash2 drafter of {args.split()[1]} layers, block {blk}"
+        want = f"DFlash2 drafter of {args.split()[1]} layers ({dt} weights), block {blk}"
         check(r.returncode == 0 and want in r.stderr, f"{name}: load summary lacks '{want}': "
               f"{r.stderr[-300:]}")
         r = subprocess.run([binary, "probe", "-m", dirs[dt], "--draft", os.path.join(tmp, name),

@@ -85,7 +85,9 @@ static int load_models(dfl_engine *e, dfl_error *err) {
     if (o->draft_mtp && (rc = dfl_mtp_load(e->t, &lo, o->draft_path ? &e->mtp : &e->d, err)))
         return rc;
     if (o->draft_path) {
-        rc = dfl_drafter_load(o->draft_path, e->t, &lo, &e->d, err);
+        dfl_load_opts dlo = lo;
+        if (o->draft_dtype) dlo.dtype = o->draft_dtype;
+        rc = dfl_drafter_load(o->draft_path, e->t, &dlo, &e->d, err);
         if (rc) return rc;
         /* the n-gram lane keeps the default: its matches run longer than a drafter's block */
         if (!o->max_block && !o->ngram && e->d->block_size < e->max_block)
@@ -139,6 +141,10 @@ int dfl_engine_load(const dfl_engine_opts *o, dfl_engine **out, dfl_error *err) 
                         DFL_MAX_PARALLEL);
     if (o->max_block < 0 || o->max_block > DFL_MAX_BLOCK)
         return dfl_fail(err, DFL_EARG, "max block %d outside 1..%d", o->max_block, DFL_MAX_BLOCK);
+    /* before the target's load, which may take minutes */
+    if (o->draft_dtype && strcmp(o->draft_dtype, "auto") && dfl_type_from_name(o->draft_dtype) < 0)
+        return dfl_fail(err, DFL_EARG, "--draft-dtype %s: unknown type (auto, or a type --dtype "
+                        "takes)", o->draft_dtype);
     int rc = dfl_set_isa(o->isa, err);
     if (rc) return rc;
     dfl_engine *e = xcalloc(1, sizeof *e);
@@ -215,6 +221,8 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
                  info->draft_mtp ? "MTP" : e->d->kind == DFL_DRAFT_DFLASH2 ? "DFlash2" : "DFlash");
         info->draft_block = e->d->block_size;
         info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
+        if (!e->d->mtp)
+            snprintf(info->draft_dtype, sizeof info->draft_dtype, "%s", dfl_type_name(e->d->fc.type));
     }
     info->mtp_lane = e->mtp != NULL;
     info->ngram = e->opts.ngram;

@@ -30,6 +30,7 @@ static void help(void) {
         "\n"
         "  -m, --model PATH       Hugging Face folder or .gguf file (default: built-in model)\n"
         "  --draft PATH           DFlash drafter (needed for the spec section)\n"
+        "  --draft-dtype T        the drafter's weights (default: as --types; auto: the file's)\n"
         "  --draft-mtp            the model's own MTP head as the drafter (with --draft\n"
         "                         too: a lane of its own; replays run the drafter's)\n"
         "  --ngram                the n-gram lane too in the rules section's real requests\n"

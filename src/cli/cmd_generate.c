@@ -32,6 +32,8 @@ static void help(void) {
         "  --no-mmap              copy the weights into memory (huge pages) instead of\n"
         "                         reading the file in place: faster decode, slower load\n"
         "  --dtype T              convert weights at load: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k\n"
+        "  --draft-dtype T        the drafter's weights (default: as --dtype; auto: the file's);\n"
+        "                         q8_0 speeds a 16-bit drafter beside a quantized target\n"
         "  -c, --ctx-size N       KV cache rows (default: min(model context, 4096))\n"
         "  --kv-type f16|f32      K/V cache elements (default f16: half the memory)\n"
         "  -t, --threads N        threads (default: all cores)\n"

@@ -32,6 +32,7 @@ static void help(void) {
         "                         decode, greedy and sampled (exact rule, seeded)\n"
         "  --no-mmap              copy the weights into memory (huge pages) first\n"
         "  --dtype T              convert weights at load (f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k)\n"
+        "  --draft-dtype T        the drafter's weights (default: as --dtype; auto: the file's)\n"
         "  --block-size B         rows of the verify block (default: the drafter's, else 16)\n"
         "  -p, --prompt TEXT      prompt text (default: a fixed short sequence of ids)\n"
         "  --ids 1,2,3            prompt as token ids\n"

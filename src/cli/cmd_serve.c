@@ -40,6 +40,8 @@ static void usage(FILE *f) {
             "  --chat-template NAME    chatml, or Jinja text (default: the model's own)\n"
             "  --chat-template-file F  the Jinja chat template in file F\n"
             "  --dtype TYPE            convert weights at load (default: keep the file's)\n"
+            "  --draft-dtype TYPE      the drafter's weights (default: as --dtype); q8_0 speeds\n"
+            "                          a 16-bit drafter beside a quantized target\n"
             "  --queue N               requests that may wait for a slot before 503 (default 64)\n"
             "  --max-body BYTES        request body limit (default 8388608)\n"
             "  --timeout S             idle connection timeout in seconds (default 120)\n"
@@ -128,6 +130,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--chat-template-file")) o.chat_template = cli_chat_template_file(v);
         else if (!strcmp(a, "--dtype")) o.dtype = v;
+        else if (!strcmp(a, "--draft-dtype")) o.draft_dtype = v;
         else if (!strcmp(a, "--kv-type")) o.kv_type = v;
         else if (!strcmp(a, "--queue")) o.queue_max = cli_int(a, v, 0, 1 << 16);
         else if (!strcmp(a, "--max-body")) o.max_body = (size_t)cli_int(a, v, 1024, 1L << 30);

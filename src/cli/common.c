@@ -202,6 +202,7 @@ int cli_engine_flag(dfl_engine_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--ngram")) o->ngram = 1;
     else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
     else if (!strcmp(a, "--dtype")) o->dtype = cli_need(argc, argv, i);
+    else if (!strcmp(a, "--draft-dtype")) o->draft_dtype = cli_need(argc, argv, i);
     else if (!strcmp(a, "--kv-type")) o->kv_type = cli_need(argc, argv, i);
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
         o->ctx_size = cli_int(a, cli_need(argc, argv, i), 1, 1 << 24);
@@ -243,8 +244,10 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
     if (mi.draft_mtp)
         fprintf(stderr, "MTP head of the target (mtp.*) drafts, one token a step\n");
     else if (mi.has_draft)
-        fprintf(stderr, "%s drafter of %d layers, block %d%s\n", mi.draft_kind, mi.draft_layers,
-                mi.draft_block, mi.mtp_lane ? ", and the MTP head of the target as a lane" : "");
+        fprintf(stderr, "%s drafter of %d layers%s%s%s, block %d%s\n", mi.draft_kind,
+                mi.draft_layers, mi.draft_dtype[0] ? " (" : "", mi.draft_dtype,
+                mi.draft_dtype[0] ? " weights)" : "", mi.draft_block,
+                mi.mtp_lane ? ", and the MTP head of the target as a lane" : "");
     else
         fprintf(stderr, "no drafter\n");
 }

@@ -871,6 +871,7 @@ static void *load_engine(void *arg) {
     eo.ngram = srv->o.ngram;
     eo.no_mmap = srv->o.no_mmap;
     eo.dtype = srv->o.dtype;
+    eo.draft_dtype = srv->o.draft_dtype;
     eo.kv_type = srv->o.kv_type;
     eo.n_threads = srv->o.threads;
     eo.ctx_size = srv->o.ctx_size;

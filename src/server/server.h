@@ -25,7 +25,7 @@
 #include "dflash.h"
 
 typedef struct srv_opts {
-    const char *model_path, *draft_path, *dtype, *kv_type;
+    const char *model_path, *draft_path, *dtype, *draft_dtype, *kv_type;
     const char *host;          /* listen address; default 127.0.0.1 */
     int port;
     int parallel;              /* slots: sessions generating at once */
