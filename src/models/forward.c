@@ -66,10 +66,10 @@ static const float *row_cs(const dfl_target *t, const dfl_layer *L, int r) {
     return t->rope_cs + (size_t)r * 2 * hd + (L->rope == &t->rope_swa && own_swa(t) ? hd : 0);
 }
 
-/* q_proj rows [q | gate] per head (DFL_GATE_Q_SIGMOID) into q and gate. */
+/* q_proj's output rows in qg, [q | gate] per head (DFL_GATE_Q_SIGMOID), split
+ * into q and gate. */
 static void split_q_gate(dfl_target *t, const dfl_layer *L, int n) {
     int hd = t->c.head_dim, qd = L->n_heads * hd;
-    matmul(t, &L->wq, n, t->xn, t->qg);
     for (int r = 0; r < n; r++)
         for (int h = 0; h < L->n_heads; h++) {
             const float *src = t->qg + (size_t)r * 2 * qd + (size_t)h * 2 * hd;
@@ -82,13 +82,9 @@ static void split_q_gate(dfl_target *t, const dfl_layer *L, int n) {
 static void attn_inputs(dfl_target *t, const dfl_layer *L, const rows *b, int l) {
     const dfl_config *c = &t->c;
     int n = b->n, hd = c->head_dim, qd = L->n_heads * hd, kvd = c->n_kv_heads * hd;
-    if (c->gating == DFL_GATE_Q_SIGMOID) {
-        split_q_gate(t, L, n);
-        matmul(t, &L->wk, n, t->xn, t->k);
-        matmul(t, &L->wv, n, t->xn, t->v);
-    } else {
-        products3(t, n, t->xn, &L->wq, t->q, &L->wk, t->k, &L->wv, t->v);
-    }
+    int gated = c->gating == DFL_GATE_Q_SIGMOID;
+    products3(t, n, t->xn, &L->wq, gated ? t->qg : t->q, &L->wk, t->k, &L->wv, t->v);
+    if (gated) split_q_gate(t, L, n);
     add_bias(t->q, L->bq, n, qd);
     add_bias(t->k, L->bk, n, kvd);
     add_bias(t->v, L->bv, n, kvd);
