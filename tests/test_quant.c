@@ -396,10 +396,12 @@ static void test_matmul(void) {
      * overflow L1 */
     static const int shapes[][2] = {{1, 256},   {13, 512},   {40, 768},
                                     {67, 1024}, {29, 6144}, {45, 12288}};
-    for (int ti = 0; ti < NTYPES; ti++)
+    for (int ti = 0; ti < NTYPES; ti++) {
         for (int s = 0; s < 6; s++)
             for (int kind = 0; kind < 2; kind++)
                 test_matmul_case(pools, types[ti], shapes[s][0], shapes[s][1], kind);
+        printf("matmul: %s done\n", dfl_type_name(types[ti]));
+    }
     /* Q8_0, Q4_0 and Q4_1 rows of an odd number of 32-blocks: the AVX2 tiles take
      * blocks two at a time, and a last single block has its own path. */
     static const int odd[][2] = {{9, 96}, {17, 160}, {11, 2080}};
@@ -451,6 +453,7 @@ static void test_group(void) {
                 }
         }
         dfl_kernels_set_isa(dfl_cpu_isa());
+        printf("grouped products: %s done\n", dfl_type_name(types[ti]));
         free(scratch);
         for (int j = 0; j < GK; j++) free(m[j].data), free(m[j].Wd);
     }

@@ -7,6 +7,12 @@
 
 int test_passed, test_failed, test_skipped;
 
+/* Line-buffered stdout: a test killed at its timeout still shows, under
+ * ctest --output-on-failure, the last section it finished. */
+__attribute__((constructor)) static void test_line_buffered(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
 /* 77 is ctest's SKIP_RETURN_CODE (CMakeLists.txt): a test that left part of
  * itself out is reported as skipped, never as passed. */
 int test_summary(void) {
