@@ -89,11 +89,12 @@ typedef struct dfl_engine_opts {
                                  (dtype) are in memory anyway */
     dfl_progress_fn progress;
     void *progress_ud;
-    const char *draft_dtype;  /* the drafter's weights at load: NULL follows dtype; a type
-                                 converts them (q8_0 on a quantized target: the drafter's
-                                 16-row block then runs on the integer kernels, 1.2x a
-                                 BF16 drafter's tok/s at tau 3 on a 0.6B Q8_0 target, Zen 5);
-                                 "auto" keeps the file's. Output is the target's either way */
+    const char *draft_dtype;  /* the drafter's weights at load: a type converts them; "auto"
+                                 keeps the file's; NULL follows dtype, and with dtype unset
+                                 too a 16-bit or f32 drafter beside a quantized target loads
+                                 as q8_0 (its 16-row block then runs on the integer kernels:
+                                 1.2x a BF16 drafter's tok/s at tau 3 on a 0.6B Q8_0 target,
+                                 Zen 5). Output is the target's either way */
 } dfl_engine_opts;
 
 void dfl_engine_opts_default(dfl_engine_opts *o);

@@ -17,6 +17,7 @@ Without $DFLASH_BIN part 2 is skipped, unless CI=true.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,36 @@ def dump(bin_, tdir, draft, out, outd):
     return open(outd, "rb").read() if r.returncode == 0 else b""
 
 
+def drafter_type(bin_, model, draft, *flags):
+    """The drafter's weight type the load summary names."""
+    r = subprocess.run([bin_, "generate", "-m", model, "--draft", draft, "-p", "hi", "-n", "2",
+                        "-t", "1", *flags], capture_output=True, text=True)
+    m = re.search(r"DFlash drafter of \d+ layers \((\w+) weights\)", r.stderr)
+    check(r.returncode == 0 and m, f"generate --draft {draft} {flags}: {r.stderr[-300:]}")
+    return m.group(1) if m else None
+
+
+def weight_types(bin_, tmp, tdir, draft):
+    """Beside a quantized target a 16-bit drafter runs as q8_0 unless --draft-dtype
+    says otherwise; a quantized drafter keeps its type; a 16-bit target keeps both."""
+    tg = os.path.join(tmp, "t.gguf")
+    subprocess.run([sys.executable, os.path.join(SRC, "tools", "hf_to_gguf.py"), tdir, tg],
+                   capture_output=True, check=True)
+    made = {}
+    for src, typ in ((tg, "q8_0"), (draft, "q4_0")):
+        made[src] = src.replace(".gguf", f"-{typ}.gguf")
+        r = subprocess.run([bin_, "quantize", "-m", src, "-o", made[src], "--type", typ],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"quantize {src} to {typ}: {r.stderr[-300:]}")
+    tq, dq = made[tg], made[draft]
+    check(drafter_type(bin_, tq, draft) == "q8_0", "a bf16 drafter beside a q8_0 target runs as q8_0")
+    check(drafter_type(bin_, tq, draft, "--draft-dtype", "auto") == "bf16",
+          "--draft-dtype auto keeps the drafter's bf16")
+    check(drafter_type(bin_, tq, draft, "--draft-dtype", "f32") == "f32", "--draft-dtype f32")
+    check(drafter_type(bin_, tq, dq) == "q4_0", "a q4_0 drafter keeps its type beside a q8_0 target")
+    check(drafter_type(bin_, tg, draft) == "bf16", "a bf16 drafter beside a bf16 target stays bf16")
+
+
 def main():
     bin_ = os.environ.get("DFLASH_BIN")
     if not bin_ or not os.path.exists(bin_):
@@ -134,6 +165,8 @@ def main():
                 a = dump(bin_, t, d, os.path.join(tmp, "a"), os.path.join(tmp, "ad"))
                 b = dump(bin_, t, out, os.path.join(tmp, "b"), os.path.join(tmp, "bd"))
                 check(len(a) > 0 and a == b, f"{name}: drafter logits folder vs GGUF differ")
+        if bin_:
+            weight_types(bin_, tmp, t, os.path.join(tmp, "bf16.gguf"))
         # refusals: a target folder is not a drafter; a drafter with rope scaling
         bad = subprocess.run([sys.executable, os.path.join(SRC, "tools", "drafter_to_gguf.py"), t,
                               t, os.path.join(tmp, "x.gguf")], capture_output=True, text=True)

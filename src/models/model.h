@@ -199,6 +199,8 @@ typedef struct dfl_target {
 
 typedef struct dfl_load_opts {
     const char *dtype;    /* NULL/"auto" keep; else convert matrices to this type */
+    int floats_only;      /* convert only f32/f16/bf16 matrices (a drafter's default type
+                             beside a quantized target): quantized ones keep theirs */
     const char *kv_type;  /* K/V cache elements: NULL/"f16" or "f32" */
     int max_rows;         /* rows of one sequence per forward (default 64) */
     int batch_rows;       /* rows of all sequences per forward; 0: max_rows */

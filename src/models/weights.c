@@ -40,6 +40,7 @@ int dfl_w_begin(dfl_weights *w, dfl_tensors *ts, const dfl_load_opts *o, dfl_err
                             "q4_k, q6_k)",
                             o->dtype);
         w->convert = 1;
+        w->floats_only = o->floats_only;
         w->type = (dfl_type)t;
     }
     return 0;
@@ -57,6 +58,13 @@ static dfl_tensor *find(dfl_weights *w, const char *name, dfl_error *err) {
     }
     t->used = 1;
     return t;
+}
+
+/* A default conversion (floats_only) leaves a matrix whose rows do not fit the
+ * type's blocks as it is; one asked for refuses it (convert_mat). */
+static int converts(const dfl_weights *w, const dfl_mat *m) {
+    if (!w->convert || m->type == w->type) return 0;
+    return !w->floats_only || (m->type <= DFL_BF16 && dfl_type_row_bytes(w->type, m->cols));
 }
 
 static int convert_mat(dfl_weights *w, const char *name, dfl_mat *m, dfl_error *err) {
@@ -97,7 +105,7 @@ int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, 
         return dfl_fail(err, DFL_EFORMAT, "%s: tensor %s: %llu bytes do not fit [%d, %d] %s",
                         w->ts->source, name, (unsigned long long)t->nbytes, rows, cols,
                         dfl_type_name(t->type));
-    if (w->convert && m->type != w->type) return convert_mat(w, name, m, err);
+    if (converts(w, m)) return convert_mat(w, name, m, err);
     return 0;
 }
 
@@ -118,7 +126,7 @@ int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl
     for (int i = 0; i < n; i++) {
         m[i] = (dfl_mat){.type = t->type, .rows = rows, .cols = cols,
                          .data = (const uint8_t *)t->data + (size_t)i * rows * rb, .row_bytes = rb};
-        int rc = w->convert && m[i].type != w->type ? convert_mat(w, name, &m[i], err) : 0;
+        int rc = converts(w, &m[i]) ? convert_mat(w, name, &m[i], err) : 0;
         if (rc) return rc;
     }
     return 0;
@@ -248,7 +256,7 @@ int dfl_w_mat_untile_cols(dfl_weights *w, const char *name, int rows, int cols,
     for (int r = 0; r < rows; r++)
         dfl_untile(dst + (size_t)r * m->row_bytes, m->data + (size_t)r * m->row_bytes, g, seg);
     m->data = dst;
-    return conv && m->type != w->type ? convert_mat(w, name, m, err) : 0;
+    return converts(w, m) ? convert_mat(w, name, m, err) : 0;
 }
 
 int dfl_w_untile_floats(dfl_weights *w, const float **v, int n, int first, const dfl_tiling *g,

@@ -8,7 +8,8 @@
 
 typedef struct dfl_weights {
     dfl_tensors *ts;
-    int convert;          /* convert matrices to type */
+    int convert;          /* convert matrices to type ... */
+    int floats_only;      /* ... only those stored as f32/f16/bf16 */
     dfl_type type;
     void *owned;          /* list of allocations made here (converted data) */
     dfl_progress_fn progress;
