@@ -353,6 +353,11 @@ static int run_job(srv_server *srv, srv_slot *s, srv_job *j, dfl_error *err) {
         memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
         s->n_hist = j->n_prompt;
         int replayed = replay_use(srv, j, &gp);
+        /* A request that records its prompt's answer decodes classically: the drafter
+         * beside a replay is a random model, and the acceptance its rounds showed
+         * (none) followed the slot's policy into the replayed requests measured next,
+         * which then stayed on classic steps for whole requests (tau 3, two clients) */
+        if (srv->replay && !replayed) gp.block_size = 1;
         rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, err);
         if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
         if (!replayed && rc == DFL_OK && !cancelled(j))
