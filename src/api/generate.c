@@ -104,6 +104,30 @@ static void note(dfl_stats *st, const char *msg) {
     snprintf(st->note + l, sizeof st->note - l, "%s%s", l ? "; " : "", msg);
 }
 
+/* The largest verify block a request of block setting want (0: the engine's)
+ * can have: what the target's buffers hold, and the drafter's when it drafts. */
+static int spec_bmax(const dfl_engine *e, int want, int drafts, dfl_stats *st) {
+    int bmax = want ? want : e->max_block;
+    if (bmax > e->max_block) {
+        if (st) note(st, "block size capped at the engine's max block");
+        bmax = e->max_block;
+    }
+    if (drafts && bmax > e->d->max_rows) bmax = e->d->max_rows;
+    if (bmax > e->t->max_rows) bmax = e->t->max_rows;
+    return bmax;
+}
+
+int dfl_engine_check_exact(dfl_engine *e, int *exact, dfl_error *err) {
+    *exact = 0;
+    if (!e->t || !e->d) return 0;
+    int bmax = spec_bmax(e, 0, 1, NULL);
+    if (bmax < 2) return 0;
+    pthread_mutex_lock(&e->mu);
+    int rc = dfl_probe_ensure(e, bmax, exact, err);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 /* The loop's block setting for this request: 1 (classic) whenever
  * speculation cannot be both exact and useful. */
 static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl_error *err) {
@@ -115,13 +139,7 @@ static int pick_mode(dfl_session *s, const dfl_gen_params *p, dfl_stats *st, dfl
     if (p->block_size == 1) return 1;
     if (p->spec_accept != DFL_ACCEPT_EXACT && !(p->temperature > 0))
         note(st, "greedy decoding: the exact acceptance rule is used");
-    int bmax = p->block_size ? p->block_size : e->max_block;
-    if (bmax > e->max_block) {
-        note(st, "block size capped at the engine's max block");
-        bmax = e->max_block;
-    }
-    if (e->d && s->ds && bmax > e->d->max_rows) bmax = e->d->max_rows;
-    if (bmax > e->t->max_rows) bmax = e->t->max_rows;
+    int bmax = spec_bmax(e, p->block_size, e->d && s->ds, st);
     if (bmax < 2) return 1;
     int exact = 0;
     pthread_mutex_lock(&e->mu);

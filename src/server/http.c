@@ -886,6 +886,15 @@ static void *load_engine(void *arg) {
         return NULL;
     }
     dfl_engine_info(srv->e, &srv->info);
+    int exact;
+    if (dfl_engine_check_exact(srv->e, &exact, &err)) {
+        fprintf(stderr, "dflash serve: the exactness probe: %s\n", err.msg);
+        __atomic_store_n(&ld->done, -1, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    if (exact < 0)
+        fprintf(stderr, "dflash serve: the probe found the verify path inexact: requests decode "
+                        "classically (dflash probe shows where; DFLASH_ALLOW_INEXACT=1 overrides)\n");
     snprintf(srv->model_id, sizeof srv->model_id, "%s", srv->o.alias ? srv->o.alias : srv->info.name);
     if (srv_sched_start(srv, &err)) {
         fprintf(stderr, "dflash serve: starting %d slots: %s\n", srv->o.parallel, err.msg);
