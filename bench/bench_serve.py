@@ -137,8 +137,10 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd
         return [await one(client, model, ps[(k + i * n_clients) % len(ps)], max_tokens)
                 for i in range(n)]
     # --warm-crowd: the same clients' requests, unmeasured, so a server's policies and
-    # crowd gate have learnt this crowd, as on a server that has been up a while
-    if warm_crowd and n_clients > 1:
+    # crowd gate have learnt this crowd, as on a server that has been up a while (one
+    # client too: the warm-up's requests, which record the replays, decode classically
+    # and teach a replay server's policy none of its round costs)
+    if warm_crowd:
         await asyncio.gather(*(worker(k, warm_crowd) for k in range(n_clients)))
     t0 = time.perf_counter()
     rs = [r for rows in await asyncio.gather(*(worker(k) for k in range(n_clients))) for r in rows]
