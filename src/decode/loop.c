@@ -183,10 +183,10 @@ enum { PARK_KEEP = 7 };
  * drafter every row cost a crowd of 4 about 5% of its rate (a 0.6B target
  * with a 5-layer drafter, measured): the oldest parked rows become a hole in
  * the drafter's store instead, when every model lane can have one. The same
- * holds when a crowded sequence's own policy keeps to classic steps: fed 63
- * rows at a time, the drafter cost four clients at tau 3 about 12% of their
- * rate (0.88x a classic server, Zen 5). Alone the rows are fed: a probe
- * drafts with the whole context. */
+ * holds when a crowded sequence's own policy keeps to classic steps: four
+ * clients at tau 3 whose requests took 0-1 rounds each, their rows fed 63 at a
+ * time, ran 0.88x a classic server (Zen 5; 0.94x after this change). Alone
+ * the rows are fed: a probe drafts with the whole context. */
 static int skip_parked(run *r, dfl_error *err) {
     dfl_seq *q = r->q;
     dfl_proposer *m[2] = {q->pr, q->mt};
