@@ -3,7 +3,8 @@
  * assertions:
  *   - start-up calibration fills the round-cost table at the sizes it
  *     promises (and only those), a second call measures nothing, and the
- *     first adaptive dfl_generate of a fresh engine runs it;
+ *     first adaptive dfl_generate of a fresh engine runs it, as does
+ *     dfl_engine_prepare (a server's load);
  *   - the replay drafter's output equals classic decode, and every run
  *     accepts exactly what its forced accept lengths say (simulated here
  *     from dfl_replay_accept_len, independently of the loop);
@@ -82,6 +83,15 @@ static void test_calibrate(dfl_engine *e) {
         CHECK(T0[promised[i]] > 0, "after adaptive generate: t_round[%d] = %g",
               promised[i], T0[promised[i]]);
     dfl_session_free(s);
+
+    /* ... and so does a server's preparation at load, with the probe */
+    dfl_costs_init(&e->costs, e->max_block);
+    int exact = 0;
+    CHECK(dfl_engine_prepare(e, &exact, &err) == 0 && exact == 1, "prepare: exact %d: %s", exact,
+          err.msg);
+    for (int i = 0; i < 8; i++)
+        CHECK(T0[promised[i]] > 0, "after prepare: t_round[%d] = %g", promised[i], T0[promised[i]]);
+    CHECK(dfl_spec_calibrate(e, 0, &err) == 0, "after prepare nothing is left to measure");
 }
 
 static void test_tau(void) {

@@ -117,15 +117,16 @@ static int spec_bmax(const dfl_engine *e, int want, int drafts, dfl_stats *st) {
     return bmax;
 }
 
-int dfl_engine_check_exact(dfl_engine *e, int *exact, dfl_error *err) {
+int dfl_engine_prepare(dfl_engine *e, int *exact, dfl_error *err) {
     *exact = 0;
     if (!e->t || !e->d) return 0;
     int bmax = spec_bmax(e, 0, 1, NULL);
     if (bmax < 2) return 0;
     pthread_mutex_lock(&e->mu);
     int rc = dfl_probe_ensure(e, bmax, exact, err);
+    if (!rc && *exact == 1) rc = dfl_spec_calibrate(e, 0, err);
     pthread_mutex_unlock(&e->mu);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 /* The loop's block setting for this request: 1 (classic) whenever

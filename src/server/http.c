@@ -887,8 +887,8 @@ static void *load_engine(void *arg) {
     }
     dfl_engine_info(srv->e, &srv->info);
     int exact;
-    if (dfl_engine_check_exact(srv->e, &exact, &err)) {
-        fprintf(stderr, "dflash serve: the exactness probe: %s\n", err.msg);
+    if (dfl_engine_prepare(srv->e, &exact, &err)) {
+        fprintf(stderr, "dflash serve: the exactness probe and round costs: %s\n", err.msg);
         __atomic_store_n(&ld->done, -1, __ATOMIC_RELEASE);
         return NULL;
     }
