@@ -152,6 +152,29 @@ static void resume(void) {
     dfl_policy_resume(&next, &good);
     CHECK(dfl_policy_choose(&next, 0) == brute_best(&c, 0.97, 16),
           "resumed after high acceptance: the best block at once");
+
+    /* probes that all fail space out to DFL_REPROBE_MAX within a request; the
+     * next request probes again within DFL_REPROBE_CARRY classic steps */
+    dfl_policy_init(&bad, &c, 16);
+    feed(&bad, 8, 0.02, 400);
+    int steps = 0;
+    while (bad.reprobe_every < DFL_REPROBE_MAX && steps < 100000) {
+        int B = dfl_policy_choose(&bad, 0);
+        if (B > 1) dfl_policy_observe(&bad, B, 0);
+        else dfl_policy_classic_step(&bad);
+        steps++;
+    }
+    CHECK(bad.reprobe_every == DFL_REPROBE_MAX, "failed probes space out to %d (%d after %d steps)",
+          DFL_REPROBE_MAX, bad.reprobe_every, steps);
+    dfl_policy_init(&next, &c, 16);
+    dfl_policy_resume(&next, &bad);
+    int first = 0;
+    while (first < 4 * DFL_REPROBE_MAX && dfl_policy_choose(&next, 0) == 1) {
+        dfl_policy_classic_step(&next);
+        first++;
+    }
+    CHECK(first <= DFL_REPROBE_CARRY, "a resumed policy probes within %d steps, not %d (%d)",
+          DFL_REPROBE_CARRY, DFL_REPROBE_MAX, first);
 }
 
 /* A stalled round moves a cost by at most DFL_COST_CLAMP, and a classic step

@@ -182,7 +182,8 @@ void dfl_policy_skip(dfl_policy *p) { p->probing = 0; }
 void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
     memcpy(p->tries, prev->tries, sizeof p->tries);
     memcpy(p->hits, prev->hits, sizeof p->hits);
-    p->reprobe_every = prev->reprobe_every;
+    p->reprobe_every = prev->reprobe_every < DFL_REPROBE_CARRY ? prev->reprobe_every
+                                                                : DFL_REPROBE_CARRY;
     p->classic_run = prev->classic_run;
     p->crowd_rate = prev->crowd_rate;
 }

@@ -44,6 +44,11 @@ typedef struct dfl_policy {
 } dfl_policy;
 
 enum { DFL_REPROBE_MIN = 16, DFL_REPROBE_MAX = 1024 };
+/* The probe spacing a new request resumes is at most this: a request is a
+ * new text, and spacing grown to DFL_REPROBE_MAX on unpredictable ones kept
+ * a predictable one after them on classic steps for its first 1024 tokens.
+ * The price, on a run of unpredictable requests: about one probe each. */
+enum { DFL_REPROBE_CARRY = 128 };
 /* Rounds after which one classic step is taken whatever the estimates say: a
  * step's cost is measured only when one is taken, and under a changing load
  * (a server's other slots come and go) a stale step cost would keep the
@@ -80,7 +85,8 @@ double dfl_costs_get(const dfl_costs *c, int B, int ctx);
 
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block);
 /* Continues from the evidence in prev (an earlier call's policy of the same
- * max_block): acceptance counts, probe spacing and the run of classic steps. */
+ * max_block): acceptance counts, probe spacing (up to DFL_REPROBE_CARRY) and
+ * the run of classic steps. */
 void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev);
 /* Records a round: B-1 drafts proposed, the first `accepted` of them accepted. */
 void dfl_policy_observe(dfl_policy *p, int B, int accepted);
