@@ -359,6 +359,9 @@ static int run_job(srv_server *srv, srv_slot *s, srv_job *j, dfl_error *err) {
          * which then stayed on classic steps for whole requests (tau 3, two clients) */
         if (srv->replay && !replayed) gp.block_size = 1;
         rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, err);
+        /* what was reused, not what the dispatch hoped for: a drafter's side store
+         * that lacks the prefix (its request decoded classically) has it prefilled */
+        j->n_cached = j->st.n_cached;
         if (j->n_gen == 0 && rc != DFL_OK) s->n_hist = 0;
         if (!replayed && rc == DFL_OK && !cancelled(j))
             replay_keep(srv, j, s->hist + j->n_prompt, s->n_hist - j->n_prompt);
