@@ -138,8 +138,8 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd
                 for i in range(n)]
     # --warm-crowd: the same clients' requests, unmeasured, so a server's policies and
     # crowd gate have learnt this crowd, as on a server that has been up a while (one
-    # client too: the warm-up's requests, which record the replays, decode classically
-    # and teach a replay server's policy none of its round costs)
+    # client too: the warm-up's requests, which record the replays, run the drafter's
+    # own proposals, whose evidence the replays do not share)
     if warm_crowd:
         await asyncio.gather(*(worker(k, warm_crowd) for k in range(n_clients)))
     t0 = time.perf_counter()

@@ -3,7 +3,8 @@
 # request's text is the same alone or among 8 others, DFlash on and off
 # (tests/server/crowd.py), on a server with 9 slots and a drafter; and a
 # prompt sharing a prefix with a finished request copies it across slots,
-# with the text of a cold run.
+# with the text of a cold run; and a --replay-tau server replays a recorded
+# answer exactly, on the recording's cache (tests/server/replay.py).
 set -uo pipefail
 . "$(dirname "$0")/server/lib.sh"
 
@@ -17,4 +18,12 @@ SERVER_URL=$SERVER_URL SEEDS=$SEEDS DFLASH_BIN=$BIN TARGET=$WORK/target DRAFT=$W
 stop_server TERM
 [ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server.log"; die "exit status $SERVER_RC on SIGTERM"; }
 ! grep -q "Sanitizer" "$WORK/server.log" || { cat "$WORK/server.log"; die "sanitizer report"; }
+
+start_server "$WORK/replay.log" -m "$WORK/target" --draft "$WORK/draft" -c 512 --parallel 2 \
+  --replay-tau 3
+SERVER_URL=$SERVER_URL timeout 300 "$PY" "$CLIENT_DIR/replay.py" ||
+  { tail -20 "$WORK/replay.log"; die "replay.py"; }
+stop_server TERM
+[ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/replay.log"; die "exit status $SERVER_RC on SIGTERM"; }
+! grep -q "Sanitizer" "$WORK/replay.log" || { cat "$WORK/replay.log"; die "sanitizer report"; }
 echo "test_server_crowd: all passed"

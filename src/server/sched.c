@@ -353,11 +353,9 @@ static int run_job(srv_server *srv, srv_slot *s, srv_job *j, dfl_error *err) {
         memcpy(s->hist, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
         s->n_hist = j->n_prompt;
         int replayed = replay_use(srv, j, &gp);
-        /* A request that records its prompt's answer decodes classically: the drafter
-         * beside a replay is a random model, and the acceptance its rounds showed
-         * (none) followed the slot's policy into the replayed requests measured next,
-         * which then stayed on classic steps for whole requests (tau 3, two clients) */
-        if (srv->replay && !replayed) gp.block_size = 1;
+        /* (a request that records its prompt's answer runs the drafter as any
+         * request does: its evidence stays apart from the replays' (dfl_generate),
+         * and its slot's side store keeps the prefix a replay of it reuses) */
         rc = dfl_generate(s->sess, j->prompt, j->n_prompt, &gp, on_token, &c, &j->st, err);
         /* what was reused, not what the dispatch hoped for: a drafter's side store
          * that lacks the prefix (its request decoded classically) has it prefilled */
