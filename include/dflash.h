@@ -136,13 +136,14 @@ typedef struct dfl_model_info {
 } dfl_model_info;
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);
-/* Runs now what a drafter's first speculative request would run, so a
- * server's first user does not wait for it: the exactness probe (the verify
- * path against single-row decode, blocks 2 .. the engine's max; about 1.2 s,
- * 0.6B Q8_0, Zen 5) and, when exact, the calibration of the round costs the
- * adaptive policy starts from (about 1 s, 0.6B Q8_0, Zen 4; it holds the
- * engine, so every request starting meanwhile waited for it too).
- * *exact: 1 exact, -1 not (requests then decode classically), 0 no drafter. */
+/* Runs now what the first speculative request (a drafter's or the n-gram
+ * lane's) would run, so a server's first user does not wait for it: the
+ * exactness probe (the verify path against single-row decode, blocks 2 ..
+ * the engine's max; about 1.2 s, 0.6B Q8_0, Zen 5) and, when exact, the
+ * calibration of the round costs the adaptive policy starts from (about 1 s,
+ * 0.6B Q8_0, Zen 4; it holds the engine, so every request starting meanwhile
+ * waited for it too). *exact: 1 exact, -1 not (requests then decode
+ * classically), 0 nothing speculates. */
 int dfl_engine_prepare(dfl_engine *e, int *exact, dfl_error *err);
 
 /* ---- tokenizer --------------------------------------------------------- */

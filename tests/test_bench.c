@@ -4,7 +4,8 @@
  *   - start-up calibration fills the round-cost table at the sizes it
  *     promises (and only those), a second call measures nothing, and the
  *     first adaptive dfl_generate of a fresh engine runs it, as does
- *     dfl_engine_prepare (a server's load);
+ *     dfl_engine_prepare (a server's load), with a drafter or the n-gram
+ *     lane alone;
  *   - the replay drafter's output equals classic decode, and every run
  *     accepts exactly what its forced accept lengths say (simulated here
  *     from dfl_replay_accept_len, independently of the loop);
@@ -92,6 +93,24 @@ static void test_calibrate(dfl_engine *e) {
     for (int i = 0; i < 8; i++)
         CHECK(T0[promised[i]] > 0, "after prepare: t_round[%d] = %g", promised[i], T0[promised[i]]);
     CHECK(dfl_spec_calibrate(e, 0, &err) == 0, "after prepare nothing is left to measure");
+}
+
+/* An engine whose only lane is the n-gram one prepares too: probe and costs. */
+static void test_prepare_ngram(const dfl_engine_opts *base) {
+    dfl_engine_opts o = *base;
+    o.draft_path = NULL;
+    o.ngram = 1;
+    dfl_engine *e;
+    dfl_error err = {0};
+    int rc = dfl_engine_load(&o, &e, &err), exact = 0;
+    CHECK(rc == 0, "load with the n-gram lane: %s", err.msg);
+    if (rc) return;
+    CHECK(dfl_engine_prepare(e, &exact, &err) == 0 && exact == 1, "prepare (n-gram): exact %d: %s",
+          exact, err.msg);
+    CHECK(e->costs_ngram.t_round[0][1] > 0 && e->costs_ngram.t_round[0][2] > 0,
+          "prepare (n-gram) measured the lane's round costs");
+    CHECK(dfl_spec_calibrate(e, 0, &err) == 0, "after prepare (n-gram) nothing is left to measure");
+    dfl_engine_free(e);
 }
 
 static void test_tau(void) {
@@ -259,6 +278,7 @@ int main(void) {
     test_replay(e);
     test_forward(e);
     dfl_engine_free(e);
+    test_prepare_ngram(&o);
     test_rmdir(dir);
     return test_summary();
 }

@@ -47,9 +47,7 @@ for mode in draft none; do
     die "GET /metrics"
   promtool check metrics <"$WORK/metrics-$mode.txt" || die "promtool check metrics ($mode)"
   stop_server TERM
-  [ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server-$mode.log"; die "the server exited with $SERVER_RC on SIGTERM"; }
-  grep -q "dflash serve: stopped" "$WORK/server-$mode.log" || die "no clean stop in the log"
-  ! grep -q "Sanitizer" "$WORK/server-$mode.log" || { cat "$WORK/server-$mode.log"; die "sanitizer report"; }
+  check_clean_exit "$WORK/server-$mode.log"
 done
 
 say "=== a full server: 503 when the queue is full; SIGTERM refuses the queued, cancels the running"

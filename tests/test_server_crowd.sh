@@ -16,14 +16,12 @@ is_asan && SEEDS=1
 SERVER_URL=$SERVER_URL SEEDS=$SEEDS DFLASH_BIN=$BIN TARGET=$WORK/target DRAFT=$WORK/draft timeout 900 "$PY" "$CLIENT_DIR/crowd.py" ||
   { tail -40 "$WORK/server.log"; die "crowd.py"; }
 stop_server TERM
-[ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server.log"; die "exit status $SERVER_RC on SIGTERM"; }
-! grep -q "Sanitizer" "$WORK/server.log" || { cat "$WORK/server.log"; die "sanitizer report"; }
+check_clean_exit "$WORK/server.log"
 
 start_server "$WORK/replay.log" -m "$WORK/target" --draft "$WORK/draft" -c 512 --parallel 2 \
   --replay-tau 3
 SERVER_URL=$SERVER_URL timeout 300 "$PY" "$CLIENT_DIR/replay.py" ||
   { tail -20 "$WORK/replay.log"; die "replay.py"; }
 stop_server TERM
-[ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/replay.log"; die "exit status $SERVER_RC on SIGTERM"; }
-! grep -q "Sanitizer" "$WORK/replay.log" || { cat "$WORK/replay.log"; die "sanitizer report"; }
+check_clean_exit "$WORK/replay.log"
 echo "test_server_crowd: all passed"

@@ -94,8 +94,6 @@ load_pid=$!
 sleep 2
 stop_server TERM
 kill "$load_pid" 2>/dev/null; wait "$load_pid" 2>/dev/null
-[ "$SERVER_RC" = 0 ] || { tail -30 "$WORK/server.log"; die "exit status $SERVER_RC on SIGTERM under load"; }
-grep -q "dflash serve: stopped" "$WORK/server.log" || die "no clean stop in the log"
-! grep -q "Sanitizer" "$WORK/server.log" || { cat "$WORK/server.log"; die "sanitizer report"; }
+check_clean_exit "$WORK/server.log" "on SIGTERM under load"
 curl -s -m 2 "$SERVER_URL/health" >/dev/null && die "still answering after exit"
 echo "test_server_load: all passed"

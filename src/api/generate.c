@@ -119,8 +119,8 @@ static int spec_bmax(const dfl_engine *e, int want, int drafts, dfl_stats *st) {
 
 int dfl_engine_prepare(dfl_engine *e, int *exact, dfl_error *err) {
     *exact = 0;
-    if (!e->t || !e->d) return 0;
-    int bmax = spec_bmax(e, 0, 1, NULL);
+    if (!e->t || (!e->d && !e->opts.ngram)) return 0;
+    int bmax = spec_bmax(e, 0, e->d != NULL, NULL);
     if (bmax < 2) return 0;
     pthread_mutex_lock(&e->mu);
     int rc = dfl_probe_ensure(e, bmax, exact, err);

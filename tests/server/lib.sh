@@ -90,4 +90,13 @@ stop_server() {
   SERVER_PID=
 }
 
+# check_clean_exit LOG [WHEN]: after stop_server TERM, the server exited 0, said
+# it stopped, and (under ASan) reported nothing.
+check_clean_exit() {
+  local log=$1 when=${2:-on SIGTERM}
+  [ "$SERVER_RC" = 0 ] || { tail -30 "$log"; die "the server exited with $SERVER_RC $when"; }
+  grep -q "dflash serve: stopped" "$log" || { tail -30 "$log"; die "no clean stop in $log"; }
+  ! grep -q "Sanitizer" "$log" || { cat "$log"; die "sanitizer report in $log"; }
+}
+
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status"; }
