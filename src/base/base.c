@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -151,9 +152,9 @@ void dfl_ticket_unlock(dfl_ticket *l) {
  * pending to 0. Both sides spin for a while before sleeping on a condition
  * variable: a decode step runs a few hundred short jobs back to back, and a
  * futex wake-up costs tens of microseconds each time. Sleeping is announced
- * in sleepers / main_waiting (sequentially consistent, so a waker either sees
- * the sleeper or the sleeper sees the new state) and waking happens under mu,
- * so no wake-up is lost. */
+ * in sleepers / main_waiting with read-modify-writes, as gen and pending
+ * change (full fences, so a waker either sees the sleeper or the sleeper sees
+ * the new state), and waking happens under mu, so no wake-up is lost. */
 enum { SPIN_US = 100 };   /* how long an idle thread spins before sleeping */
 
 struct dfl_pool {
@@ -280,7 +281,15 @@ void dfl_pool_run(dfl_pool *p, dfl_task_fn fn, void *ctx, int n) {
     run_share(p, 0);
     if (!spin_until(job_done, p, 0)) {
         pthread_mutex_lock(&p->mu);
-        p->main_waiting = 1;
+        /* an exchange, not a store: the worker that ends the job reads
+         * main_waiting after its own RMW of pending, and this thread reads
+         * pending after announcing itself. qemu-user (7.2, x86 host) runs an
+         * aarch64 seq_cst store and the load after it without a StoreLoad
+         * fence; both sides then read the old value, the worker signals no
+         * one, and the pool sleeps for good (a CI run, and a clean-clone run
+         * here: pending 0, main_waiting 1, both threads on futexes). An RMW
+         * is a locked instruction there, a full fence. */
+        atomic_exchange(&p->main_waiting, 1);
         while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
         p->main_waiting = 0;
         pthread_mutex_unlock(&p->mu);
