@@ -664,7 +664,7 @@ static void qact_quant(dfl_isa isa, dfl_type t, dfl_qact *a, int n, const float 
     if (isa == DFL_ISA_AVX2 || isa == DFL_ISA_AVX512) {
         dfl_qact_quant_avx2(a, n, X, ldx);
         if (t == DFL_Q4_0) qact_xoff(a, n, 8);
-        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0 && n >= 2) qact_xoff(a, n, 128);
+        if (isa == DFL_ISA_AVX512 && t == DFL_Q8_0) qact_xoff(a, n, 128); /* one row too */
         return;
     }
 #endif

@@ -2,10 +2,11 @@
  * Q4_1, Q4_K and Q6_K weights with several activation rows (verify blocks,
  * MoE expert groups); each does exactly the arithmetic of its twin in
  * quant.c, as the AVX2 ones in quant_avx2.c do. One row (decode, bound by
- * memory) of every type runs the AVX2 kernels: measured against them
- * (bench_quant, docs/benchmarks.md), a one-row Q4_K kernel (two sub-blocks
- * per zmm, vpdpwssd) ran 0.94-1.0x: the AVX2 one already reads at the
- * bandwidth.
+ * memory) of Q4_1 and the K-quants runs the AVX2 kernels: measured against
+ * them (bench_quant, docs/benchmarks.md), a one-row Q4_K kernel (two
+ * sub-blocks per zmm, vpdpwssd) ran 0.94-1.0x. Q8_0 and Q4_0 run one row
+ * here too: the 16-output tile reads a 0.6B-shaped Q8_0 product 1.1-1.2x as
+ * fast as AVX2's 8 (Zen 4).
  *
  * Q8_0 and Q4_0 (their twin adds one whole integer sum per block) put 16
  * outputs side by side in a zmm, below. For the others a zmm register holds the 8 lanes
@@ -224,9 +225,9 @@ INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, 
     const size_t bb = kind == W8 ? sizeof(dfl_block_q8_0) : sizeof(dfl_block_q4_0);
     for (int b = 0; b < nb; b++) {
         size_t off = (size_t)b * bb;
-        if (b % 2 == 0) /* a line of each next row per two blocks (quant_avx2.c) */
+        if (b % 2 == 0) /* a line of each next row per two blocks, into L2 (quant_avx2.c) */
 #pragma GCC unroll 16
-            for (int j = 0; j < 16; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T0);
+            for (int j = 0; j < 16; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T1);
         __m512i wt[8];
         transpose16(kind, rows, off, wt);
         __m512 dw = scales16(rows[0] + off, vo);
@@ -288,12 +289,13 @@ DFL_QROWS(AVX512, rows_q6_K, QK_K, tile, Q6K)
 
 int dfl_qrows_avx512(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y,
                      int ldy) {
+    switch (W->type) {
+    case DFL_Q8_0: rows_q8_0(W, a, n, o0, o1, Y, ldy); return 1; /* (xoff: quant.c qact_quant) */
+    case DFL_Q4_0: rows_q4_0(W, a, n, o0, o1, Y, ldy); return 1; /* (xoff: always on x86) */
+    default: break;
+    }
     if (n < 2) return 0;
     switch (W->type) {
-    case DFL_Q8_0: /* (xoff is filled for n >= 2 on this path: quant.c qact_quant) */
-        rows_q8_0(W, a, n, o0, o1, Y, ldy);
-        return 1;
-    case DFL_Q4_0: rows_q4_0(W, a, n, o0, o1, Y, ldy); return 1; /* (xoff: always on x86) */
     case DFL_Q4_1: rows_q4_1(W, a, n, o0, o1, Y, ldy); return 1;
     case DFL_Q4_K: rows_q4_K(W, a, n, o0, o1, Y, ldy); return 1;
     case DFL_Q6_K: rows_q6_K(W, a, n, o0, o1, Y, ldy); return 1;
