@@ -134,21 +134,17 @@ static DFL_AVX2_INLINE void tile(int R, int C, dfl_type t, const uint8_t *const 
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) a[r][c] = _mm256_setzero_ps();
     int k = 0;
-    /* 32 columns per iteration: one prefetch per 64-byte line of 16-bit rows.
-     * The one-row tile (1 x 4, gemv's alone) prefetches into L2, not L1: on
-     * Zen 4 a bf16 decode step then read 95-99% of the bandwidth sampled
-     * next to it, against 70-84% (docs/benchmarks.md); the tiles of several
-     * rows, whose lines are reused from L1 row after row, keep L1. */
+    /* 32 columns per iteration: one prefetch per 64-byte line of 16-bit rows,
+     * into L2, not L1. The one-row tile (1 x 4, gemv's alone): on Zen 4 a bf16
+     * decode step then read 95-99% of the bandwidth sampled next to it,
+     * against 70-84%; a product of 2 rows took 0.63-0.68x the time
+     * (docs/benchmarks.md). The prefetched lines in L1 evicted the ones still
+     * to be read. */
     for (; k + 32 <= k8; k += 32) {
         for (int i = 0; i < aux->np; i++) {
             const char *p = (const char *)aux->pf[i] + k * aux->pes;
-            if (C == 4) {
-                _mm_prefetch(p, _MM_HINT_T1);
-                if (aux->pes == 4) _mm_prefetch(p + 64, _MM_HINT_T1);
-            } else {
-                _mm_prefetch(p, _MM_HINT_T0);
-                if (aux->pes == 4) _mm_prefetch(p + 64, _MM_HINT_T0);
-            }
+            _mm_prefetch(p, _MM_HINT_T1);
+            if (aux->pes == 4) _mm_prefetch(p + 64, _MM_HINT_T1);
         }
 #pragma GCC unroll 4
         for (int j = 0; j < 32; j += 8) tile_step(R, C, t, w, x, ldx, k + j, a);

@@ -57,7 +57,8 @@ INLINE __m512 xdup(const float *x, int k) {
 }
 
 /* The next group's weight rows, prefetched while a tile runs: per 32
- * columns at k, the 64-byte line of each. */
+ * columns at k, the 64-byte line of each, into L2 (as matmul.c's tiles: 4
+ * rows of a 0.6B-shaped bf16 product took 0.83-0.96x the time of L1's). */
 typedef struct {
     const uint8_t *pf[2 * TP];
     int np;
@@ -65,7 +66,7 @@ typedef struct {
 
 INLINE void prefetch(const pf_list *pf, int k) {
     for (int i = 0; i < pf->np; i++)
-        _mm_prefetch((const char *)pf->pf[i] + 2 * (size_t)k, _MM_HINT_T0);
+        _mm_prefetch((const char *)pf->pf[i] + 2 * (size_t)k, _MM_HINT_T1);
 }
 
 /* One step of 8 columns at k: each weight pair converted once for the R
