@@ -78,8 +78,8 @@ typedef struct dfl_qact {
     float *s;               /* laid out as d: d x the sum of the block's 32 quants (Q4_1 only,
                                else NULL), ggml's q8_1 s: a block's min m enters as m * s */
     int32_t *xoff;          /* laid out as d: -z x the sum of the block's 32 quants, z the
-                               weights' offset (else NULL): Q8_0 128 (filled for 2 or more
-                               rows on the AVX-512 path only: vpdpbusd takes the weights as
+                               weights' offset (else NULL): Q8_0 128 (filled on the AVX-512
+                               path only: vpdpbusd takes the weights as
                                w + 128, unsigned), Q4_0 8 (filled on x86: its nibbles q enter
                                unsigned, (q - 8) . x = q . x - 8 sum x); a block's integer
                                sum starts from it */
