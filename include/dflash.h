@@ -133,6 +133,9 @@ typedef struct dfl_model_info {
     char simd[16];         /* kernel path in use: "avx512", "avx2" or "generic" (the plain-C
                               twins) */
     char draft_dtype[16];  /* the DFlash drafter's weight type as loaded; "" without one */
+    uint64_t draft_head_bytes; /* the drafter's own copy of the target's lm_head, in
+                              draft_dtype (a 16-bit head beside a quantized drafter); 0: it
+                              reads the target's */
 } dfl_model_info;
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);

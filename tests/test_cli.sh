@@ -45,9 +45,10 @@ elif [ "${CI:-}" = true ]; then bad "$stories is missing (CI=true)"; fi
 "$BIN" generate -p hi -n 2 -t 1 >/dev/null 2>"$tmp/err"
 grep -Eq "^dflash generate: target: llama, [0-9.]+ M parameters .*f32 weights .*context 512 of 512.* 1 threads, (avx512|avx2|generic) kernels; chat template: ChatML \(the model has none\); DFlash drafter of 2 layers \(f32 weights\), block 8$" "$tmp/err" &&
   ok || bad "load summary: $(grep '^dflash generate:' "$tmp/err")"
-# --draft-dtype converts the drafter alone: the summary says so, and the ids are the target's
+# --draft-dtype converts the drafter alone (and its copy of the f32 lm_head): the summary
+# says so, and the ids are the target's
 "$BIN" generate -p hi -n 2 -t 1 --draft-dtype q8_0 >/dev/null 2>"$tmp/err"
-grep -Eq "f32 weights .*DFlash drafter of 2 layers \(q8_0 weights\), block 8$" "$tmp/err" &&
+grep -Eq "f32 weights .*DFlash drafter of 2 layers \(q8_0 weights\), block 8, drafts read a q8_0 copy of the lm_head \([0-9.]+ MB\)$" "$tmp/err" &&
   ok || bad "--draft-dtype q8_0: $(grep '^dflash generate:' "$tmp/err")"
 [ "$(ids -p "Once upon a time" --draft-dtype q8_0)" = "$want" ] && ok || bad "--draft-dtype q8_0 changes the ids"
 "$BIN" generate -p hi -n 2 -t 1 --draft-dtype q9 >/dev/null 2>"$tmp/err"; rc=$?

@@ -112,13 +112,52 @@ def dump(bin_, tdir, draft, out, outd):
     return open(outd, "rb").read() if r.returncode == 0 else b""
 
 
-def drafter_type(bin_, model, draft, *flags):
-    """The drafter's weight type the load summary names."""
+def summary(bin_, model, draft, *flags):
+    """The load summary of a short generate with the drafter."""
     r = subprocess.run([bin_, "generate", "-m", model, "--draft", draft, "-p", "hi", "-n", "2",
                         "-t", "1", *flags], capture_output=True, text=True)
-    m = re.search(r"DFlash drafter of \d+ layers \((\w+) weights\)", r.stderr)
-    check(r.returncode == 0 and m, f"generate --draft {draft} {flags}: {r.stderr[-300:]}")
+    check(r.returncode == 0, f"generate --draft {draft} {flags}: {r.stderr[-300:]}")
+    return r.stderr
+
+
+def drafter_type(bin_, model, draft, *flags):
+    """The drafter's weight type the load summary names."""
+    m = re.search(r"DFlash drafter of \d+ layers \((\w+) weights\)",
+                  summary(bin_, model, draft, *flags))
+    check(m, f"generate --draft {draft} {flags}: the summary names the drafter's type")
     return m.group(1) if m else None
+
+
+def head_copy(bin_, model, draft, *flags):
+    """The type of the drafter's own copy of the target's lm_head; None: it reads the target's."""
+    m = re.search(r"drafts read a (\w+) copy of the lm_head", summary(bin_, model, draft, *flags))
+    return m.group(1) if m else None
+
+
+def text(bin_, model, *flags):
+    r = subprocess.run([bin_, "generate", "-m", model, "-p", "the sea", "-n", "24", "-t", "1",
+                        *flags], capture_output=True, text=True)
+    check(r.returncode == 0, f"generate {flags}: {r.stderr[-300:]}")
+    return r.stdout
+
+
+def drafter_head(bin_, tmp, tg, tq, draft):
+    """A quantized drafter beside a quantized target whose lm_head is 16-bit (dflash
+    quantize keeps token_embd) drafts from its own copy of the head in its type; one
+    beside a quantized head, or a 16-bit drafter, reads the target's. Output stays
+    the classic decode's."""
+    tqe = tg.replace(".gguf", "-q8e.gguf")
+    r = subprocess.run([bin_, "quantize", "-m", tg, "-o", tqe, "--type", "q8_0",
+                        "--quantize-embeddings"], capture_output=True, text=True)
+    check(r.returncode == 0, f"quantize --quantize-embeddings: {r.stderr[-300:]}")
+    check(head_copy(bin_, tq, draft) == "q8_0", "a q8_0 drafter drafts from a q8_0 copy of a bf16 head")
+    check(head_copy(bin_, tq, draft, "--draft-dtype", "auto") is None,
+          "a bf16 drafter reads the target's bf16 head")
+    check(head_copy(bin_, tqe, draft) is None, "a q8_0 head is read as it is")
+    classic = text(bin_, tq, "--draft", "none")
+    for block in ("4", "8"):
+        check(text(bin_, tq, "--draft", draft, "--block-size", block) == classic,
+              f"block {block}, drafts from the copied head: the classic decode's text")
 
 
 def weight_types(bin_, tmp, tdir, draft):
@@ -140,6 +179,7 @@ def weight_types(bin_, tmp, tdir, draft):
     check(drafter_type(bin_, tq, draft, "--draft-dtype", "f32") == "f32", "--draft-dtype f32")
     check(drafter_type(bin_, tq, dq) == "q4_0", "a q4_0 drafter keeps its type beside a q8_0 target")
     check(drafter_type(bin_, tg, draft) == "bf16", "a bf16 drafter beside a bf16 target stays bf16")
+    drafter_head(bin_, tmp, tg, tq, draft)
 
 
 def main():

@@ -242,6 +242,8 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
         info->draft_layers = e->d->mtp ? 1 : e->d->c.n_layers;   /* the head is one block */
         if (!e->d->mtp)
             snprintf(info->draft_dtype, sizeof info->draft_dtype, "%s", dfl_type_name(e->d->fc.type));
+        if (!e->d->mtp && e->d->head.data != e->t->lm_head.data)
+            info->draft_head_bytes = (uint64_t)e->d->head.rows * e->d->head.row_bytes;
     }
     info->mtp_lane = e->mtp != NULL;
     info->ngram = e->opts.ngram;

@@ -241,12 +241,16 @@ void cli_load_summary(const char *cmd, const dfl_engine *e, const char *template
     if (mi.rec_state_bytes)
         fprintf(stderr, "recurrent state %.2f MB per session (%d rollback snapshots); ",
                 (double)mi.rec_state_bytes / 1e6, mi.rec_snapshots);
+    char head[96] = "";
+    if (mi.draft_head_bytes)
+        snprintf(head, sizeof head, ", drafts read a %s copy of the lm_head (%.1f MB)",
+                 mi.draft_dtype, (double)mi.draft_head_bytes / 1e6);
     if (mi.draft_mtp)
         fprintf(stderr, "MTP head of the target (mtp.*) drafts, one token a step\n");
     else if (mi.has_draft)
-        fprintf(stderr, "%s drafter of %d layers%s%s%s, block %d%s\n", mi.draft_kind,
+        fprintf(stderr, "%s drafter of %d layers%s%s%s, block %d%s%s\n", mi.draft_kind,
                 mi.draft_layers, mi.draft_dtype[0] ? " (" : "", mi.draft_dtype,
-                mi.draft_dtype[0] ? " weights)" : "", mi.draft_block,
+                mi.draft_dtype[0] ? " weights)" : "", mi.draft_block, head,
                 mi.mtp_lane ? ", and the MTP head of the target as a lane" : "");
     else
         fprintf(stderr, "no drafter\n");

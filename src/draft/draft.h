@@ -81,6 +81,10 @@ typedef struct dfl_drafter {
     dfl_dlayer *layers;        /* [n_layers] */
     dfl_rope rope;
     dfl_target *t;             /* the target whose embed / lm_head are used */
+    dfl_mat head;              /* (vocab, target dim) the lm_head drafts are read from: the
+                                  target's, or, for a quantized drafter beside a 16-bit head,
+                                  a copy in the drafter's type (a block's rows of a 0.6B
+                                  head: 5.7 ms in q8_0 against 12.4 in bf16, Zen 4) */
     dfl_tensors ts;
     gguf_file *gguf;
     void *owned;

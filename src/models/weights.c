@@ -109,6 +109,10 @@ int dfl_w_mat(dfl_weights *w, const char *name, int rows, int cols, dfl_mat *m, 
     return 0;
 }
 
+int dfl_w_convert(dfl_weights *w, const char *name, dfl_mat *m, dfl_error *err) {
+    return converts(w, m) ? convert_mat(w, name, m, err) : 0;
+}
+
 int dfl_w_stack(dfl_weights *w, const char *name, int n, int rows, int cols, dfl_mat *m,
                 dfl_error *err) {
     dfl_tensor *t = find(w, name, err);

@@ -64,6 +64,10 @@ int dfl_w_mat_untile_cols(dfl_weights *w, const char *name, int rows, int cols,
  * a head: into an owned copy. */
 int dfl_w_untile_floats(dfl_weights *w, const float **v, int n, int first, const dfl_tiling *g,
                         int per_seg, dfl_error *err);
+/* m, a matrix another model bound (a drafter reading its target's lm_head),
+ * converted as w's own matrices are, into a copy owned by w; unchanged when
+ * they are not converted. */
+int dfl_w_convert(dfl_weights *w, const char *name, dfl_mat *m, dfl_error *err);
 /* Marks tensors whose name ends with suffix as used (known, ignored). */
 void dfl_w_ignore(dfl_weights *w, const char *suffix);
 /* Marks tensors whose name starts with prefix as used (another model's
