@@ -141,7 +141,7 @@ def text(bin_, model, *flags):
     return r.stdout
 
 
-def drafter_head(bin_, tmp, tg, tq, draft):
+def drafter_head(bin_, tg, tq, draft):
     """A quantized drafter beside a quantized target whose lm_head is 16-bit (dflash
     quantize keeps token_embd) drafts from its own copy of the head in its type; one
     beside a quantized head, or a 16-bit drafter, reads the target's. Output stays
@@ -179,7 +179,7 @@ def weight_types(bin_, tmp, tdir, draft):
     check(drafter_type(bin_, tq, draft, "--draft-dtype", "f32") == "f32", "--draft-dtype f32")
     check(drafter_type(bin_, tq, dq) == "q4_0", "a q4_0 drafter keeps its type beside a q8_0 target")
     check(drafter_type(bin_, tg, draft) == "bf16", "a bf16 drafter beside a bf16 target stays bf16")
-    drafter_head(bin_, tmp, tg, tq, draft)
+    drafter_head(bin_, tg, tq, draft)
 
 
 def main():
