@@ -345,32 +345,12 @@ static void gate_far(void) {
     dfl_gate_free(&g);
 }
 
-/* A fresh crowd measures classic steps first, so its first try of
- * speculation, far behind, has a rate to lose against and ends after
- * DFL_GATE_ABORT_S instead of running a whole window. */
-static void gate_fresh(void) {
-    double tok[2] = {4, 1}, sec[2] = {0.1, 0.25}, now = 0, spec_s = 0;
-    dfl_gate g;
-    dfl_gate_init(&g);
-    while (now < 2 * DFL_GATE_WINDOW_S + 0.5) {
-        int m = dfl_gate_open(&g, now, 4);
-        if (now < DFL_GATE_WINDOW_S && m) break;
-        now += sec[m], spec_s += m * sec[m];
-        dfl_gate_note(&g, 4, (int)tok[m]);
-    }
-    CHECK(now >= 2 * DFL_GATE_WINDOW_S + 0.5, "a fresh crowd's first window: classic steps");
-    CHECK(spec_s > 0 && spec_s <= DFL_GATE_ABORT_S + sec[1],
-          "... then a try of speculation, far behind, ends early: %.2f s of it", spec_s);
-    dfl_gate_free(&g);
-}
-
 static void gate(void) {
     dfl_gate g;
     dfl_gate_init(&g);
     double now = 0, share;
     CHECK(dfl_gate_open(&g, 0, 1), "one sequence alone is never gated");
-    CHECK(!dfl_gate_open(&g, 0, 4), "no evidence anywhere: classic steps are measured first");
-    CHECK(dfl_gate_open(&g, 0, 1), "... while one sequence alone still speculates");
+    CHECK(dfl_gate_open(&g, 0, 4), "no evidence anywhere: speculation is measured first");
     /* Four sequences; speculation measured behind (30 tok/s against 40): after
      * the first two windows classic holds, with a window given back to
      * speculation now and then, less often each time it loses again. */
@@ -431,7 +411,6 @@ static void gate(void) {
     dfl_gate_free(&g);
     gate_margin();
     gate_far();
-    gate_fresh();
 }
 
 /* In a crowd the table holds marginal costs (a step's row 10 ms, a round of
