@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/weights.h"
 #include "testutil.h"
 
 /* Qwen3-0.6B's config.json (trimmed), Llama-3.1-8B's, Qwen2.5-0.5B's. */
@@ -683,6 +684,30 @@ static void test_rope(void) {
     free(r.inv_freq);
 }
 
+/* A matrix another model bound (a drafter's copy of its target's small
+ * lm_head) converted by dfl_w_convert: new type and data, and no longer the
+ * f32 transpose of the old data, which dfl_matmul would read instead. */
+static void test_w_convert(void) {
+    enum { R = 4, C = 64 };
+    uint16_t src[R * C];
+    float row[C], back[C], panels[1] = {0};
+    for (int i = 0; i < R * C; i++) src[i] = dfl_f32_to_bf16(0.01f * (float)(i % 37) - 0.2f);
+    dfl_tensors ts = {.source = "test"};
+    dfl_weights w = {.ts = &ts, .convert = 1, .type = DFL_Q8_0};
+    dfl_mat m = {.type = DFL_BF16, .rows = R, .cols = C, .data = (const uint8_t *)src,
+                 .row_bytes = sizeof(uint16_t) * C, .wt = panels};
+    dfl_error err = {0};
+    CHECK(dfl_w_convert(&w, "head", &m, &err) == 0, "dfl_w_convert: %s", err.msg);
+    CHECK(m.type == DFL_Q8_0 && m.data != (const uint8_t *)src, "converted to q8_0, in a copy");
+    CHECK(m.wt == NULL, "the old data's f32 transpose is dropped");
+    dfl_dequant_row(DFL_BF16, (const uint8_t *)(src + C), row, C);
+    dfl_dequant_row(m.type, m.data + m.row_bytes, back, C);
+    float worst = 0;
+    for (int i = 0; i < C; i++) worst = fmaxf(worst, fabsf(back[i] - row[i]));
+    CHECK(worst < 0.01f, "row 1 round-trips through q8_0 (worst error %g)", worst);
+    dfl_weights_free_owned(w.owned);
+}
+
 int main(void) {
     test_hf_sliding();
     test_hf_valid();
@@ -693,5 +718,6 @@ int main(void) {
     test_gguf_meta();
     test_gguf_hybrid();
     test_rope();
+    test_w_convert();
     return test_summary();
 }

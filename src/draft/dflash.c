@@ -449,11 +449,8 @@ static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) 
      * rows are arithmetic-bound there, and the integer kernels do them 2-3x
      * faster. Drafts are only proposals, so the target's output is unchanged. */
     d->head = d->t->lm_head;
-    if (!rc && w.convert && w.type > DFL_BF16 && d->head.type <= DFL_BF16) {
-        d->head.wt = NULL;   /* the target's f32 transpose of a small head: dfl_matmul
-                                would read it instead of the copy */
+    if (!rc && w.convert && w.type > DFL_BF16 && d->head.type <= DFL_BF16)
         rc = dfl_w_convert(&w, "the target's lm_head", &d->head, err);
-    }
     if (!rc) rc = dfl_w_end(&w, err);
     d->owned = w.owned;
     return rc;

@@ -84,6 +84,8 @@ static int convert_mat(dfl_weights *w, const char *name, dfl_mat *m, dfl_error *
     m->type = w->type;
     m->data = dst;
     m->row_bytes = rb;
+    m->wt = NULL;   /* a transpose of the old data (its owner frees it): dfl_matmul
+                       would read it instead of the new */
     return 0;
 }
 
