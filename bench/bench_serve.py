@@ -18,8 +18,9 @@ time to first token p50 / p99, the server's peak RSS (VmHWM).
       [--warm-crowd K] [--out results.json]
 
 With --reps R every client count runs every server R times, the servers
-alternated within each rep; the table gives medians, the aggregate's range,
-and each server's aggregate over dflash classic's of the same rep.
+alternated within each rep (in reverse order on odd reps); the table gives
+medians, the aggregate's range, and each server's aggregate over dflash
+classic's of the same rep.
 
 The llama.cpp build is one made by hand from its public source; nothing of it
 is fetched, built or committed here. Prints a markdown table; --out keeps
@@ -213,10 +214,12 @@ def main():
     cfgs = [c for c in configs(a) if not a.only or a.only in c[0]]
     # Servers alternate within each rep and client count: on a shared machine
     # whose speed drifts by minutes, the ratios of neighbouring stages hold
-    # where stages run a config's whole sweep apart do not.
+    # where stages run a config's whole sweep apart do not. Odd reps run the
+    # servers in reverse order, so a drift that favours the first or the
+    # second stage of a rep cancels in the median over an even count of reps.
     for rep in range(a.reps):
         for n in clients:
-            for name, replay, cmd_of in cfgs:
+            for name, replay, cmd_of in (cfgs if rep % 2 == 0 else cfgs[::-1]):
                 port = free_port()
                 cmd = cmd_of(n, port)
                 srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
