@@ -345,6 +345,24 @@ static void gate_far(void) {
     dfl_gate_free(&g);
 }
 
+/* A window in which a prompt was prefilled measures its ticks after the
+ * prefill: a fresh crowd's first window, which opens with the prefills,
+ * counts, and its mode does not run a second one unmeasured. */
+static void gate_prefill_end(void) {
+    double tok[2] = {4, 10}, sec[2] = {0.1, 0.125}, now = 0;
+    dfl_gate g;
+    dfl_gate_init(&g);
+    dfl_gate_open(&g, now, 4);
+    dfl_gate_prefill(&g, now, 1);
+    gate_run(&g, &now, 0.2, 4, tok, sec, NULL);
+    dfl_gate_prefill(&g, now, -1);
+    gate_run(&g, &now, DFL_GATE_WINDOW_S - now + 0.01, 4, tok, sec, NULL);
+    CHECK(g.windows[1] == 1 && dfl_gate_rate(&g, 2, 1) > 0,
+          "the first window counts the %.2f s after its prefill: %llu windows, %.2f s measured",
+          DFL_GATE_WINDOW_S - 0.25, (unsigned long long)g.windows[1], g.sec[2][1]);
+    dfl_gate_free(&g);
+}
+
 static void gate(void) {
     dfl_gate g;
     dfl_gate_init(&g);
@@ -411,6 +429,7 @@ static void gate(void) {
     dfl_gate_free(&g);
     gate_margin();
     gate_far();
+    gate_prefill_end();
 }
 
 /* In a crowd the table holds marginal costs (a step's row 10 ms, a round of

@@ -449,10 +449,15 @@ void dfl_gate_note(dfl_gate *g, int active, int tokens) {
     pthread_mutex_unlock(&g->mu);
 }
 
+/* The span up to `now` closes (dropped if a prefill ran in it); the next is
+ * dropped only while one still runs. (It stayed dropped after the last
+ * prefill ended, until the window closed: a fresh crowd's first window, which
+ * opens with the prefills, then measured nothing, and its mode ran a second
+ * window unmeasured.) */
 void dfl_gate_prefill(dfl_gate *g, double now, int delta) {
     pthread_mutex_lock(&g->mu);
     span_close(g, now);
     g->prefill += delta;
-    g->span_dropped |= g->prefill > 0;
+    g->span_dropped = g->prefill > 0;
     pthread_mutex_unlock(&g->mu);
 }
