@@ -15,6 +15,7 @@
  * instead (test_hf_oracle.py: a Qwen3.5 hybrid, whose recurrent states roll
  * back through snapshots, or restart when a rollback reaches further). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,6 +146,7 @@ typedef struct job {
     int32_t prompt[16];
     int n_prompt, block, max_tokens;
     int32_t ids[MAXG];
+    int kind0; /* DFL_TOKEN_* of the first token */
     int n;
     dfl_stats st;
     int rc;
@@ -152,7 +154,8 @@ typedef struct job {
 
 static int on_tok(void *ud, const dfl_token_info *ti) {
     job *j = ud;
-    if (j->n < MAXG) j->ids[j->n++] = ti->id;
+    if (j->n == 0) j->kind0 = ti->kind;
+    if (j->n < MAXG) j->ids[j->n] = ti->id, __atomic_store_n(&j->n, j->n + 1, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -227,6 +230,27 @@ static void test_crowd(dfl_engine *e) {
     printf("crowd: %llu forwards shared\n", (unsigned long long)shared);
 }
 
+/* A fresh sequence that joins a running one, with no price for the crowd's
+ * rows yet (the gate has measured no crowd, the session no crowd's tick),
+ * takes a classic step first: judged as if alone by its start-up costs, its
+ * first rounds took blocks the crowd paid for. */
+static void test_join_classic(dfl_engine *e) {
+    job first = {.e = e, .block = 0, .n_prompt = 4, .max_tokens = 200};
+    job late = {.e = e, .block = 0, .n_prompt = 6, .max_tokens = 8};
+    for (int i = 0; i < 6; i++) first.prompt[i] = (int32_t)(11 + 7 * i), late.prompt[i] = 5 + 3 * i;
+    pthread_t th;
+    pthread_create(&th, NULL, gen, &first);
+    while (__atomic_load_n(&first.n, __ATOMIC_ACQUIRE) < 1 && !first.rc) sched_yield();
+    gen(&late);
+    int running = __atomic_load_n(&first.n, __ATOMIC_ACQUIRE) < 200;
+    pthread_join(th, NULL);
+    CHECK(first.rc == 0 && late.rc == 0 && late.n == 8, "join: rc %d / %d, %d tokens", first.rc,
+          late.rc, late.n);
+    CHECK(!running || late.kind0 == DFL_TOKEN_CLASSIC,
+          "a sequence joining a crowd with no price drafted first (token kind %d)", late.kind0);
+    CHECK(late.st.shared_forwards > 0, "join: the late sequence shared no forward");
+}
+
 static void run_pair(const char *model, const char *draft, const char *name, int n_dtypes) {
     static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
     if (small()) n_dtypes = 1;
@@ -246,6 +270,7 @@ static void run_pair(const char *model, const char *draft, const char *name, int
         if (rc) continue;
         printf("%s, %s\n", name, dtypes[d]);
         test_seam(e, dtypes[d]);
+        if (d == 0) test_join_classic(e);
         if (d != 1) test_crowd(e);
         if (d == 0) test_spec_exact(e);
         dfl_engine_free(e);

@@ -581,9 +581,14 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (r.stop) break;
         int active = r.spec ? dfl_target_active(q->t) : 1, gen0 = r.gen;
         r.crowded = active > 1;
-        r.gated = r.spec && o->gate && o->block == 0 && o->tree_budget <= 0 &&
-                  !dfl_gate_open(o->gate, dfl_now(), active);
+        int adaptive = r.spec && o->block == 0 && o->tree_budget <= 0;
+        r.gated = adaptive && o->gate && !dfl_gate_open(o->gate, dfl_now(), active);
         double price = active > 1 ? crowd_price(&r, active) : 0;
+        /* Beside others with no price yet (a slot's first ticks in a fresh
+         * crowd), a classic step first: it measures the crowd's rate, so the
+         * rounds after it are priced at that instead of judged as if alone
+         * by start-up costs, which chose blocks the crowd paid for. */
+        if (adaptive && active > 1 && !(price > 0)) r.gated = 1;
         for (int l = 0; l < DFL_LANES; l++) pol[l].crowd_rate = price;
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
