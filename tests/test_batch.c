@@ -230,6 +230,51 @@ static void test_crowd(dfl_engine *e) {
     printf("crowd: %llu forwards shared\n", (unsigned long long)shared);
 }
 
+/* A forward tells each call how many rows and sequences of others it
+ * carried: the loop prices the crowd only from ticks whose others each
+ * stepped one row, since a prefill chunk's rows are not tokens. */
+typedef struct call {
+    dfl_target *t;
+    dfl_fwd f;
+    int32_t tok[8];
+    float *logits;
+} call;
+
+static void *call_run(void *arg) {
+    call *c = arg;
+    dfl_error err = {0};
+    c->f.tok = c->tok, c->f.logits = c->logits;
+    dfl_target_forward_ex(c->t, &c->f, &err);
+    return NULL;
+}
+
+static void test_counts(dfl_engine *e) {
+    dfl_target *t = e->t;
+    int m = t->max_rows < 8 ? t->max_rows : 8, shared = 0;
+    call c[2] = {{.t = t, .f.n = 1}, {.t = t, .f.n = m}};
+    for (int i = 0; i < 2; i++) {
+        c[i].logits = malloc((size_t)m * t->c.vocab * sizeof(float));
+        for (int k = 0; k < 8; k++) c[i].tok[k] = (int32_t)(3 + 5 * k + i);
+    }
+    for (int tries = 0; tries < 20 && !shared; tries++) {
+        pthread_t th[2];
+        dfl_target_join(t), dfl_target_join(t);
+        for (int i = 0; i < 2; i++) {
+            c[i].f.kv = dfl_kv_new(t, CTX);
+            pthread_create(&th[i], NULL, call_run, &c[i]);
+        }
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL), dfl_kv_free(c[i].f.kv);
+        dfl_target_leave(t), dfl_target_leave(t);
+        shared = c[0].f.others > 0;
+    }
+    CHECK(shared, "two joined calls never shared a forward");
+    CHECK(!shared || (c[0].f.others == m && c[0].f.other_seqs == 1 && c[1].f.others == 1 &&
+                      c[1].f.other_seqs == 1),
+          "counts of a shared forward: %d rows of %d sequences / %d rows of %d (want %d/1, 1/1)",
+          c[0].f.others, c[0].f.other_seqs, c[1].f.others, c[1].f.other_seqs, m);
+    for (int i = 0; i < 2; i++) free(c[i].logits);
+}
+
 /* A fresh sequence that joins a running one, with no price for the crowd's
  * rows yet (the gate has measured no crowd, the session no crowd's tick),
  * takes a classic step first: judged as if alone by its start-up costs, its
@@ -270,7 +315,7 @@ static void run_pair(const char *model, const char *draft, const char *name, int
         if (rc) continue;
         printf("%s, %s\n", name, dtypes[d]);
         test_seam(e, dtypes[d]);
-        if (d == 0) test_join_classic(e);
+        if (d == 0) test_join_classic(e), test_counts(e);
         if (d != 1) test_crowd(e);
         if (d == 0) test_spec_exact(e);
         dfl_engine_free(e);

@@ -223,6 +223,7 @@ static double run(dfl_target *t, waiter **ws, int k, int *rows) {
     dfl_ticket_unlock(&t->lock);
     for (int i = 0; i < k; i++) {
         ws[i]->f->others = *rows - f[i].n;
+        ws[i]->f->other_seqs = k - 1;
         ws[i]->f->seconds = dt;
     }
     return dt;
@@ -309,6 +310,7 @@ int dfl_target_forward_ex(dfl_target *t, dfl_fwd *f, dfl_error *err) {
         ch.feat = f->n_cap ? f->feat + (size_t)a * f->n_cap * t->c.dim : NULL;
         submit(t, &ch);
         f->others = ch.others;
+        f->other_seqs = ch.other_seqs;
         f->seconds = ch.seconds;
     }
     return 0;

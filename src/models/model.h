@@ -253,6 +253,7 @@ typedef struct dfl_fwd {
     const int *parent;    /* (n) parent tags, parent[i] < i; NULL: a chain */
     /* filled by the forward */
     int others;           /* rows of other sequences that shared the call */
+    int other_seqs;       /* ... and how many sequences they came from */
     double seconds;       /* the call's time */
 } dfl_fwd;
 
