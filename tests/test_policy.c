@@ -697,8 +697,28 @@ int main(void) {
      * max block 4 the probe is 4 wide. */
     dfl_policy_init(&p, &c, 4);
     CHECK(dfl_policy_choose(&p, 0) == 4 && p.probing, "the first round is a probe of 4");
+    /* A fresh policy's first probes that accept nothing keep the interval
+     * while the drafts seen weigh less than the prior: one bad draw of a
+     * good pair must not put its probes a request's length off. */
+    dfl_policy_init(&p, &c, 8);
+    int fresh[3], nf = 0;
+    since = 0;
+    for (int step = 0; step < 2000 && nf < 3; step++) {
+        if (dfl_policy_choose(&p, 0) > 1) {
+            if (step) fresh[nf++] = since;
+            since = 0;
+            dfl_policy_observe(&p, p.probe_block, 0);
+        } else {
+            dfl_policy_classic_step(&p), since++;
+        }
+    }
+    CHECK(nf == 3 && fresh[0] == DFL_REPROBE_MIN && fresh[1] == DFL_REPROBE_MIN &&
+              fresh[2] == DFL_REPROBE_MIN,
+          "a fresh policy's failed probes: gaps %d %d %d, want %d while evidence is thin",
+          fresh[0], fresh[1], fresh[2], DFL_REPROBE_MIN);
     /* A probe that accepts something and still loses doubles the interval. */
     dfl_policy_init(&p, &c, 8);
+    feed(&p, 8, 0.1, 50);
     p.reprobe_every = 64, p.probing = 1;
     dfl_policy_observe(&p, 8, 1);
     CHECK(dfl_policy_choose(&p, 0) == 1 && p.reprobe_every == 128, "partial probe: interval %d",
