@@ -101,7 +101,7 @@ void dfl_policy_observe(dfl_policy *p, int B, int accepted) {
      * times when it accepted nothing at all, twice otherwise): on a pair
      * that cannot win, probes then cost a vanishing share. Not while the
      * drafts seen weigh less than the prior they are shrunk towards: at tau
-     * 6.5 (87% a draft) one probe in eight accepts nothing, and two such
+     * 6.5 (86% a draft) about one probe in seven accepts nothing, and two such
      * first probes had put the next 256 steps off, a whole request's (two
      * clients, Zen 4: that slot ran 27 tok/s beside its neighbour's 55-95). */
     if (p->probing) {
