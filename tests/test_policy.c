@@ -84,6 +84,21 @@ static double sim_mean(const dfl_costs *c, int block, double a, int n) {
  * tokens the adaptive policy must come within 8% of the best pinned block
  * (chosen with hindsight) at every acceptance, and never fall below 0.97x
  * classic where speculation cannot win. */
+/* Runs p's rounds, every probe accepting nothing, until n probes or `steps`
+ * rounds; gaps[i]: the classic steps before probe i. Returns the probes. */
+static int probe_gaps(dfl_policy *p, int *gaps, int n, int steps) {
+    int ng = 0, since = 0;
+    for (int step = 0; step < steps && ng < n; step++) {
+        if (dfl_policy_choose(p, 0) > 1) {
+            gaps[ng++] = since, since = 0;
+            dfl_policy_observe(p, p->probe_block, 0);
+        } else {
+            dfl_policy_classic_step(p), since++;
+        }
+    }
+    return ng;
+}
+
 static void closed_loop(void) {
     dfl_costs c;
     dfl_costs_init(&c, 16);
@@ -356,10 +371,11 @@ static void gate_prefill_end(void) {
     dfl_gate_prefill(&g, now, 1);
     gate_run(&g, &now, 0.2, 4, tok, sec, NULL);
     dfl_gate_prefill(&g, now, -1);
-    gate_run(&g, &now, DFL_GATE_WINDOW_S - now + 0.01, 4, tok, sec, NULL);
+    double after = DFL_GATE_WINDOW_S - now + 0.01;
+    gate_run(&g, &now, after, 4, tok, sec, NULL);
     CHECK(g.windows[1] == 1 && dfl_gate_rate(&g, 2, 1) > 0,
           "the first window counts the %.2f s after its prefill: %llu windows, %.2f s measured",
-          DFL_GATE_WINDOW_S - 0.25, (unsigned long long)g.windows[1], g.sec[2][1]);
+          after, (unsigned long long)g.windows[1], g.sec[2][1]);
     dfl_gate_free(&g);
 }
 
@@ -678,15 +694,7 @@ int main(void) {
     dfl_policy_observe(&p, 8, 0);
     CHECK(dfl_policy_choose(&p, 0) == 1, "after the probe, back to classic");
     /* Failed probes back off: each is twice as far off as the last, up to a bound. */
-    int gaps[12], ng = 0, since = 0;
-    for (int step = 0; step < 6000 && ng < 12; step++) {
-        if (dfl_policy_choose(&p, 0) > 1) {
-            gaps[ng++] = since, since = 0;
-            dfl_policy_observe(&p, p.probe_block, 0);
-        } else {
-            dfl_policy_classic_step(&p), since++;
-        }
-    }
+    int gaps[12], ng = probe_gaps(&p, gaps, 12, 6000);
     /* Probes that accept nothing put the next one four times as far off. */
     CHECK(ng >= 5 && gaps[0] == 4 * DFL_REPROBE_MIN, "first backed-off gap %d", gaps[0]);
     for (int i = 1; i < ng; i++) {
@@ -701,21 +709,11 @@ int main(void) {
      * while the drafts seen weigh less than the prior: one bad draw of a
      * good pair must not put its probes a request's length off. */
     dfl_policy_init(&p, &c, 8);
-    int fresh[3], nf = 0;
-    since = 0;
-    for (int step = 0; step < 2000 && nf < 3; step++) {
-        if (dfl_policy_choose(&p, 0) > 1) {
-            if (step) fresh[nf++] = since;
-            since = 0;
-            dfl_policy_observe(&p, p.probe_block, 0);
-        } else {
-            dfl_policy_classic_step(&p), since++;
-        }
-    }
-    CHECK(nf == 3 && fresh[0] == DFL_REPROBE_MIN && fresh[1] == DFL_REPROBE_MIN &&
-              fresh[2] == DFL_REPROBE_MIN,
-          "a fresh policy's failed probes: gaps %d %d %d, want %d while evidence is thin",
-          fresh[0], fresh[1], fresh[2], DFL_REPROBE_MIN);
+    int fresh[4], nf = probe_gaps(&p, fresh, 4, 2000);
+    CHECK(nf == 4 && fresh[0] == 0 && fresh[1] == DFL_REPROBE_MIN &&
+              fresh[2] == DFL_REPROBE_MIN && fresh[3] == DFL_REPROBE_MIN,
+          "a fresh policy's failed probes: gaps %d %d %d %d, want 0 then %d while evidence is "
+          "thin", fresh[0], fresh[1], fresh[2], fresh[3], DFL_REPROBE_MIN);
     /* A probe that accepts something and still loses doubles the interval. */
     dfl_policy_init(&p, &c, 8);
     feed(&p, 8, 0.1, 50);
