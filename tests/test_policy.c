@@ -508,6 +508,17 @@ static void crowd_price(void) {
     p.crowd_rate = price;
     CHECK(dfl_policy_choose(&p, 0) > 1, "priced at the crowd's tokens per second: speculate");
     dfl_gate_free(&g);
+    /* Speculation measured behind classic steps: a second is worth what
+     * classic steps made, and its rounds are not cheap because it lost. */
+    dfl_gate_init(&g);
+    double lose[2] = {0.026, 0.2};   /* classic 154 tok/s, speculation 105 */
+    now = 0;
+    gate_run(&g, &now, 30, 4, tok, lose, NULL);
+    price = dfl_gate_price(&g, 4);
+    CHECK(dfl_gate_rate(&g, 2, 1) > 0 && fabs(price - 4 / 0.026) < 1,
+          "speculation behind: the price is classic steps' %.1f tok/s, not %.1f", 4 / 0.026,
+          dfl_gate_rate(&g, 2, 1));
+    dfl_gate_free(&g);
 }
 
 /* ---- lanes: the per-round choice among drafter, n-gram and MTP ------------- */

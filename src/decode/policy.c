@@ -340,9 +340,9 @@ double dfl_gate_rate(const dfl_gate *g, int c, int m) {
 double dfl_gate_price(dfl_gate *g, int active) {
     if (active < 2) return 0;
     pthread_mutex_lock(&g->mu);
-    double r = dfl_gate_rate(g, crowd(active), 1);
+    double r1 = dfl_gate_rate(g, crowd(active), 1), r0 = dfl_gate_rate(g, crowd(active), 0);
     pthread_mutex_unlock(&g->mu);
-    return r;
+    return r1 > 0 && r0 > r1 ? r0 : r1;
 }
 
 /* Whether crowd c measured speculation ahead: by DFL_GATE_MARGIN, since the

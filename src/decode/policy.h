@@ -240,7 +240,11 @@ double dfl_gate_rate(const dfl_gate *g, int c, int m);
  * commit less than a token each, and at rows per second a slot among
  * speculating ones saw its own drafts as not worth their rows, stayed on
  * classic steps, and ran at a third of the others' speed (4 clients, tau
- * 6.5: 20.9 tok/s against 53-68), so the crowd ended with it alone. */
+ * 6.5: 20.9 tok/s against 53-68), so the crowd ended with it alone. Where
+ * classic steps measured more, their rate: the crowd can always have it.
+ * (Priced at a losing speculation's own rate, 70 tok/s against classic's
+ * 150 at four clients, a try's rounds looked cheap, and the slots verified
+ * blocks of 5 that lost again: a Zen 4 trace.) */
 double dfl_gate_price(dfl_gate *g, int active);
 
 #endif
