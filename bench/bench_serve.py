@@ -9,7 +9,10 @@ a warm-up pass (every prompt once, one at a time: for the replay servers
 this records each prompt's greedy answer, which later requests replay);
 with --warm-crowd K, N clients each send K requests, unmeasured; then N
 clients each send REQS streaming requests back to back. Reported:
-aggregate tok/s (all completion tokens / wall time), per-request decode
+aggregate tok/s (all completion tokens / wall time), the same while all
+N clients are busy (tokens streamed until the first client's last token,
+counted by each request's share of streamed chunks, over that time: the
+tail in which fewer than N clients remain is left out), per-request decode
 tok/s (tokens after the first / time after the first; median and range),
 time to first token p50 / p99, the server's peak RSS (VmHWM).
 
@@ -109,20 +112,28 @@ async def one(client, model, prompt, max_tokens):
     stream = await client.completions.create(
         model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    usage = None
+    usage, stamps = None, []
     async for ch in stream:
         if ch.usage:
             usage = ch.usage.completion_tokens
         for c in ch.choices:
             if c.text:
                 n += 1
+                stamps.append(time.perf_counter())
                 if first is None:
-                    first = time.perf_counter()
+                    first = stamps[-1]
     t1 = time.perf_counter()
     tokens = usage or n
     first = first or t1
-    return {"ttft": first - t0, "tokens": tokens,
+    return {"ttft": first - t0, "tokens": tokens, "end": t1, "stamps": stamps,
             "decode_tps": (tokens - 1) / (t1 - first) if tokens > 1 and t1 > first else 0.0}
+
+
+def busy_tokens(rs, end):
+    """Tokens streamed by `end`: each request's tokens by the share of its
+    streamed chunks that came by then."""
+    return sum(r["tokens"] * sum(t <= end for t in r["stamps"]) / len(r["stamps"])
+               for r in rs if r["stamps"])
 
 
 async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd=0):
@@ -144,12 +155,20 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd
     if warm_crowd:
         await asyncio.gather(*(worker(k, warm_crowd) for k in range(n_clients)))
     t0 = time.perf_counter()
-    rs = [r for rows in await asyncio.gather(*(worker(k) for k in range(n_clients))) for r in rows]
+    per_client = await asyncio.gather(*(worker(k) for k in range(n_clients)))
     wall = time.perf_counter() - t0
     await client.close()
+    rs = [r for rows in per_client for r in rows]
+    # While every client is busy: up to the first client's last token. A
+    # server whose requests run at uneven speeds ends its stage with fewer
+    # clients than N, and the aggregate to the last token counts that tail.
+    busy_end = min(rows[-1]["end"] for rows in per_client)
+    busy = busy_tokens(rs, busy_end) / (busy_end - t0)
+    for r in rs:
+        del r["stamps"], r["end"]
     ttft = sorted(r["ttft"] for r in rs)
     tps = [r["decode_tps"] for r in rs]
-    return {"aggregate_tps": sum(r["tokens"] for r in rs) / wall,
+    return {"aggregate_tps": sum(r["tokens"] for r in rs) / wall, "busy_tps": busy,
             "request_tps_median": statistics.median(tps), "request_tps_min": min(tps),
             "request_tps_max": max(tps),
             "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2],
@@ -232,6 +251,7 @@ def main():
                          cmd=" ".join(cmd))
                 runs.append(r)
                 print(f"{name:24s} N={n} rep {rep}: {r['aggregate_tps']:.1f} tok/s aggregate, "
+                      f"{r['busy_tps']:.1f} all busy, "
                       f"{r['request_tps_median']:.1f} per request, TTFT p50 "
                       f"{r['ttft_p50_ms']:.0f} ms, RSS {r['peak_rss_mb']:.0f} MB", file=sys.stderr)
                 results = summary(runs)
@@ -255,35 +275,40 @@ def summary(runs):
     for name, n in keys:
         rs = [r for r in runs if r["server"] == name and r["clients"] == n]
         m = {k: statistics.median(r[k] for r in rs) for k in
-             ("aggregate_tps", "request_tps_median", "request_tps_min", "request_tps_max",
-              "ttft_p50_ms", "ttft_p99_ms", "peak_rss_mb")}
+             ("aggregate_tps", "busy_tps", "request_tps_median", "request_tps_min",
+              "request_tps_max", "ttft_p50_ms", "ttft_p99_ms", "peak_rss_mb")}
         agg = [r["aggregate_tps"] for r in rs]
-        ratios = []
-        for r in rs:
-            base = [b for b in runs if b["server"] == "dflash classic" and b["clients"] == n
-                    and b["rep"] == r["rep"]]
-            if base:
-                ratios.append(r["aggregate_tps"] / base[0]["aggregate_tps"])
         m.update(server=name, clients=n, reps=len(rs), aggregate_min=min(agg),
-                 aggregate_max=max(agg),
-                 x_classic=statistics.median(ratios) if ratios else None,
-                 x_classic_min=min(ratios) if ratios else None,
-                 x_classic_max=max(ratios) if ratios else None, cmd=rs[0]["cmd"])
+                 aggregate_max=max(agg), cmd=rs[0]["cmd"])
+        for key, col in (("aggregate_tps", "x_classic"), ("busy_tps", "x_classic_busy")):
+            ratios = []
+            for r in rs:
+                base = [b for b in runs if b["server"] == "dflash classic" and b["clients"] == n
+                        and b["rep"] == r["rep"]]
+                if base:
+                    ratios.append(r[key] / base[0][key])
+            m.update({col: statistics.median(ratios) if ratios else None,
+                      col + "_min": min(ratios) if ratios else None,
+                      col + "_max": max(ratios) if ratios else None})
         out.append(m)
     return out
 
 
 def table(results):
     print("| server | clients | aggregate tok/s (min-max) | x 1 client | x classic (min-max) "
+          "| all busy: tok/s, x classic (min-max) "
           "| per-request tok/s | TTFT p50 / p99 ms | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def ratio(r, col):
+        return (f"{r[col]:.2f} ({r[col + '_min']:.2f}-{r[col + '_max']:.2f})"
+                if r[col] is not None else "")
     for r in results:
         one_c = next((x for x in results if x["server"] == r["server"] and x["clients"] == 1), r)
-        xc = (f"{r['x_classic']:.2f} ({r['x_classic_min']:.2f}-{r['x_classic_max']:.2f})"
-              if r["x_classic"] is not None else "")
         print(f"| {r['server']} | {r['clients']} | {r['aggregate_tps']:.1f} "
               f"({r['aggregate_min']:.1f}-{r['aggregate_max']:.1f}) | "
-              f"{r['aggregate_tps'] / one_c['aggregate_tps']:.2f} | {xc} | "
+              f"{r['aggregate_tps'] / one_c['aggregate_tps']:.2f} | {ratio(r, 'x_classic')} | "
+              f"{r['busy_tps']:.1f}, {ratio(r, 'x_classic_busy')} | "
               f"{r['request_tps_median']:.1f} | "
               f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['peak_rss_mb']:.0f} |")
 
