@@ -194,16 +194,26 @@ void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
 
 /* ---- lanes ------------------------------------------------------------------- */
 
+/* Whether rounds of B were timed at some depth: a guess from a classic
+ * step's time is no cost to rank lanes by. A lane never chosen keeps its
+ * guess, and one taken under a load spike (a CI run's parallel tests) left
+ * the MTP lane out of every pinned round after the drafter's first. */
+static int measured(const dfl_costs *cs, int B) {
+    for (int j = 0; j < DFL_COST_DEPTHS; j++)
+        if (B <= cs->max_block && load(&cs->t_round[j][B]) > 0) return 1;
+    return 0;
+}
+
 /* A pinned block of B: the n-gram lane when its lookup found a match, else
  * the model lane (drafter or MTP head) whose own acceptance promises more
  * tokens in B, per second when every offering model lane's cost of B is
- * known; ties go to the drafter. 1 when no lane offers. */
+ * measured; ties go to the drafter. 1 when no lane offers. */
 static int pin_lane(const dfl_policy *pol, const int *offer, int B, int ctx, int *lane) {
     int m[2] = {DFL_LANE_DRAFTER, DFL_LANE_MTP}, by_rate = 1, best = -1;
     double bid[2] = {0, 0};
     if (offer[DFL_LANE_NGRAM] > 0) return *lane = DFL_LANE_NGRAM, B;
     for (int i = 0; i < 2; i++)
-        if (offer[m[i]] > 0 && !(dfl_policy_rate(&pol[m[i]], B, ctx) > 0)) by_rate = 0;
+        if (offer[m[i]] > 0 && !measured(pol[m[i]].costs, B)) by_rate = 0;
     for (int i = 0; i < 2; i++) {
         if (offer[m[i]] < 1) continue;
         bid[i] = by_rate ? dfl_policy_rate(&pol[m[i]], B, ctx) : dfl_policy_expected(&pol[m[i]], B);
