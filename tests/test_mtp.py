@@ -373,7 +373,12 @@ def check_two_lanes(binary, d, name, head_right=False):
 
 def check_serve_lanes(binary, d, dd, name):
     """`dflash serve --draft D --draft-mtp`: the response names the mtp lane, /metrics
-    counts it; the text equals a classic request's."""
+    counts it; the text equals a classic request's. Which lane drafts is not asked: on
+    this random pair both lanes reject every draft, so once their costs are measured the
+    cheaper lane drafts, and that depends on the machine's timings (a fresh-clone CI run
+    under ctest's parallel load gave the drafter all 23 rounds; alone the head got 6 of
+    23). The choice itself is checked with a head that is always right (mtp_leads) and
+    in test_policy's lanes checks."""
     import urllib.request
     with serving(binary, d, ["--draft", dd, "--draft-mtp"],
                  f"{name}: serve with both lanes") as url:
@@ -384,7 +389,10 @@ def check_serve_lanes(binary, d, dd, name):
         ln = r.get("dflash", {}).get("lanes", {})
         check(r["choices"][0]["text"] == classic["choices"][0]["text"],
               f"{name}: serve with both lanes: text differs from classic")
-        check("mtp" in ln and ln["mtp"]["rounds"] > 0, f"{name}: serve dflash.lanes {ln}")
+        check("mtp" in ln and "drafter" in ln and
+              ln["mtp"]["rounds"] + ln["drafter"]["rounds"] == r["dflash"].get("rounds") > 0,
+              f"{name}: serve dflash.lanes {ln} do not add up to the {r['dflash'].get('rounds')} "
+              "rounds")
         with urllib.request.urlopen(url + "/metrics", timeout=30) as m:
             metrics = m.read().decode()
         got = re.search(r'dflash_lane_rounds_total\{lane="mtp"\} (\d+)', metrics)
