@@ -79,11 +79,6 @@ static double sim_mean(const dfl_costs *c, int block, double a, int n) {
     return s / 64;
 }
 
-/* Round costs shaped like the measured Qwen3-1.7B Q8_0 pair: a verify row
- * costs a fifth of a step, the drafter a little over half a step. Over 512
- * tokens the adaptive policy must come within 8% of the best pinned block
- * (chosen with hindsight) at every acceptance, and never fall below 0.97x
- * classic where speculation cannot win. */
 /* Runs p's rounds, every probe accepting nothing, until n probes or `steps`
  * rounds; gaps[i]: the classic steps before probe i. Returns the probes. */
 static int probe_gaps(dfl_policy *p, int *gaps, int n, int steps) {
@@ -99,6 +94,11 @@ static int probe_gaps(dfl_policy *p, int *gaps, int n, int steps) {
     return ng;
 }
 
+/* Round costs shaped like the measured Qwen3-1.7B Q8_0 pair: a verify row
+ * costs a fifth of a step, the drafter a little over half a step. Over 512
+ * tokens the adaptive policy must come within 8% of the best pinned block
+ * (chosen with hindsight) at every acceptance, and never fall below 0.97x
+ * classic where speculation cannot win. */
 static void closed_loop(void) {
     dfl_costs c;
     dfl_costs_init(&c, 16);

@@ -199,8 +199,9 @@ void dfl_policy_resume(dfl_policy *p, const dfl_policy *prev) {
  * guess, and one taken under a load spike (a CI run's parallel tests) left
  * the MTP lane out of every pinned round after the drafter's first. */
 static int measured(const dfl_costs *cs, int B) {
+    if (B > cs->max_block) return 0;
     for (int j = 0; j < DFL_COST_DEPTHS; j++)
-        if (B <= cs->max_block && load(&cs->t_round[j][B]) > 0) return 1;
+        if (load(&cs->t_round[j][B]) > 0) return 1;
     return 0;
 }
 
