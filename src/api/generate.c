@@ -268,13 +268,14 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
         o.carry_tree = &carry_tree;
     }
     rc = dfl_spec_generate(&q, &o, prompt, n_prompt, cb, ud, st, err);
-    if (carried) {   /* (a pinned block's copies are unchanged: written back, they undid
-                        what the adaptive requests beside it learned meanwhile) */
+    if (carried) {   /* (a pinned block's or tree budget's copies are unchanged: written
+                        back, they undid what the adaptive requests beside it learned
+                        meanwhile; the loop updates them under these same conditions) */
         pthread_mutex_lock(&e->mu);
         if (carry.max_block && block == 0) *kept = carry;
         if (carry_ng.max_block && block == 0) e->carry_ngram = carry_ng;
         if (carry_mtp.max_block && block == 0) e->carry_mtp = carry_mtp;
-        if (carry_tree.max_budget) e->carry_tree = carry_tree;
+        if (carry_tree.max_budget && o.tree_budget < 0) e->carry_tree = carry_tree;
         pthread_mutex_unlock(&e->mu);
     }
     st->accept_rule = smp && smp->temperature > 0 ? p->spec_accept : DFL_ACCEPT_EXACT;
