@@ -486,6 +486,40 @@ static void crowd(void) {
     CHECK(dfl_policy_choose(&p, 0) == 1, "two in the crowd, acceptance 0.5: classic");
 }
 
+/* A crowd's table holds marginal shares, a table alone whole round times;
+ * where the crowd has measured only its step, a size costs that step plus
+ * what the round adds to a step alone, not the step extended flat. */
+static void crowd_table(void) {
+    dfl_costs alone, crowd;
+    dfl_policy p;
+    table(&alone, 8, 0.020, 0.002);   /* a step 20 ms alone; B = 4: 26 ms */
+    dfl_costs_init(&crowd, 8);
+    crowd.t_round[0][1] = 0.002;       /* a step's share among others: 2 ms */
+    dfl_policy_init(&p, &crowd, 8);
+    feed(&p, 8, 0.9, 2000);
+    p.crowd_rate = 100;
+    double e4 = dfl_policy_expected(&p, 4);
+    CHECK(fabs(dfl_policy_rate(&p, 4, 0) - e4 / 0.002) < 1e-6,
+          "with no table alone, one measured size extends flat (as it always did alone)");
+    p.alone = &alone;
+    CHECK(fabs(dfl_policy_rate(&p, 4, 0) - e4 / 0.008) < 1e-6,
+          "crowd, B = 4 unmeasured: the step's 2 ms + 6 ms added alone, rate %g want %g",
+          dfl_policy_rate(&p, 4, 0), e4 / 0.008);
+    CHECK(fabs(dfl_policy_rate(&p, 1, 0) - 1 / 0.002) < 1e-6, "the step is the crowd's own");
+    crowd.t_round[0][8] = 0.030;       /* a probe of 8 measured in the crowd */
+    CHECK(fabs(dfl_policy_rate(&p, 4, 0) - e4 / (0.002 + 0.028 * 3 / 7)) < 1e-6,
+          "once the crowd measured 8, B = 4 interpolates the crowd's own table");
+    dfl_costs wide;                    /* a block of 5 timed in a worse tick than 8 */
+    dfl_costs_init(&wide, 16);
+    wide.t_round[0][1] = 0.002, wide.t_round[0][5] = 0.036, wide.t_round[0][8] = 0.030;
+    CHECK(dfl_costs_get(&wide, 16, 0) == 0.030 && dfl_costs_get(&wide, 12, 0) == 0.030,
+          "past the largest measured size a falling slope extends flat: 16 costs %g, not less "
+          "than 8's 0.030", dfl_costs_get(&wide, 16, 0));
+    crowd.t_round[0][1] = 0;
+    CHECK(dfl_policy_rate(&p, 1, 0) == 0 && dfl_policy_choose(&p, 0) == 1,
+          "no step measured in the crowd: classic, to measure one");
+}
+
 /* Among sequences that speculate, a row's time is priced at the tokens per
  * second the gate measured of the crowd, not at the rows per second of the
  * forward: four slots verifying 8 rows in 70 ms ticks run 457 rows/s but
@@ -670,6 +704,7 @@ static void lane_feat(void) {
 int main(void) {
     crowd();
     crowd_price();
+    crowd_table();
     lanes();
     lane_feat();
     gate();

@@ -331,7 +331,11 @@ static void test_gated(const int32_t *prompt, int n, int can_skip) {
     dfl_gate_init(&g);
     g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
     g.every[0] = DFL_GATE_EXPLORE_MAX;
-    dfl_loop_opts opt = {.block = 0, .max_tokens = 80, .gate = &g};
+    dfl_costs alone, crowd[DFL_LANES];
+    dfl_costs_init(&alone, 16);
+    for (int l = 0; l < DFL_LANES; l++) dfl_costs_init(&crowd[l], 16);
+    dfl_loop_opts opt = {.block = 0, .max_tokens = 80, .gate = &g, .costs = &alone,
+                         .crowd_costs = crowd};
     sink s = {0};
     dfl_stats st = {0};
     dfl_error err = {0};
@@ -346,6 +350,10 @@ static void test_gated(const int32_t *prompt, int n, int can_skip) {
     CHECK(st.rounds == 0 && o.calls == 0, "%s: %d rounds drafted", what, (int)st.rounds);
     CHECK(o.len == kv->len && o.bad == 0, "%s: proposer %d, kv %d, %d bookkeeping failures",
           what, o.len, kv->len, o.bad);
+    /* the crowd's steps cost their share of a shared forward: its own table */
+    CHECK(crowd[DFL_LANE_DRAFTER].t_round[0][1] > 0 && !(alone.t_round[0][1] > 0),
+          "%s: crowd step %g s, alone %g s (want the crowd's table only)", what,
+          crowd[DFL_LANE_DRAFTER].t_round[0][1], alone.t_round[0][1]);
     CHECK(can_skip ? o.skipped > 0 && o.fed + o.skipped == kv->len : o.skipped == 0,
           "%s: %d positions fed, %d skipped, of %d", what, o.fed, o.skipped, kv->len);
     /* alone: the next turn drafts over the holes */
@@ -357,6 +365,7 @@ static void test_gated(const int32_t *prompt, int n, int can_skip) {
     for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + 80 + i];
     CHECK(same && st.rounds > 0, "%s, then alone: ids differ or no rounds (%d; %s)", what,
           (int)st.rounds, err.msg);
+    CHECK(alone.t_round[0][1] > 0, "%s, then alone: no step timed in the table alone", what);
     CHECK(o.len == kv->len && o.bad == 0, "%s, then alone: proposer %d, kv %d", what, o.len,
           kv->len);
     dfl_gate_free(&g);

@@ -30,6 +30,8 @@ struct dfl_engine {
     dfl_costs costs_ngram;   /* the same for the n-gram lane's rounds (no drafter pass) */
     dfl_costs costs_mtp;     /* the same for the MTP lane's rounds */
     dfl_costs costs_tree;    /* measured draft tree rounds by rows (nodes + 1) */
+    dfl_costs crowd_costs[DFL_LANES]; /* the lanes' rounds among other sequences' rows
+                                (dfl_loop_opts.crowd_costs) */
     dfl_gate gate;           /* speculation allowed in a crowd only while it measures ahead */
     int max_tree;            /* nodes a session's draft tree may have (0: no trees) */
     dfl_policy carry;        /* greedy requests' acceptance evidence, handed from one

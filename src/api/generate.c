@@ -234,6 +234,8 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
     if (!e->costs_ngram.max_block) dfl_costs_init(&e->costs_ngram, e->max_block);
     if (!e->costs_mtp.max_block) dfl_costs_init(&e->costs_mtp, e->max_block);
     if (!e->costs_tree.max_block) dfl_costs_init(&e->costs_tree, DFL_MAX_TREE + 1);
+    for (int l = 0; l < DFL_LANES; l++)
+        if (!e->crowd_costs[l].max_block) dfl_costs_init(&e->crowd_costs[l], e->max_block);
     /* adaptive: round costs measured once per engine before the first round */
     if (block == 0 && (q.pr || q.ng || q.mt)) rc = dfl_spec_calibrate(e, 0, err);
     pthread_mutex_unlock(&e->mu);
@@ -248,7 +250,7 @@ int dfl_generate(dfl_session *s, const int32_t *prompt, int n_prompt, const dfl_
                        .costs_ngram = &e->costs_ngram, .costs_mtp = &e->costs_mtp,
                        .exact = st->exact_checked == 1 ? e->probe_state : NULL,
                        .tree_budget = path ? 0 : p->tree_budget, .costs_tree = &e->costs_tree,
-                       .gate = &e->gate};
+                       .gate = &e->gate, .crowd_costs = e->crowd_costs};
     dfl_spec_sampling sm;
     dfl_spec_use_sampler(&o, &sm, smp, p->spec_accept);
     /* greedy requests start from what earlier ones learned of the acceptance */

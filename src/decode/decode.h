@@ -166,6 +166,14 @@ typedef struct dfl_loop_opts {
                                     as carry (else each call starts with a probe tree) */
     dfl_gate *gate;       /* NULL, or the engine's crowd gate: adaptive rounds (block 0,
                              trees not pinned) speculate only while it is open */
+    /* [DFL_LANES]: the lanes' round costs while other sequences share the forward
+     * (their rows' marginal share of it), kept apart from costs, costs_ngram and
+     * costs_mtp (a round's whole time alone); NULL: this call's own tables. One
+     * table of both had a crowd's classic step at its marginal 1.7 ms beside
+     * blocks last timed alone (35 ms for 4), so no block ever looked worth its
+     * rows among others; and a request left alone priced its steps at 1.7 ms
+     * for the 27 steps the clamp took to climb back (a 0.6B Q8_0, Zen 4). */
+    dfl_costs *crowd_costs;
 } dfl_loop_opts;
 
 /* A request's sampler behind the acceptance seam (generate.c): sets o's

@@ -559,6 +559,11 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     st->t_prefill += t1 - t0;
 
     dfl_costs local_costs[DFL_LANES], *costs[DFL_LANES] = {o->costs, o->costs_ngram, o->costs_mtp};
+    dfl_costs local_crowd[DFL_LANES], *crowd = o->crowd_costs, *use[DFL_LANES];
+    if (!crowd) {
+        for (int l = 0; l < DFL_LANES; l++) dfl_costs_init(&local_crowd[l], DFL_POLICY_MAX);
+        crowd = local_crowd;
+    }
     dfl_costs local_tree, *tree_costs = o->costs_tree;
     dfl_tree_policy tp;
     r.tree_max = r.spec ? tree_cap(q, o) : 0;
@@ -593,10 +598,14 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
          * rounds after it are priced at that instead of judged as if alone
          * by start-up costs, which chose blocks the crowd paid for. */
         if (adaptive && active > 1 && !(price > 0)) r.gated = 1;
-        for (int l = 0; l < DFL_LANES; l++) pol[l].crowd_rate = price;
+        for (int l = 0; l < DFL_LANES; l++) {
+            pol[l].crowd_rate = price;
+            pol[l].costs = use[l] = active > 1 ? &crowd[l] : costs[l];
+            pol[l].alone = active > 1 ? costs[l] : NULL;
+        }
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
-        int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, costs[DFL_LANE_DRAFTER],
+        int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, use[DFL_LANE_DRAFTER],
                           B, r.o->tree_budget > 0 && q->pr ? DFL_LANE_DRAFTER : lane);
         if (N) {   /* a tree round: its own costs and evidence; the chain's sat it out */
             dfl_tree tr;
@@ -611,7 +620,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0);
         /* a classic step is every lane's baseline */
         for (int l = 0; l < DFL_LANES; l++)
-            if (B == 1 || l == lane) dfl_costs_update(costs[l], B, ctx, cost);
+            if (B == 1 || l == lane) dfl_costs_update(use[l], B, ctx, cost);
         for (int l = 0; l < DFL_LANES; l++)
             if (B > 1 && l == lane) dfl_policy_observe(&pol[l], B, a);
             else dfl_policy_classic_step(&pol[l]);

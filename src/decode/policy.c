@@ -37,9 +37,12 @@ void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
 }
 
 /* B's cost from one depth's row: measured, else interpolated between the
- * nearest measured sizes, else extended along the slope of the last two.
- * 0 when the row has too little; unless strict, one measured size alone is
- * extended flat. */
+ * nearest measured sizes, else extended along the slope of the last two, or
+ * flat where that slope falls (a block of 5 timed at 36 ms beside a 4-row
+ * tick, then a probe of 8 at 28, made a block of 16 look cheaper than 8 in
+ * a crowd, and the slots verified blocks of 16 at tau 3: Zen 4, four
+ * clients). 0 when the row has too little; unless strict, one measured size
+ * alone is extended flat. */
 static double row_get(const double *t, int max_block, int B, int strict) {
     if (t[B] > 0) return t[B];
     int lo = B - 1, hi = B + 1;
@@ -51,10 +54,11 @@ static double row_get(const double *t, int max_block, int B, int strict) {
     while (lo2 >= 1 && !(t[lo2] > 0)) lo2--;
     if (lo2 < 1 && strict) return 0;
     double slope = lo2 >= 1 ? (t[lo] - t[lo2]) / (lo - lo2) : 0;
-    return t[lo] + slope * (B - lo);
+    return t[lo] + (slope > 0 ? slope : 0) * (B - lo);
 }
 
-double dfl_costs_get(const dfl_costs *cs, int B, int ctx) {
+/* strict: 0 rather than one measured size extended flat. */
+static double costs_get(const dfl_costs *cs, int B, int ctx, int strict) {
     double t[DFL_COST_DEPTHS][DFL_POLICY_MAX + 1];
     int mb = cs->max_block, d = dfl_costs_depth(ctx);
     if (B < 1 || B > mb) return 0;
@@ -70,7 +74,24 @@ double dfl_costs_get(const dfl_costs *cs, int B, int ctx) {
             if (j < 0 || j >= DFL_COST_DEPTHS || !((v = row_get(t[j], mb, B, 1)) > 0)) continue;
             return t[d][1] > 0 && t[j][1] > 0 ? v * t[d][1] / t[j][1] : v;
         }
-    return row_get(t[d], mb, B, 0);
+    return strict ? 0 : row_get(t[d], mb, B, 0);
+}
+
+double dfl_costs_get(const dfl_costs *cs, int B, int ctx) { return costs_get(cs, B, ctx, 0); }
+
+/* What a round of B costs p: its table's figure. In a crowd, a size that the
+ * crowd's table neither measured nor can interpolate costs the crowd's step
+ * plus what the round adds to a step alone (the drafter's pass, the added
+ * rows). The crowd's step extended flat, as alone, priced a block of 16 at
+ * one row's share of a forward (1.7 ms), and a fresh crowd's first rounds
+ * verified blocks of 10-16 (two clients, Zen 4). */
+static double round_cost(const dfl_policy *p, int B, int ctx) {
+    if (!p->alone) return dfl_costs_get(p->costs, B, ctx);
+    double t = costs_get(p->costs, B, ctx, 1);
+    if (t > 0 || B == 1) return t;
+    double step = costs_get(p->costs, 1, ctx, 1);
+    double a = dfl_costs_get(p->alone, B, ctx), a1 = dfl_costs_get(p->alone, 1, ctx);
+    return step > 0 && a1 > 0 && a > a1 ? step + (a - a1) : 0;
 }
 
 void dfl_policy_init(dfl_policy *p, const dfl_costs *c, int max_block) {
@@ -143,12 +164,12 @@ double dfl_policy_expected(const dfl_policy *p, int B) {
 }
 
 double dfl_policy_rate(const dfl_policy *p, int B, int ctx) {
-    double t = dfl_costs_get(p->costs, B, ctx);
+    double t = round_cost(p, B, ctx);
     return t > 0 ? dfl_policy_expected(p, B) / t : 0;
 }
 
 double dfl_policy_worth(const dfl_policy *p, int B, int ctx) {
-    double t = dfl_costs_get(p->costs, B, ctx);
+    double t = round_cost(p, B, ctx);
     if (!(t > 0)) return -HUGE_VAL;
     double e = dfl_policy_expected(p, B);
     return p->crowd_rate > 0 ? e - p->crowd_rate * t : e / t;

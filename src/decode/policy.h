@@ -28,6 +28,9 @@ typedef struct dfl_costs {
 
 typedef struct dfl_policy {
     const dfl_costs *costs;             /* shared by an engine's sessions */
+    const dfl_costs *alone;             /* in a crowd, where costs is the crowd's table:
+                                           the lane's table of rounds alone, which prices
+                                           the sizes the crowd has not measured; else NULL */
     int max_block;
     double tries[DFL_POLICY_MAX];       /* drafts seen at position i (0-based) ... */
     double hits[DFL_POLICY_MAX];        /* ... and accepted, given all before accepted */
