@@ -313,9 +313,11 @@ static void tree_policy(void) {
 
 
 /* The crowd gate on a simulated engine: a tick of `active` sequences commits
- * tok[mode] tokens in sec[mode] seconds (mode 1: speculation allowed). Runs
- * `secs` seconds from *now; returns tokens committed, *open_share the share
- * of ticks with speculation allowed. */
+ * tok[mode] tokens in sec[mode] seconds (mode 1: speculation allowed), and
+ * its sequences held to classic steps want to speculate while `wanting`.
+ * Runs `secs` seconds from *now; returns tokens committed, *open_share the
+ * share of ticks with speculation allowed. */
+static int wanting = 1;
 static double gate_run(dfl_gate *g, double *now, double secs, int active, const double *tok,
                        const double *sec, double *open_share) {
     double end = *now + secs, got = 0;
@@ -323,7 +325,7 @@ static double gate_run(dfl_gate *g, double *now, double secs, int active, const 
     while (*now < end) {
         int m = dfl_gate_open(g, *now, active);
         *now += sec[m];
-        dfl_gate_note(g, active, (int)tok[m]);
+        dfl_gate_note(g, active, (int)tok[m], wanting && !m);
         got += tok[m], ticks++, open += m;
     }
     if (open_share) *open_share = (double)open / ticks;
@@ -358,6 +360,34 @@ static void gate_far(void) {
     CHECK(g.windows[1] >= 3, "... and still tried now and then (%llu windows)",
           (unsigned long long)g.windows[1]);
     dfl_gate_free(&g);
+}
+
+/* Classic steps ahead and no sequence held to them wanting to speculate:
+ * tries (which would measure only the policies' probes) come once in
+ * DFL_GATE_EXPLORE_MAX windows, not after 5, 10, 20 ...; once a sequence
+ * wants to speculate again, the next try comes on the usual schedule. */
+static void gate_unwanted(void) {
+    double tok[2] = {4, 10}, sec[2] = {0.1, 1.0 / 3}, span = (DFL_GATE_EXPLORE + 3) * DFL_GATE_WINDOW_S;
+    for (int w = 0; w < 2; w++) {   /* the first window measures speculation, then ... */
+        dfl_gate g;
+        dfl_gate_init(&g);
+        double now = 0;
+        wanting = w;
+        gate_run(&g, &now, span, 4, tok, sec, NULL);
+        CHECK(g.windows[1] == 1u + w, "%s: %llu windows of speculation in %.0f s",
+              w ? "wanted, tried after DFL_GATE_EXPLORE" : "unwanted, not tried",
+              (unsigned long long)g.windows[1], span);
+        if (!w) {
+            double got = gate_run(&g, &now, 120, 4, tok, sec, NULL);
+            uint64_t tries = g.windows[1] - 1;
+            CHECK(tries >= 1 && tries <= 120 / (DFL_GATE_EXPLORE_MAX * DFL_GATE_WINDOW_S),
+                  "unwanted: %llu tries in the next 120 s", (unsigned long long)tries);
+            CHECK(got >= 0.985 * 40 * 120, "... and the crowd loses under 1.5%%: %.0f tokens, "
+                  "classic %.0f", got, 40.0 * 120);
+        }
+        dfl_gate_free(&g);
+    }
+    wanting = 1;
 }
 
 /* A window in which a prompt was prefilled measures its ticks after the
@@ -445,6 +475,7 @@ static void gate(void) {
     dfl_gate_free(&g);
     gate_margin();
     gate_far();
+    gate_unwanted();
     gate_prefill_end();
 }
 
@@ -507,8 +538,16 @@ static void crowd_table(void) {
           dfl_policy_rate(&p, 4, 0), e4 / 0.008);
     CHECK(fabs(dfl_policy_rate(&p, 1, 0) - 1 / 0.002) < 1e-6, "the step is the crowd's own");
     crowd.t_round[0][8] = 0.030;       /* a probe of 8 measured in the crowd */
-    CHECK(fabs(dfl_policy_rate(&p, 4, 0) - e4 / (0.002 + 0.028 * 3 / 7)) < 1e-6,
-          "once the crowd measured 8, B = 4 interpolates the crowd's own table");
+    CHECK(fabs(dfl_policy_rate(&p, 4, 0) - e4 / 0.022) < 1e-6,
+          "once the crowd measured 8, B = 4 comes from the crowd's own table: 8's 30 ms less "
+          "a step for each row it lacks (the drafter's pass is every block's), %g ms",
+          1e3 * dfl_costs_get(&crowd, 4, 0));
+    dfl_costs gap;                     /* alone: a step 20 ms, a block of 8 34 ms */
+    dfl_costs_init(&gap, 8);
+    gap.t_round[0][1] = 0.020, gap.t_round[0][8] = 0.034;
+    CHECK(fabs(dfl_costs_get(&gap, 3, 0) - 0.024) < 1e-9,
+          "alone, where a row costs far less than a step, a gap interpolates: %g ms",
+          1e3 * dfl_costs_get(&gap, 3, 0));
     dfl_costs wide;                    /* a block of 5 timed in a worse tick than 8 */
     dfl_costs_init(&wide, 16);
     wide.t_round[0][1] = 0.002, wide.t_round[0][5] = 0.036, wide.t_round[0][8] = 0.030;

@@ -434,17 +434,28 @@ static int pick_tree(run *r, dfl_tree_policy *tp, const dfl_policy *chain, dfl_c
     return N >= 1 ? N : 0;
 }
 
-/* The lane and block of the next round: each lane with a proposer says
- * what it can offer after the anchor, and the lanes' policies bid
+/* The drafts each lane's proposer can offer after the anchor (0: no lane). */
+static void lane_offers(const run *r, int *offer) {
+    for (int l = 0; l < DFL_LANES; l++) {
+        dfl_proposer *p = lane_proposer(r->q, l);
+        offer[l] = !p ? 0 : p->offer ? p->offer(p, r->anchor, r->q->kv->len) : p->max_block - 1;
+    }
+}
+
+/* The lane and block of the next round: the lanes' policies bid
  * (dfl_lanes_choose). */
 static int choose_lane(run *r, dfl_policy *pol, int *lane) {
-    dfl_seq *q = r->q;
-    int offer[DFL_LANES] = {0};
-    for (int l = 0; l < DFL_LANES; l++) {
-        dfl_proposer *p = lane_proposer(q, l);
-        if (p) offer[l] = p->offer ? p->offer(p, r->anchor, q->kv->len) : p->max_block - 1;
-    }
-    return dfl_lanes_choose(pol, offer, q->kv->len, r->o->block, lane);
+    int offer[DFL_LANES];
+    lane_offers(r, offer);
+    return dfl_lanes_choose(pol, offer, r->q->kv->len, r->o->block, lane);
+}
+
+/* Whether a round the crowd gate held to a classic step would have
+ * speculated, priced as it is (the gate tries speculation for such rounds). */
+static int held_wants(const run *r, const dfl_policy *pol) {
+    int offer[DFL_LANES];
+    lane_offers(r, offer);
+    return dfl_lanes_want(pol, offer, r->q->kv->len);
 }
 
 /* The block for the next round (and its lane): the policy's (or the pinned)
@@ -591,7 +602,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         int active = r.spec ? dfl_target_active(q->t) : 1, gen0 = r.gen;
         r.crowded = active > 1;
         int adaptive = r.spec && o->block == 0 && o->tree_budget <= 0;
-        r.gated = adaptive && o->gate && !dfl_gate_open(o->gate, dfl_now(), active);
+        int held = adaptive && o->gate && !dfl_gate_open(o->gate, dfl_now(), active);
+        r.gated = held;
         double price = active > 1 ? crowd_price(&r, active) : 0;
         /* Beside others with no price yet (a slot's first ticks in a fresh
          * crowd), a classic step first: it measures the crowd's rate, so the
@@ -603,6 +615,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             pol[l].costs = use[l] = active > 1 ? &crowd[l] : costs[l];
             pol[l].alone = active > 1 ? costs[l] : NULL;
         }
+        int wants = held && price > 0 && held_wants(&r, pol);
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
         int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, use[DFL_LANE_DRAFTER],
@@ -613,11 +626,11 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             dfl_costs_update(tree_costs, tr.n, ctx, cost);
             dfl_tree_policy_observe(&tp, tr.mass, tr.full, tr.mass[tr.n - 1], a);
             for (int l = 0; l < DFL_LANES; l++) dfl_policy_classic_step(&pol[l]);
-            if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0);
+            if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0, 0);
             continue;
         }
         if ((rc = round_step(&r, B, lane, &a, &cost, err))) break;
-        if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0);
+        if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0, wants);
         /* a classic step is every lane's baseline */
         for (int l = 0; l < DFL_LANES; l++)
             if (B == 1 || l == lane) dfl_costs_update(use[l], B, ctx, cost);

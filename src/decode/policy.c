@@ -37,7 +37,13 @@ void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
 }
 
 /* B's cost from one depth's row: measured, else interpolated between the
- * nearest measured sizes, else extended along the slope of the last two, or
+ * nearest measured sizes (but no less than the larger one less a step for
+ * each row it lacks: a row never costs more than a step, and a block pays
+ * the drafter's pass that a step does not; among others, a step's 2 ms
+ * share of the forward beside a probe of 8 at 30 ms, 14 ms of it the
+ * drafter's, put a block of 2 at 6 ms, not 18, and the slots held to classic
+ * steps wanted blocks of 2: Zen 4, four clients, tau 3), else extended
+ * along the slope of the last two, or
  * flat where that slope falls (a block of 5 timed at 36 ms beside a 4-row
  * tick, then a probe of 8 at 28, made a block of 16 look cheaper than 8 in
  * a crowd, and the slots verified blocks of 16 at tau 3: Zen 4, four
@@ -48,7 +54,11 @@ static double row_get(const double *t, int max_block, int B, int strict) {
     int lo = B - 1, hi = B + 1;
     while (lo >= 1 && !(t[lo] > 0)) lo--;
     while (hi <= max_block && !(t[hi] > 0)) hi++;
-    if (lo >= 1 && hi <= max_block) return t[lo] + (t[hi] - t[lo]) * (B - lo) / (hi - lo);
+    if (lo >= 1 && hi <= max_block) {
+        double v = t[lo] + (t[hi] - t[lo]) * (B - lo) / (hi - lo);
+        double least = t[1] > 0 ? t[hi] - (hi - B) * t[1] : 0;
+        return v > least ? v : least;
+    }
     if (lo < 1) return 0;
     int lo2 = lo - 1;
     while (lo2 >= 1 && !(t[lo2] > 0)) lo2--;
@@ -265,6 +275,12 @@ int dfl_lanes_choose(dfl_policy *pol, const int *offer, int ctx, int pinned, int
     return B[best];
 }
 
+int dfl_lanes_want(const dfl_policy *pol, const int *offer, int ctx) {
+    for (int l = 0; l < DFL_LANES; l++)
+        if (offer[l] > 0 && best_block(&pol[l], ctx) > 1) return 1;
+    return 0;
+}
+
 /* ---- chain or tree ------------------------------------------------------------ */
 
 void dfl_tree_policy_init(dfl_tree_policy *p, int max_budget) {
@@ -443,16 +459,25 @@ static int gate_best(const dfl_gate *g, int c) {
 
 /* A window's mode: the one measured ahead; with no evidence anywhere,
  * speculation first, then classic steps. The other mode gets the window once
- * it has not been measured for the crowd's `every` windows. (Classic steps
- * first lost at two clients and tau 6.5, 74-96 tok/s against 97-111 on
- * Zen 4, likely because the try after them, whose slots' policies were
- * still learning the crowd, measured under the margin and then waited.) */
+ * it has not been measured for the crowd's `every` windows; speculation only
+ * if a sequence held to classic steps wanted it since its last window, else
+ * after DFL_GATE_EXPLORE_MAX. (Classic steps first lost at two clients and
+ * tau 6.5, 74-96 tok/s against 97-111 on Zen 4, likely because the try after
+ * them, whose slots' policies were still learning the crowd, measured under
+ * the margin and then waited.) */
 static int gate_pick(dfl_gate *g, int active) {
-    int c = crowd(active), best = gate_best(g, c);
+    int c = crowd(active), best = gate_best(g, c), spec;
     g->trying = 0;
-    if (best < 0) return !(dfl_gate_rate(g, c, 1) > 0);
-    g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
-    return g->trying ? !best : best;
+    if (best < 0) {
+        spec = !(dfl_gate_rate(g, c, 1) > 0);
+    } else {
+        g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
+        if (g->trying && !best && !g->wanted[c] && g->age[c][1] < DFL_GATE_EXPLORE_MAX)
+            g->trying = 0;   /* nobody would speculate: a try would measure probes */
+        spec = g->trying ? !best : best;
+    }
+    if (spec) g->wanted[c] = 0;
+    return spec;
 }
 
 /* A try of speculation whose open span has run DFL_GATE_ABORT_S at far less
@@ -478,10 +503,11 @@ int dfl_gate_open(dfl_gate *g, double now, int active) {
     return open;
 }
 
-void dfl_gate_note(dfl_gate *g, int active, int tokens) {
+void dfl_gate_note(dfl_gate *g, int active, int tokens, int wants) {
     if (active < 2) return;
     pthread_mutex_lock(&g->mu);
     if (g->n == active) g->tokens += tokens;
+    if (wants && !g->spec) g->wanted[crowd(active)] = 1;
     pthread_mutex_unlock(&g->mu);
 }
 

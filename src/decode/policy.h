@@ -133,6 +133,10 @@ void dfl_policy_skip(dfl_policy *p);
  * of B (its expected tokens while a cost of B is unknown), ties to the
  * drafter. Returns the block (1: a classic step) and sets *lane. */
 int dfl_lanes_choose(dfl_policy *pol, const int *offer, int ctx, int pinned, int *lane);
+/* Whether some offering lane's policy would speculate now, probes aside (no
+ * state changes): what a sequence the crowd gate holds to classic steps
+ * tells the gate (dfl_gate_note). */
+int dfl_lanes_want(const dfl_policy *pol, const int *offer, int ctx);
 
 /* ---- chain or tree (DDTree) ----------------------------------------------
  * A tree of N nodes is verified as N + 1 rows: on a CPU each row costs
@@ -187,7 +191,14 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
  * the crowd changes every second or so. Only spans in which a prompt is
  * being prefilled are dropped: their ticks carry rows that commit nothing,
  * in either mode. One sequence alone is never gated: its own policy already
- * measures every cost it causes. */
+ * measures every cost it causes. While classic steps are ahead, speculation
+ * is tried on that schedule only if a sequence held to them wanted to
+ * speculate (its policy, priced at the crowd's costs, chose a block above
+ * 1), else once in DFL_GATE_EXPLORE_MAX windows: a try whose policies all
+ * choose classic steps measures only their probes, which cost the crowd
+ * what they cost (four clients on Zen 4, tau 3 and 6.5: tries of 108-122
+ * tok/s against classic's 125-139, every slot's rounds but its probes
+ * classic steps). */
 enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS + 1 (more
                                    share the last) */
        DFL_GATE_EXPLORE = 5,    /* windows between tries of the mode that measured behind */
@@ -223,6 +234,8 @@ typedef struct dfl_gate {
     int age[DFL_GATE_CROWDS][2];       /* windows closed since that mode was measured */
     int every[DFL_GATE_CROWDS];        /* windows between tries of the mode behind */
     int trying;                 /* the open window tries the mode behind */
+    int wanted[DFL_GATE_CROWDS];       /* a sequence held to classic steps in crowd c wanted to
+                                   speculate since that crowd's last speculation window */
     uint64_t windows[2];        /* windows measured in each mode (for stats) */
 } dfl_gate;
 void dfl_gate_init(dfl_gate *g);
@@ -230,8 +243,9 @@ void dfl_gate_free(dfl_gate *g);
 /* May a sequence speculate now, with `active` sequences joined? Opens the
  * next window (and picks its mode) when the last one is over. */
 int dfl_gate_open(dfl_gate *g, double now, int active);
-/* A sequence committed `tokens` with `active` sequences joined. */
-void dfl_gate_note(dfl_gate *g, int active, int tokens);
+/* A sequence committed `tokens` with `active` sequences joined; `wants`: it
+ * was held to a classic step and wanted to speculate (dfl_lanes_want). */
+void dfl_gate_note(dfl_gate *g, int active, int tokens, int wants);
 /* A sequence starts (+1) or ends (-1) prefilling its prompt. */
 void dfl_gate_prefill(dfl_gate *g, double now, int delta);
 /* Crowd c's (active - 2) measured tokens per second in mode m; 0: not yet. */
