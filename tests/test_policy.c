@@ -362,24 +362,25 @@ static void gate_far(void) {
     dfl_gate_free(&g);
 }
 
-/* Classic steps ahead and no sequence held to them wanting to speculate:
- * tries (which would measure only the policies' probes) come once in
- * DFL_GATE_EXPLORE_MAX windows, not after 5, 10, 20 ...; once a sequence
- * wants to speculate again, the next try comes on the usual schedule. */
+/* No sequence held to classic steps wanting to speculate: a fresh crowd
+ * keeps to classic steps, and tries speculation (which would measure only
+ * the policies' probes) once in DFL_GATE_EXPLORE_MAX windows, not after 5,
+ * 10, 20 ...; with wants, speculation gets the second window, and, behind,
+ * a try after DFL_GATE_EXPLORE more. */
 static void gate_unwanted(void) {
-    double tok[2] = {4, 10}, sec[2] = {0.1, 1.0 / 3}, span = (DFL_GATE_EXPLORE + 3) * DFL_GATE_WINDOW_S;
-    for (int w = 0; w < 2; w++) {   /* the first window measures speculation, then ... */
+    double tok[2] = {4, 10}, sec[2] = {0.1, 1.0 / 3}, span = (DFL_GATE_EXPLORE + 4) * DFL_GATE_WINDOW_S;
+    for (int w = 0; w < 2; w++) {
         dfl_gate g;
         dfl_gate_init(&g);
         double now = 0;
         wanting = w;
         gate_run(&g, &now, span, 4, tok, sec, NULL);
-        CHECK(g.windows[1] == 1u + w, "%s: %llu windows of speculation in %.0f s",
-              w ? "wanted, tried after DFL_GATE_EXPLORE" : "unwanted, not tried",
+        CHECK(g.windows[1] == 2u * w, "%s: %llu windows of speculation in %.0f s",
+              w ? "wanted: second window, tried again after DFL_GATE_EXPLORE" : "unwanted, not tried",
               (unsigned long long)g.windows[1], span);
         if (!w) {
             double got = gate_run(&g, &now, 120, 4, tok, sec, NULL);
-            uint64_t tries = g.windows[1] - 1;
+            uint64_t tries = g.windows[1];
             CHECK(tries >= 1 && tries <= 120 / (DFL_GATE_EXPLORE_MAX * DFL_GATE_WINDOW_S),
                   "unwanted: %llu tries in the next 120 s", (unsigned long long)tries);
             CHECK(got >= 0.985 * 40 * 120, "... and the crowd loses under 1.5%%: %.0f tokens, "
@@ -391,8 +392,8 @@ static void gate_unwanted(void) {
 }
 
 /* A window in which a prompt was prefilled measures its ticks after the
- * prefill: a fresh crowd's first window, which opens with the prefills,
- * counts, and its mode does not run a second one unmeasured. */
+ * prefill: a fresh crowd's first window (classic steps), which opens with
+ * the prefills, counts, and its mode does not run a second one unmeasured. */
 static void gate_prefill_end(void) {
     double tok[2] = {4, 10}, sec[2] = {0.1, 0.125}, now = 0;
     dfl_gate g;
@@ -401,11 +402,11 @@ static void gate_prefill_end(void) {
     dfl_gate_prefill(&g, now, 1);
     gate_run(&g, &now, 0.2, 4, tok, sec, NULL);
     dfl_gate_prefill(&g, now, -1);
-    double after = DFL_GATE_WINDOW_S - now + 0.01;
+    double after = DFL_GATE_WINDOW_S - now + sec[0] + 0.01;   /* one tick past the window */
     gate_run(&g, &now, after, 4, tok, sec, NULL);
-    CHECK(g.windows[1] == 1 && dfl_gate_rate(&g, 2, 1) > 0,
+    CHECK(g.windows[0] == 1 && dfl_gate_rate(&g, 2, 0) > 0,
           "the first window counts the %.2f s after its prefill: %llu windows, %.2f s measured",
-          after, (unsigned long long)g.windows[1], g.sec[2][1]);
+          after, (unsigned long long)g.windows[0], g.sec[2][0]);
     dfl_gate_free(&g);
 }
 
@@ -414,7 +415,7 @@ static void gate(void) {
     dfl_gate_init(&g);
     double now = 0, share;
     CHECK(dfl_gate_open(&g, 0, 1), "one sequence alone is never gated");
-    CHECK(dfl_gate_open(&g, 0, 4), "no evidence anywhere: speculation is measured first");
+    CHECK(!dfl_gate_open(&g, 0, 4), "no evidence anywhere: classic steps are measured first");
     /* Four sequences; speculation measured behind (30 tok/s against 40): after
      * the first two windows classic holds, with a window given back to
      * speculation now and then, less often each time it loses again. */

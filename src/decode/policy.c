@@ -457,23 +457,30 @@ static int gate_best(const dfl_gate *g, int c) {
     return -1;
 }
 
-/* A window's mode: the one measured ahead; with no evidence anywhere,
- * speculation first, then classic steps. The other mode gets the window once
+/* Whether speculation may be measured in crowd c now, though classic steps
+ * are ahead or alone measured: only if a sequence held to classic steps
+ * wanted it since speculation's last window there, else once in
+ * DFL_GATE_EXPLORE_MAX windows. A window whose policies all choose classic
+ * steps measures only their probes. */
+static int spec_wanted(const dfl_gate *g, int c) {
+    return g->wanted[c] || g->age[c][1] >= DFL_GATE_EXPLORE_MAX;
+}
+
+/* A window's mode: the one measured ahead. With no evidence anywhere,
+ * classic steps first, then speculation once wanted (spec_wanted): a fresh
+ * crowd's first window of speculation, its policies still learning the
+ * crowd's costs, ran at about 0.8x classic steps (Zen 4, four clients),
+ * and at tau 3 cost that much for nothing. The other mode gets a window once
  * it has not been measured for the crowd's `every` windows; speculation only
- * if a sequence held to classic steps wanted it since its last window, else
- * after DFL_GATE_EXPLORE_MAX. (Classic steps first lost at two clients and
- * tau 6.5, 74-96 tok/s against 97-111 on Zen 4, likely because the try after
- * them, whose slots' policies were still learning the crowd, measured under
- * the margin and then waited.) */
+ * if spec_wanted. */
 static int gate_pick(dfl_gate *g, int active) {
     int c = crowd(active), best = gate_best(g, c), spec;
     g->trying = 0;
     if (best < 0) {
-        spec = !(dfl_gate_rate(g, c, 1) > 0);
+        spec = !(dfl_gate_rate(g, c, 1) > 0) && dfl_gate_rate(g, c, 0) > 0 && spec_wanted(g, c);
     } else {
         g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
-        if (g->trying && !best && !g->wanted[c] && g->age[c][1] < DFL_GATE_EXPLORE_MAX)
-            g->trying = 0;   /* nobody would speculate: a try would measure probes */
+        if (g->trying && !best && !spec_wanted(g, c)) g->trying = 0;
         spec = g->trying ? !best : best;
     }
     if (spec) g->wanted[c] = 0;

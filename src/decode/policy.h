@@ -190,7 +190,8 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
  * crowd picks), but what the span measured counts, since in a busy server
  * the crowd changes every second or so. Only spans in which a prompt is
  * being prefilled are dropped: their ticks carry rows that commit nothing,
- * in either mode. One sequence alone is never gated: its own policy already
+ * in either mode. A fresh crowd with no evidence anywhere starts on classic
+ * steps. One sequence alone is never gated: its own policy already
  * measures every cost it causes. While classic steps are ahead, speculation
  * is tried on that schedule only if a sequence held to them wanted to
  * speculate (its policy, priced at the crowd's costs, chose a block above
