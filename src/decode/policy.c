@@ -36,19 +36,20 @@ void dfl_costs_update(dfl_costs *c, int B, int ctx, double seconds) {
     else __atomic_add_fetch(&c->since_step[d], 1, __ATOMIC_RELAXED);
 }
 
-/* B's cost from one depth's row: measured, else interpolated between the
- * nearest measured sizes (but no less than the larger one less a step for
- * each row it lacks: a row never costs more than a step, and a block pays
- * the drafter's pass that a step does not; among others, a step's 2 ms
- * share of the forward beside a probe of 8 at 30 ms, 14 ms of it the
- * drafter's, put a block of 2 at 6 ms, not 18, and the slots held to classic
- * steps wanted blocks of 2: Zen 4, four clients, tau 3), else extended
- * along the slope of the last two, or
- * flat where that slope falls (a block of 5 timed at 36 ms beside a 4-row
- * tick, then a probe of 8 at 28, made a block of 16 look cheaper than 8 in
- * a crowd, and the slots verified blocks of 16 at tau 3: Zen 4, four
- * clients). 0 when the row has too little; unless strict, one measured size
- * alone is extended flat. */
+/* B's cost from one depth's row:
+ * - measured;
+ * - else interpolated between the nearest measured sizes, but never below
+ *   the larger one less a step for each row it lacks: a row costs no more
+ *   than a step, and every block pays the drafter's whole pass. (Among
+ *   others, a 2 ms step beside a probe of 8 at 30 ms, 14 ms of it the
+ *   drafter's, put a block of 2 at 6 ms, not 18, and the slots held to
+ *   classic steps wanted blocks of 2: Zen 4, four clients, tau 3.)
+ * - else extended along the slope of the last two, or flat where that slope
+ *   falls. (A block of 5 timed at 36 ms beside a 4-row tick, then a probe of
+ *   8 at 28, made a block of 16 look cheaper than 8 in a crowd, and the slots
+ *   verified blocks of 16 at tau 3: Zen 4, four clients.)
+ * 0 when the row has too little; unless strict, one measured size alone is
+ * extended flat. */
 static double row_get(const double *t, int max_block, int B, int strict) {
     if (t[B] > 0) return t[B];
     int lo = B - 1, hi = B + 1;
