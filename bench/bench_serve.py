@@ -191,6 +191,11 @@ def configs(a):
     return out
 
 
+def utc_now():
+    """The time of day in UTC, to match a stage with the host's load."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def cpu_name():
     try:
         for line in open("/proc/cpuinfo"):
@@ -242,13 +247,14 @@ def main():
                 port = free_port()
                 cmd = cmd_of(n, port)
                 srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
+                started = utc_now()
                 try:
                     r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
                                           a.max_tokens, replay, a.warm_crowd))
                 finally:
                     rss = srv.stop()
                 r.update(server=name, clients=n, rep=rep, peak_rss_mb=rss / 1024,
-                         cmd=" ".join(cmd))
+                         cmd=" ".join(cmd), started=started, ended=utc_now())
                 runs.append(r)
                 print(f"{name:24s} N={n} rep {rep}: {r['aggregate_tps']:.1f} tok/s aggregate, "
                       f"{r['busy_tps']:.1f} all busy, "
