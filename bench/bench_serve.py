@@ -136,13 +136,15 @@ def busy_tokens(rs, end):
                for r in rs if r["stamps"])
 
 
-async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd=0):
+async def stage(port, model, ps, n_clients, reqs, max_tokens, warm_crowd=0):
     # retries: a server may close an idle keep-alive connection the client then reuses
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                 max_retries=2, timeout=3600)
     ps = ps[:n_clients * reqs]
-    # warm-up: a replay server keeps each prompt's greedy answer to replay it later
-    for p in ps if replay else ps[:1]:
+    # warm-up, the same for every server: a replay server keeps each prompt's greedy
+    # answer to replay it later. (Only the replay servers ran it, and their measured
+    # part then began after a minute of load that the others' did not have.)
+    for p in ps:
         await one(client, model, p, max_tokens)
 
     async def worker(k, n=reqs):
@@ -178,14 +180,14 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, replay, warm_crowd
 
 def configs(a):
     base = [a.dflash, "serve", "-m", a.model, "-t", str(a.threads), "-c", str(a.ctx)]
-    out = [("dflash classic", False, lambda n, port: base + ["--port", str(port), "-np", str(n)])]
+    out = [("dflash classic", lambda n, port: base + ["--port", str(port), "-np", str(n)])]
     dd = ["--draft-dtype", a.draft_dtype] if a.draft_dtype else []
     for tau in a.taus:
-        out.append((f"dflash DFlash tau {tau:g}", True,
+        out.append((f"dflash DFlash tau {tau:g}",
                     lambda n, port, tau=tau: base + ["--port", str(port), "-np", str(n), "--draft",
                                                      a.draft, "--replay-tau", str(tau)] + dd))
     if a.llama_server:
-        out.append(("llama-server", False, lambda n, port: [
+        out.append(("llama-server", lambda n, port: [
             a.llama_server, "-m", a.model, "-t", str(a.threads), "-np", str(n),
             "-c", str(a.ctx * n), "--port", str(port), "--host", "127.0.0.1", "-cb"]))
     return out
@@ -243,14 +245,14 @@ def main():
     # second stage of a rep cancels in the median over an even count of reps.
     for rep in range(a.reps):
         for n in clients:
-            for name, replay, cmd_of in (cfgs if rep % 2 == 0 else cfgs[::-1]):
+            for name, cmd_of in (cfgs if rep % 2 == 0 else cfgs[::-1]):
                 port = free_port()
                 cmd = cmd_of(n, port)
                 srv = Server(cmd, port, f"/tmp/bench-serve-{name.replace(' ', '_')}-{n}.log")
                 started = utc_now()
                 try:
                     r = asyncio.run(stage(port, os.path.basename(a.model), ps, n, a.requests,
-                                          a.max_tokens, replay, a.warm_crowd))
+                                          a.max_tokens, a.warm_crowd))
                 finally:
                     rss = srv.stop()
                 r.update(server=name, clients=n, rep=rep, peak_rss_mb=rss / 1024,
