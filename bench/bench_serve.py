@@ -106,12 +106,13 @@ class Server:
         return rss
 
 
-async def one(client, model, prompt, max_tokens):
+async def one(client, model, prompt, max_tokens, extra=None):
+    """One streaming request; extra: more request fields (serve_ab.py's block_size)."""
     t0 = time.perf_counter()
     first, n = None, 0
     stream = await client.completions.create(
         model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **(extra or {})})
     usage, stamps = None, []
     async for ch in stream:
         if ch.usage:

@@ -15,7 +15,7 @@ their ratio shows what DFlash costs or gains a crowd.
       [--tau 3] [--pairs 6] [--requests 2]
 
 Prints each pair's aggregate tok/s and the median ratio adaptive / classic
-with its range. Every request generates --max-tokens (ignore_eos)."""
+with its range (bench_serve.py's requests: every one generates --max-tokens)."""
 import argparse
 import asyncio
 import os
@@ -29,22 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_serve as bs  # noqa: E402
 
 
-async def one(client, model, prompt, max_tokens, block):
-    s = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                        temperature=0, stream=True,
-                                        extra_body={"block_size": block, "ignore_eos": True})
-    async for _ in s:
-        pass
-
-
 async def wave(client, model, ps, n, reqs, max_tokens, block):
     """n clients send reqs requests each; returns the aggregate tok/s."""
     async def worker(k):
-        for i in range(reqs):
-            await one(client, model, ps[(k + i * n) % len(ps)], max_tokens, block)
+        return sum([(await bs.one(client, model, ps[(k + i * n) % len(ps)], max_tokens,
+                                  {"block_size": block}))["tokens"] for i in range(reqs)])
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(n)))
-    return n * reqs * max_tokens / (time.perf_counter() - t0)
+    tokens = sum(await asyncio.gather(*(worker(k) for k in range(n))))
+    return tokens / (time.perf_counter() - t0)
 
 
 async def run(a, port, model):
@@ -52,7 +44,7 @@ async def run(a, port, model):
                                 max_retries=2, timeout=3600)
     ps = bs.prompts(a.clients * a.requests)
     for p in ps:   # records each prompt's greedy answer for the replay
-        await one(client, model, p, a.max_tokens, 0)
+        await bs.one(client, model, p, a.max_tokens)
     tps = {1: [], 0: []}
     for i in range(a.pairs):
         for block in ((1, 0) if i % 2 == 0 else (0, 1)):
