@@ -319,13 +319,22 @@ static void test_stops(const int32_t *prompt, int n) {
  * sequence joined; the gate's evidence has classic far ahead), its parked
  * rows become holes in a proposer that can skip, and are fed to one that
  * cannot; either way the proposer stays in step with the cache, the ids are
- * classic decode's, and once alone again it drafts from the rows it has. */
-static void test_gated(const int32_t *prompt, int n, int can_skip) {
-    const char *what = can_skip ? "gated, skipping" : "gated, no skip";
+ * classic decode's, and once alone again it drafts from the rows it has.
+ * Held, it verifies no block, but probes on its policy's schedule: drafts
+ * checked against the classic steps that follow, whose evidence reaches
+ * the policy it hands on (opt.carry), two of them in 80 tokens (a crowd of
+ * two probes half as often as a slot alone). With every draft right (all7)
+ * every position probed hits; with the mix, the first probe's first draft
+ * misses, the second's fourth. */
+static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
+    char what[64];
+    snprintf(what, sizeof what, "gated, %s, %s", can_skip ? "skipping" : "no skip",
+             all7 ? "drafts right" : "mixed drafts");
     dfl_seq q;
     oracle o;
-    int mix[] = {3, 1, 7, 0};
-    dfl_kv *kv = oracle_seq(&q, &o, mix, 4);
+    int mix[] = {0, 3, 1, 7}, right[] = {7};
+    dfl_kv *kv = all7 ? oracle_seq(&q, &o, right, 1) : oracle_seq(&q, &o, mix, 4);
+    o.feedback = 0;   /* a held probe's drafts are followed by parked rows, not a round's */
     if (can_skip) o.base.skip = o_skip;
     dfl_gate g;
     dfl_gate_init(&g);
@@ -334,8 +343,10 @@ static void test_gated(const int32_t *prompt, int n, int can_skip) {
     dfl_costs alone, crowd[DFL_LANES];
     dfl_costs_init(&alone, 16);
     for (int l = 0; l < DFL_LANES; l++) dfl_costs_init(&crowd[l], 16);
+    dfl_policy carry;
+    dfl_policy_init(&carry, &alone, MAXB);
     dfl_loop_opts opt = {.block = 0, .max_tokens = 80, .gate = &g, .costs = &alone,
-                         .crowd_costs = crowd};
+                         .crowd_costs = crowd, .carry = &carry};
     sink s = {0};
     dfl_stats st = {0};
     dfl_error err = {0};
@@ -347,7 +358,13 @@ static void test_gated(const int32_t *prompt, int n, int can_skip) {
     int same = rc == 0 && s.n == 80;
     for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + i];
     CHECK(same, "%s: ids differ from classic decode (%s)", what, err.msg);
-    CHECK(st.rounds == 0 && o.calls == 0, "%s: %d rounds drafted", what, (int)st.rounds);
+    CHECK(st.rounds == 0 && o.calls == 2, "%s: %d rounds, %d held probes", what,
+          (int)st.rounds, o.calls);
+    int probed = carry.tries[0] > 0 && carry.hits[0] > 0;
+    CHECK(all7 ? probed && carry.hits[6] > 0 && carry.hits[0] == carry.tries[0]
+               : probed && carry.hits[0] < carry.tries[0] && carry.tries[1] > 0,
+          "%s: evidence tries %g %g .. %g, hits %g %g .. %g", what, carry.tries[0],
+          carry.tries[1], carry.tries[6], carry.hits[0], carry.hits[1], carry.hits[6]);
     CHECK(o.len == kv->len && o.bad == 0, "%s: proposer %d, kv %d, %d bookkeeping failures",
           what, o.len, kv->len, o.bad);
     /* the crowd's steps cost their share of a shared forward: its own table */
@@ -389,8 +406,7 @@ int main(void) {
     test_forced_lengths(prompt, 6);
     test_prefix_reuse(prompt, 6);
     test_stops(prompt, 6);
-    test_gated(prompt, 6, 1);
-    test_gated(prompt, 6, 0);
+    for (int k = 0; k < 4; k++) test_gated(prompt, 6, k & 1, k >> 1);
     free(ref_feat);
     /* a one-token prompt: the first round drafts with an empty context */
     make_reference(prompt, 1);

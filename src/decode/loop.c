@@ -115,6 +115,8 @@ typedef struct run {
     int crowded;          /* other sequences' rows share this round's forward */
     double crowd;         /* tokens per second of the shared forwards of its classic steps
                              (moving average; 0: none seen yet) */
+    int32_t shadow[DFL_MAX_BLOCK];   /* a held probe's drafts (shadow_start) */
+    int shadow_b, shadow_at;         /* its block (0: none under way), drafts matched so far */
 } run;
 
 /* Commits token id chosen from logits row, produced as kind (DFL_TOKEN_*);
@@ -219,6 +221,42 @@ static int park_row(run *r, dfl_error *err) {
     r->pending++;
     if (1 + r->pending < q->t->max_rows) return 0;
     return settle_parked(r, err);
+}
+
+/* While the crowd gate holds a sequence to classic steps, its policy never
+ * probes, and the gate lets a crowd speculate only once a held slot wants
+ * to: after a replay server's warm-up, whose drafts matched nothing, held
+ * slots expected 2 tokens of a block of 8 (not about 5), and five of six
+ * waves of two clients at tau 6.5 took no speculative round. So a held
+ * slot probes all the same, on its drafter policy's schedule, but checks
+ * the drafts against the classic steps that follow: greedy, a verify
+ * accepts exactly the drafts that match them, and the crowd's forward
+ * carries no extra row. Each probe still costs the crowd a drafter pass
+ * (its lm_head alone reads 160 MB beside a 0.6B target); eight held slots
+ * probing on a lone slot's schedule ran 0.90x classic steps at tau 6.5, so
+ * the schedule is stretched by the crowd's size. Starts one when due. */
+static int shadow_start(run *r, dfl_policy *p, int active, dfl_error *err) {
+    dfl_seq *q = r->q;
+    int B = imin(p->probe_block, r->o->max_tokens - r->gen);
+    if (r->shadow_b || !q->pr || r->o->accept || B < 2 ||
+        p->classic_run < p->reprobe_every * active)
+        return 0;
+    int rc = settle_parked(r, err);
+    if (!rc) rc = flush_pending(r, err);
+    q->hist[q->kv->len] = r->anchor;
+    if (!rc) rc = q->pr->draft(q->pr, r->anchor, q->kv->len, B, r->shadow, NULL, err);
+    if (rc) return rc;
+    r->shadow_b = B, r->shadow_at = 0;
+    p->probing = 1;   /* dfl_policy_observe spaces the next one as after a probe */
+    return 0;
+}
+
+/* A classic step committed id: the held probe under way checks its next draft. */
+static void shadow_check(run *r, dfl_policy *p, int32_t id) {
+    if (!r->shadow_b) return;
+    if (id == r->shadow[r->shadow_at] && ++r->shadow_at < r->shadow_b - 1) return;
+    dfl_policy_observe(p, r->shadow_b, r->shadow_at);
+    r->shadow_b = 0;
 }
 
 /* What the forward of a round cost its sequence: its time alone, or, when it
@@ -616,6 +654,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             pol[l].alone = active > 1 ? costs[l] : NULL;
         }
         int wants = held && price > 0 && held_wants(&r, pol);
+        if (!r.gated && r.shadow_b)   /* free again: its own policy probes for real */
+            r.shadow_b = 0, pol[DFL_LANE_DRAFTER].probing = 0;
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
         int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, use[DFL_LANE_DRAFTER],
@@ -629,7 +669,15 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0, 0);
             continue;
         }
+        dfl_policy *dp = &pol[DFL_LANE_DRAFTER];
+        if (r.gated && !wants && B == 1) {
+            double f0 = dfl_now();
+            rc = shadow_start(&r, dp, active, err);
+            st->t_draft += dfl_now() - f0;
+            if (rc) break;
+        }
         if ((rc = round_step(&r, B, lane, &a, &cost, err))) break;
+        if (B == 1 && r.shadow_b) shadow_check(&r, dp, r.anchor);
         if (o->gate) dfl_gate_note(o->gate, active, r.gen - gen0, wants);
         /* a classic step is every lane's baseline */
         for (int l = 0; l < DFL_LANES; l++)

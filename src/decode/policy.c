@@ -470,8 +470,9 @@ static int spec_wanted(const dfl_gate *g, int c) {
 /* A window's mode: the one measured ahead. With no evidence anywhere,
  * classic steps first, then speculation once wanted (spec_wanted): a fresh
  * crowd's first window of speculation, its policies still learning the
- * crowd's costs, ran at about 0.8x classic steps (Zen 4, four clients),
- * and at tau 3 cost that much for nothing. The other mode gets a window once
+ * crowd's costs, ran at about 0.8x classic steps (Zen 4, four clients), and
+ * in crowds of four and eight, at tau 3 and 6.5 alike, cost that much for
+ * nothing: there classic steps win. The other mode gets a window once
  * it has not been measured for the crowd's `every` windows; speculation only
  * if spec_wanted. */
 static int gate_pick(dfl_gate *g, int active) {
