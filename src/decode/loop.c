@@ -237,17 +237,15 @@ static int park_row(run *r, dfl_error *err) {
  * the schedule is stretched by the crowd's size. Starts one when due. */
 static int shadow_start(run *r, dfl_policy *p, int active, dfl_error *err) {
     dfl_seq *q = r->q;
-    int B = imin(p->probe_block, r->o->max_tokens - r->gen);
-    if (r->shadow_b || !q->pr || r->o->accept || B < 2 ||
-        p->classic_run < p->reprobe_every * active)
-        return 0;
+    if (r->shadow_b || !q->pr || r->o->accept || r->o->max_tokens - r->gen < 2) return 0;
+    int B = imin(dfl_policy_held_probe(p, active), r->o->max_tokens - r->gen);
+    if (B < 2) return 0;
     int rc = settle_parked(r, err);
     if (!rc) rc = flush_pending(r, err);
-    q->hist[q->kv->len] = r->anchor;
-    if (!rc) rc = q->pr->draft(q->pr, r->anchor, q->kv->len, B, r->shadow, NULL, err);
     if (rc) return rc;
+    q->hist[q->kv->len] = r->anchor;
+    if ((rc = q->pr->draft(q->pr, r->anchor, q->kv->len, B, r->shadow, NULL, err))) return rc;
     r->shadow_b = B, r->shadow_at = 0;
-    p->probing = 1;   /* dfl_policy_observe spaces the next one as after a probe */
     return 0;
 }
 
@@ -655,7 +653,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         }
         int wants = held && price > 0 && held_wants(&r, pol);
         if (!r.gated && r.shadow_b)   /* free again: its own policy probes for real */
-            r.shadow_b = 0, pol[DFL_LANE_DRAFTER].probing = 0;
+            r.shadow_b = 0, dfl_policy_skip(&pol[DFL_LANE_DRAFTER]);
         int lane, B = pick_block(&r, pol, &lane), a = 0, ctx = q->kv->len;
         double cost = 0;
         int N = pick_tree(&r, &tp, &pol[DFL_LANE_DRAFTER], tree_costs, use[DFL_LANE_DRAFTER],

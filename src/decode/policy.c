@@ -197,6 +197,13 @@ static int best_block(const dfl_policy *p, int ctx) {
     return best;
 }
 
+/* Whether a probe is due, on the schedule stretched `stretch` times. A
+ * block of 2 would only ever test the first position, which alone rarely
+ * pays for a round. */
+static int probe_due(const dfl_policy *p, int stretch) {
+    return p->probe_block >= 2 && p->classic_run >= p->reprobe_every * stretch;
+}
+
 int dfl_policy_choose(dfl_policy *p, int ctx) {
     int B = best_block(p, p->ctx = ctx);
     if (B > 1) {
@@ -205,10 +212,14 @@ int dfl_policy_choose(dfl_policy *p, int ctx) {
         return stale >= DFL_RECLASSIC ? 1 : B;
     }
     /* Classic wins on current estimates; probe once in a while so a changed
-     * text can win speculation back. A block of 2 would only ever test the
-     * first position, which alone rarely pays for a round. */
-    p->probing = p->probe_block >= 2 && p->classic_run >= p->reprobe_every;
+     * text can win speculation back. */
+    p->probing = probe_due(p, 1);
     return p->probing ? p->probe_block : 1;
+}
+
+int dfl_policy_held_probe(dfl_policy *p, int stretch) {
+    p->probing = probe_due(p, stretch);
+    return p->probing ? p->probe_block : 0;
 }
 
 void dfl_policy_classic_step(dfl_policy *p) { p->classic_run++; }

@@ -119,6 +119,11 @@ void dfl_policy_classic_step(dfl_policy *p);
 /* The round just chosen was given to another lane: a probe it asked for is
  * not under way (it is asked for again on a later round). */
 void dfl_policy_skip(dfl_policy *p);
+/* A probe of a sequence held to classic steps (its drafts are checked against
+ * the steps that follow, not verified): its block when one is due on the
+ * probe schedule stretched `stretch` times, marked under way as a chosen
+ * probe is (dfl_policy_observe ends it); 0 when none is due. */
+int dfl_policy_held_probe(dfl_policy *p, int stretch);
 
 /* ---- lanes -----------------------------------------------------------------
  * pol and offer are indexed by lane (DFL_LANE_*, DFL_LANES each, dflash.h):
