@@ -86,7 +86,8 @@ typedef struct dfl_engine_opts {
                                  misses the TLB less (about 10% faster sustained Q8_0 decode
                                  measured on a Zen 4), for a read of the file at load and its
                                  size in memory. Files used as they are; converted weights
-                                 (dtype) are in memory anyway */
+                                 (dtype) are in memory anyway. -1: copy when the copy takes
+                                 at most half of the memory available (serve's default) */
     dfl_progress_fn progress;
     void *progress_ud;
     const char *draft_dtype;  /* the drafter's weights at load: a type converts them; "auto"
@@ -136,6 +137,8 @@ typedef struct dfl_model_info {
     uint64_t draft_head_bytes; /* the drafter's own copy of the target's lm_head, in
                               draft_dtype (a 16-bit head beside a quantized drafter); 0: it
                               reads the target's */
+    int weights_copied;    /* the target's file weights were copied into memory (no_mmap),
+                              not read in place */
 } dfl_model_info;
 
 void dfl_engine_info(const dfl_engine *e, dfl_model_info *info);

@@ -798,6 +798,16 @@ static void test_json(void) {
     cJSON_Delete(j);
 }
 
+/* serve's default copies the weights only where the copy takes at most half
+ * of the memory available: a page fits, an exabyte does not. */
+static void test_copy_fits(void) {
+    dfl_mapping m = {NULL, 4096};
+    dfl_tensors ts = {.maps = &m, .n_maps = 1};
+    CHECK(dfl_tensors_copy_fits(&ts), "a 4 KB copy does not fit");
+    m.len = (size_t)1 << 60;
+    CHECK(!dfl_tensors_copy_fits(&ts), "an exabyte copy fits");
+}
+
 int main(void) {
     const char *tmp = test_tmpdir();
     test_types();
@@ -811,6 +821,7 @@ int main(void) {
     test_st_roundtrip(tmp);
     test_st_sharded();
     test_json();
+    test_copy_fits();
     test_rmdir(tmp);
     return test_summary();
 }

@@ -20,7 +20,8 @@ for mode in draft none; do
     die "dflash generate (expected outputs)"
   args=(-m "$WORK/target" -c 512 --parallel 2 --max-body 1048576)
   [ $mode = draft ] && args+=(--draft "$WORK/draft" --api-key "$KEY" --cors https://page.example)
-  lenient=""; [ $mode = none ] && { args+=(--lenient); lenient=1; }
+  # (--mmap: the server's default copies small weights into memory; the other mode reads them in place)
+  lenient=""; [ $mode = none ] && { args+=(--lenient --mmap); lenient=1; }
   start_server "$WORK/server-$mode.log" "${args[@]}"
   key=""; [ $mode = draft ] && key=$KEY
   SERVER_URL=$SERVER_URL SERVER_API_KEY=$key EXPECT="$WORK/expect-$mode.json" MAX_BODY=1048576 LENIENT=$lenient \
@@ -38,7 +39,10 @@ for mode in draft none; do
     curl -s -H "Authorization: Bearer $key" "$SERVER_URL/props" | grep -q '"drafter_kind":"DFlash"' ||
       die "/props: no drafter_kind DFlash"
     grep -q "ready: .*, DFlash drafter, " "$WORK/server-$mode.log" || die "ready line without the drafter's kind"
+    grep -q "ready: .*, weights in memory), " "$WORK/server-$mode.log" ||
+      die "the default did not copy a small model's weights into memory"
   else
+    grep -q "ready: .*, weights read in place), " "$WORK/server-$mode.log" || die "--mmap copied the weights"
     grep -q '"draft_kind":""' <<<"$got" || die "/v1/models: draft_kind not empty without a drafter: $got"
     grep -q "^HTTP/1.1 405" <<<"$pre" && ! grep -qi "^access-control" <<<"$pre$got" ||
       die "CORS is on without --cors: $pre"

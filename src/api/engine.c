@@ -225,6 +225,7 @@ void dfl_engine_info(const dfl_engine *e, dfl_model_info *info) {
     info->ffn_dim = c->ffn_dim;
     info->vocab = c->vocab;
     info->ctx_size = e->ctx_size;
+    info->weights_copied = e->t->copied;
     info->max_ctx = c->max_ctx;
     info->weight_bytes = e->t->weight_bytes;
     info->rec_state_bytes = e->t->rec_bytes;

@@ -22,8 +22,10 @@ static void usage(FILE *f) {
             "                          tree_budget overrides it\n"
             "  --ngram                 also draft by prompt lookup (the n-gram lane), with or\n"
             "                          without a drafter; /metrics counts rounds by lane\n"
-            "  --no-mmap               copy the weights into memory (huge pages) instead of\n"
-            "                          reading the file in place: faster decode, slower load\n"
+            "  --no-mmap, --mmap       copy the weights into memory (huge pages), or read the\n"
+            "                          file in place; default: the copy when it takes at\n"
+            "                          most half of the available memory (a faster decode\n"
+            "                          for a read of the file at load)\n"
             "  --host ADDR             listen address (default 127.0.0.1; only this one)\n"
             "  --port N                TCP port (default 8080; 0 picks a free one)\n"
             "  -np, --parallel N       slots: requests generating at once (default 1)\n"
@@ -102,8 +104,8 @@ int cmd_serve(int argc, char **argv) {
             o.ngram = 1;
             continue;
         }
-        if (!strcmp(a, "--no-mmap")) {
-            o.no_mmap = 1;
+        if (!strcmp(a, "--no-mmap") || !strcmp(a, "--mmap")) {
+            o.no_mmap = !strcmp(a, "--no-mmap");
             continue;
         }
         if (!strcmp(a, "--no-webui")) {

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -128,6 +129,36 @@ int dfl_tensors_copy_maps(dfl_tensors *ts, dfl_error *err) {
         }
     }
     return 0;
+}
+
+/* The first number that `fmt` reads from file `path`; -1 when none. */
+static double read_num(const char *path, const char *fmt) {
+    FILE *f = fopen(path, "r");
+    char line[128];
+    double v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, fmt, &v) == 1) break;
+    if (f) fclose(f);
+    return v;
+}
+
+/* Bytes this process may still take: MemAvailable of /proc/meminfo (else the
+ * free pages), and no more than its cgroup's limit leaves (a container's
+ * limit is not in /proc/meminfo, and a copy past it is killed). */
+static double mem_available(void) {
+    double kb = read_num("/proc/meminfo", "MemAvailable: %lf kB");
+    double v = kb >= 0 ? kb * 1024
+                       : (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double max = read_num("/sys/fs/cgroup/memory.max", "%lf");   /* "max": none */
+    double cur = read_num("/sys/fs/cgroup/memory.current", "%lf");
+    if (max >= 0 && cur >= 0 && max - cur < v) v = max - cur;
+    return v;
+}
+
+int dfl_tensors_copy_fits(const dfl_tensors *ts) {
+    double bytes = 0;
+    for (int i = 0; i < ts->n_maps; i++) bytes += (double)ts->maps[i].len;
+    return bytes <= 0.5 * mem_available();
 }
 
 int dfl_tensors_add_map(dfl_tensors *ts, dfl_mapping m, dfl_error *err) {

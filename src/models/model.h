@@ -154,6 +154,7 @@ typedef struct dfl_target {
     gguf_file *gguf;      /* when loaded from GGUF (tokenizer reads it) */
     const char *prefix;   /* HF names of the decoder: "model." or, in a multimodal
                              checkpoint, "model.language_model." */
+    int copied;           /* the file's weights were copied into memory (no_mmap) */
     int unpermute;        /* GGUF llama: q/k rows stored interleaved, undone at load */
     void *owned;          /* converted weights / f32 norms, one allocation */
     dfl_pool *pool;
@@ -205,7 +206,8 @@ typedef struct dfl_load_opts {
     int max_rows;         /* rows of one sequence per forward (default 64) */
     int batch_rows;       /* rows of all sequences per forward; 0: max_rows */
     int draft_window;     /* drafters: see dfl_engine_opts.draft_window */
-    int no_mmap;          /* copy the file's weights into memory (dfl_tensors_copy_maps) */
+    int no_mmap;          /* copy the file's weights into memory (dfl_tensors_copy_maps):
+                             1 always, 0 never, -1 when the copy fits (dfl_tensors_copy_fits) */
     int snap_rows;        /* recurrent layers: rows of one forward a sequence can roll back
                              into (the largest verify block); 0: max_rows */
     dfl_pool *pool;

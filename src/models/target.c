@@ -235,7 +235,11 @@ int dfl_target_load(const char *path, const dfl_load_opts *o, dfl_target **out, 
     dfl_target *t = xcalloc(1, sizeof *t);
     t->kv_type = kt;
     int rc = open_source(t, path, err);
-    if (!rc && o->no_mmap) rc = dfl_tensors_copy_maps(t->gguf ? &t->gguf->tensors : &t->ts, err);
+    dfl_tensors *ts = t->gguf ? &t->gguf->tensors : &t->ts;
+    if (!rc && (o->no_mmap > 0 || (o->no_mmap < 0 && dfl_tensors_copy_fits(ts)))) {
+        rc = dfl_tensors_copy_maps(ts, err);
+        t->copied = !rc;
+    }
     if (!rc) rc = dfl_config_validate(&t->c, path, err);
     if (!rc && !t->c.rope_neox) {
         t->unpermute = 1;

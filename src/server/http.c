@@ -36,6 +36,7 @@ void srv_opts_default(srv_opts *o) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->parallel = 1;
+    o->no_mmap = -1;   /* a server runs long: decode from a copy in huge pages, where it fits */
     o->queue_max = 64;
     o->max_body = 8u << 20;
     o->max_json_depth = 64;
@@ -902,9 +903,10 @@ static void *load_engine(void *arg) {
         return NULL;
     }
     fprintf(stderr,
-            "dflash serve: ready: model '%s' (%s, %s), %s%s, %d slot%s of %d tokens, "
+            "dflash serve: ready: model '%s' (%s, %s, %s), %s%s, %d slot%s of %d tokens, "
             "continuous batching\n",
             srv->model_id, srv->info.arch, srv->info.dtype,
+            srv->info.weights_copied ? "weights in memory" : "weights read in place",
             srv->info.draft_mtp ? "MTP head drafts" : srv->info.draft_kind,
             srv->info.draft_mtp ? "" : !srv->info.has_draft ? "no drafter"
             : srv->info.mtp_lane ? " drafter and MTP head" : " drafter",

@@ -33,7 +33,8 @@ typedef struct srv_opts {
     int allow_inexact, draft_window; /* passed to the engine (dfl_engine_opts) */
     int draft_mtp;             /* the model's MTP head drafts (dfl_engine_opts.draft_mtp) */
     int ngram;                 /* the n-gram lane too (dfl_engine_opts.ngram) */
-    int no_mmap;               /* weights copied into memory (dfl_engine_opts.no_mmap) */
+    int no_mmap;               /* weights copied into memory (dfl_engine_opts.no_mmap);
+                                  default -1: when the copy fits */
     const char *api_key;       /* NULL: no auth */
     const char *alias;         /* model id clients use; default: the model's name */
     const char *chat_template; /* "chatml" or Jinja text; NULL: the model's */
