@@ -236,10 +236,15 @@ INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, 
          * 36 bytes too, as at 72 some lines went unfetched (decode read 45% of the
          * bandwidth, not 80%). Into L2, not L1: the next rows' lines in L1 evicted
          * the lines being read (the AVX-512 tile's 16 rows, 17 KB each way at
-         * 0.6B's 1024 columns): a one-row Q8_0 product read 23 GB/s, now 40 (Zen 4) */
-        if (b % 2 == 0)
+         * 0.6B's 1024 columns): a one-row Q8_0 product read 23 GB/s, now 40 (Zen 4).
+         * The last block fetches each row's last line: at Q8_0's 68 bytes a turn the
+         * turns stop a line short of a 1024-column row's 17 (Zen 3: the line left to
+         * the hardware made those products 12-18% slower, bench_quant). */
+        if (b % 2 == 0 || b == nb - 1) {
+            size_t at = off + next + (b == nb - 1 ? bb - 1 : 0);
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) _mm_prefetch((const char *)rows[j] + off + next, _MM_HINT_T1);
+            for (int j = 0; j < 8; j++) _mm_prefetch((const char *)rows[j] + at, _MM_HINT_T1);
+        }
         __m256 dw = scales8(rows[0] + off, vo);
         if (R == 1) {
             __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx));
@@ -463,8 +468,8 @@ INLINE void tile_k(const int q6, const int R, const uint8_t *w, const uint8_t *w
 
 /* ---- rows of W (quant_rows.h) ------------------------------------------ */
 
-DFL_Q8ROWS(AVX2, rows_q8_0, 8, 8, tile_whole, W8)
-DFL_Q8ROWS(AVX2, rows_q4_0, 8, 8, tile_whole, W4)
+DFL_Q8ROWS(AVX2, rows_q8_0, 8, 8, tile_whole, W8, 1)
+DFL_Q8ROWS(AVX2, rows_q4_0, 8, 8, tile_whole, W4, 1)
 DFL_QROWS(AVX2, rows_q4_1, 32, tile32, 0)
 DFL_QROWS(AVX2, rows_q4_K, QK_K, tile_k, 0)
 DFL_QROWS(AVX2, rows_q6_K, QK_K, tile_k, 1)

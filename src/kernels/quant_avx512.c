@@ -281,8 +281,8 @@ INLINE void tile(const int kind, const int R, const uint8_t *w, const uint8_t *w
         store_pair(R, acc[p], p, kind == Q41 ? M + 2 * p : NULL, y, ldy);
 }
 
-DFL_Q8ROWS(AVX512, rows_q8_0, 16, 16, tile_whole, W8)
-DFL_Q8ROWS(AVX512, rows_q4_0, 16, 16, tile_whole, W4)
+DFL_Q8ROWS(AVX512, rows_q8_0, 16, 16, tile_whole, W8, 0)
+DFL_Q8ROWS(AVX512, rows_q4_0, 16, 16, tile_whole, W4, 0)
 DFL_QROWS(AVX512, rows_q4_1, 32, tile, Q41)
 DFL_QROWS(AVX512, rows_q4_K, QK_K, tile, Q4K)
 DFL_QROWS(AVX512, rows_q6_K, QK_K, tile, Q6K)
