@@ -45,8 +45,9 @@ void dfl_tensors_free(dfl_tensors *ts);
  * walks far fewer page-table entries than over the file's 4 KB pages, at the
  * cost of reading the file once at load and holding the copy in memory. */
 int dfl_tensors_copy_maps(dfl_tensors *ts, dfl_error *err);
-/* Whether that copy takes at most half of the memory the kernel reports
- * available now (MemAvailable): where a default makes the copy, a model that
+/* Whether that copy takes at most half of the memory this process may still
+ * take: MemAvailable, and no more than its cgroup's memory.max less
+ * memory.current (see types.c). Where a default makes the copy, a model that
  * would crowd the machine's memory stays read in place. */
 int dfl_tensors_copy_fits(const dfl_tensors *ts);
 /* Finds a tensor by exact name; NULL if absent. */

@@ -144,13 +144,17 @@ static double read_num(const char *path, const char *fmt) {
 
 /* Bytes this process may still take: MemAvailable of /proc/meminfo (else the
  * free pages), and no more than its cgroup's limit leaves (a container's
- * limit is not in /proc/meminfo, and a copy past it is killed). */
+ * limit is not in /proc/meminfo, and a copy past it is killed), v2 or v1. */
 static double mem_available(void) {
     double kb = read_num("/proc/meminfo", "MemAvailable: %lf kB");
     double v = kb >= 0 ? kb * 1024
                        : (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     double max = read_num("/sys/fs/cgroup/memory.max", "%lf");   /* "max": none */
     double cur = read_num("/sys/fs/cgroup/memory.current", "%lf");
+    if (max < 0 && cur < 0) { /* cgroup v1 (older hosts' containers); no limit: a huge one */
+        max = read_num("/sys/fs/cgroup/memory/memory.limit_in_bytes", "%lf");
+        cur = read_num("/sys/fs/cgroup/memory/memory.usage_in_bytes", "%lf");
+    }
     if (max >= 0 && cur >= 0 && max - cur < v) v = max - cur;
     return v;
 }
