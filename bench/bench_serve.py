@@ -25,6 +25,13 @@ alternated within each rep (in reverse order on odd reps); the table gives
 medians, the aggregate's range, and each server's aggregate over dflash
 classic's of the same rep.
 
+llama-server runs without its host-memory prompt cache (--cache-ram 0): the
+warm-up sends every measured prompt once, and from that cache llama-server
+then skipped the prefill of 50-72% of the measured requests (its log: prompt
+eval of 1 token), which no server gets from distinct prompts; dflash serve
+keeps each slot's last sequence only, as llama-server's slots do.
+--llama-prompt-cache leaves that cache on.
+
 The llama.cpp build is one made by hand from its public source; nothing of it
 is fetched, built or committed here. Prints a markdown table; --out keeps
 every number with the command that made it (bench/plot_serve.py draws it)."""
@@ -181,6 +188,7 @@ async def stage(port, model, ps, n_clients, reqs, max_tokens, warm_crowd=0):
 
 def configs(a):
     base = [a.dflash, "serve", "-m", a.model, "-t", str(a.threads), "-c", str(a.ctx)]
+    base += ["--mmap"] if a.mmap else []
     out = [("dflash classic", lambda n, port: base + ["--port", str(port), "-np", str(n)])]
     dd = ["--draft-dtype", a.draft_dtype] if a.draft_dtype else []
     for tau in a.taus:
@@ -190,7 +198,8 @@ def configs(a):
     if a.llama_server:
         out.append(("llama-server", lambda n, port: [
             a.llama_server, "-m", a.model, "-t", str(a.threads), "-np", str(n),
-            "-c", str(a.ctx * n), "--port", str(port), "--host", "127.0.0.1", "-cb"]))
+            "-c", str(a.ctx * n), "--port", str(port), "--host", "127.0.0.1", "-cb"]
+            + ([] if a.llama_prompt_cache else ["--cache-ram", "0"])))
     return out
 
 
@@ -222,7 +231,13 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512, help="context per slot")
-    ap.add_argument("--only", help="run the configs whose name contains this")
+    ap.add_argument("--mmap", action="store_true",
+                    help="dflash serve reads the weights in place (its default copies them "
+                    "into memory where the copy fits; llama-server's default maps the file)")
+    ap.add_argument("--llama-prompt-cache", action="store_true",
+                    help="leave llama-server's host-memory prompt cache on (see above)")
+    ap.add_argument("--only", help="run the configs whose name contains one of these "
+                    "(comma-separated)")
     ap.add_argument("--reps", type=int, default=1,
                     help="sweeps of every client count, servers alternated within each")
     ap.add_argument("--warm-crowd", type=int, default=0, metavar="K",
@@ -238,7 +253,7 @@ def main():
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {a.threads} threads; model {a.model}; "
           f"{a.max_tokens} tokens per request, {a.requests} requests per client, "
           f"{a.reps} rep(s), warm crowd {a.warm_crowd}", file=sys.stderr)
-    cfgs = [c for c in configs(a) if not a.only or a.only in c[0]]
+    cfgs = [c for c in configs(a) if not a.only or any(o in c[0] for o in a.only.split(","))]
     # Servers alternate within each rep and client count: on a shared machine
     # whose speed drifts by minutes, the ratios of neighbouring stages hold
     # where stages run a config's whole sweep apart do not. Odd reps run the
