@@ -46,9 +46,9 @@ void dfl_tensors_free(dfl_tensors *ts);
  * cost of reading the file once at load and holding the copy in memory. */
 int dfl_tensors_copy_maps(dfl_tensors *ts, dfl_error *err);
 /* Whether that copy takes at most half of the memory this process may still
- * take: MemAvailable, and no more than its cgroup's memory.max less
- * memory.current (see types.c). Where a default makes the copy, a model that
- * would crowd the machine's memory stays read in place. */
+ * take: MemAvailable, and no more than its cgroup's limit less its usage (v2,
+ * else v1; see types.c). Where a default makes the copy, a model that would
+ * crowd the machine's memory stays read in place. */
 int dfl_tensors_copy_fits(const dfl_tensors *ts);
 /* Finds a tensor by exact name; NULL if absent. */
 dfl_tensor *dfl_tensors_find(dfl_tensors *ts, const char *name);
