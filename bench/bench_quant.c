@@ -111,13 +111,14 @@ static mats make_mats(dfl_type t, int rows, int cols, size_t total) {
             for (size_t i = 100; i < m.bytes; i += 4096) d[i] ^= (uint8_t)c;
         }
         m.W[c] = (dfl_mat){t, rows, cols, d, rb};
+        dfl_mat_prepare(&m.W[c]); /* the side copies a loaded model's matrices get */
     }
     free(row);
     return m;
 }
 
 static void free_mats(mats *m) {
-    for (int c = 0; c < m->ncopy; c++) free((void *)m->W[c].data);
+    for (int c = 0; c < m->ncopy; c++) dfl_mat_release(&m->W[c]), free((void *)m->W[c].data);
     free(m->W);
 }
 

@@ -322,10 +322,9 @@ static void test_matmul_case(dfl_type t, int rows, int cols, int full) {
     vs_twin(&c, ref, N, full, "");
     /* A small matrix's transposed copy (8 outputs per vector): the same bits,
      * alone or in any batch. */
-    if (dfl_mat_transpose(&c.W)) {
+    if (dfl_mat_prepare(&c.W)) {
         vs_twin(&c, ref, N, full, " transposed");
-        free(c.W.wt);
-        c.W.wt = NULL;
+        dfl_mat_release(&c.W);
     } else {
         CHECK(cols > 192 || (size_t)(rows + 23) / 24 * 24 * cols * 4 > (256 << 10) || rows * cols == 0,
               "type %d %dx%d: small float matrix not transposed", t, rows, cols);

@@ -354,6 +354,15 @@ static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, i
         char wi[160];
         snprintf(wi, sizeof wi, "%s [%s]", what, dfl_isa_name((dfl_isa)isa));
         check_paths(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
+        /* the AVX2 tiles' scales side by side (W->sc): the same bits */
+        dfl_mat_prepare(&m.W);
+        int want_sc = isa == DFL_ISA_AVX2 && (t == DFL_Q8_0 || t == DFL_Q4_0);
+        CHECK(!m.W.sc == !want_sc, "%s: scales side by side %s", wi, want_sc ? "missing" : "made");
+        if (m.W.sc) {
+            strncat(wi, " scales side by side", sizeof wi - strlen(wi) - 1);
+            check_paths(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
+        }
+        dfl_mat_release(&m.W);
     }
     dfl_kernels_set_isa(dfl_cpu_isa());
 
@@ -444,13 +453,18 @@ static void test_group(void) {
         void *scratch = dfl_aligned_alloc(GK * dfl_matmul_scratch(types[ti], GMAXN, GCOLS));
         for (int isa = DFL_ISA_GENERIC; isa <= (int)dfl_cpu_isa(); isa++) {
             dfl_kernels_set_isa((dfl_isa)isa);
-            for (int p = 0; p < 3; p++)
-                for (int k = 0; k < 3; k++) {
-                    char what[96];
-                    snprintf(what, sizeof what, "%s, %s path, %d threads", dfl_type_name(types[ti]),
-                             dfl_isa_name((dfl_isa)isa), p + 1);
-                    group_case(pools[p], m, ns[k], scratch, what);
-                }
+            for (int sc = 0; sc < 2; sc++) { /* then with the AVX2 path's W->sc */
+                for (int j = 0; j < GK && sc; j++) dfl_mat_prepare(&m[j].W);
+                for (int p = 0; p < 3; p++)
+                    for (int k = 0; k < 3; k++) {
+                        char what[96];
+                        snprintf(what, sizeof what, "%s, %s path%s, %d threads",
+                                 dfl_type_name(types[ti]), dfl_isa_name((dfl_isa)isa),
+                                 m[0].W.sc ? " (scales side by side)" : "", p + 1);
+                        group_case(pools[p], m, ns[k], scratch, what);
+                    }
+                for (int j = 0; j < GK; j++) dfl_mat_release(&m[j].W);
+            }
         }
         dfl_kernels_set_isa(dfl_cpu_isa());
         printf("grouped products: %s done\n", dfl_type_name(types[ti]));

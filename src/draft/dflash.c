@@ -495,14 +495,14 @@ static void alloc_scratch(dfl_drafter *d) {
     }
     d->qscratch = dfl_aligned_alloc(qs);
     /* Cache-resident drafters: transposed copies for dfl_matmul. */
-    dfl_mat_transpose(&d->fc);
-    if (d->sel_proj.rows) dfl_mat_transpose(&d->sel_proj);
+    dfl_mat_prepare(&d->fc);
+    if (d->sel_proj.rows) dfl_mat_prepare(&d->sel_proj);
     for (int l = 0; l < c->n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];
         dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg,
                          &L->conv_proj[0], &L->conv_proj[1]};
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
-            if (ms[i]->rows) dfl_mat_transpose(ms[i]);
+            if (ms[i]->rows) dfl_mat_prepare(ms[i]);
     }
 }
 
@@ -558,14 +558,14 @@ int dfl_drafter_load(const char *path, dfl_target *t, const dfl_load_opts *o,
 void dfl_drafter_free(dfl_drafter *d) {
     if (!d) return;
     dfl_mtp_free(d->mtp, d->c.n_experts);
-    free(d->fc.wt);
+    dfl_mat_release(&d->fc);
     for (int l = 0; d->layers && l < d->c.n_layers; l++) {
         dfl_dlayer *L = &d->layers[l];
-        free(L->wq.wt), free(L->wk.wt), free(L->wv.wt), free(L->wo.wt);
-        free(L->w_gate.wt), free(L->w_up.wt), free(L->w_down.wt), free(L->wg.wt);
-        free(L->conv_proj[0].wt), free(L->conv_proj[1].wt);
+        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg,
+                         &L->conv_proj[0], &L->conv_proj[1]};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) dfl_mat_release(ms[i]);
     }
-    free(d->sel_proj.wt);
+    dfl_mat_release(&d->sel_proj);
     free(d->layers);
     free(d->rope.inv_freq);
     dfl_weights_free_owned(d->owned);

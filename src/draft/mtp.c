@@ -125,7 +125,7 @@ void dfl_mtp_free(dfl_mtp *m, int n_experts) {
     if (!m) return;
     dfl_mat **ms = xcalloc(12 + 3 * (size_t)n_experts, sizeof *ms);
     int n = head_mats(m, n_experts, ms);
-    for (int i = 0; i < n; i++) free(ms[i]->wt);
+    for (int i = 0; i < n; i++) dfl_mat_release(ms[i]);
     free(ms);
     if (m->layer.moe) free(m->layer.moe->gate), free(m->layer.moe->up), free(m->layer.moe->down);
     free(m->layer.moe);
@@ -148,7 +148,7 @@ static void alloc_scratch(dfl_drafter *d) {
     d->qscratch = dfl_aligned_alloc(dfl_matmul_scratch(d->mtp->fc.type, R, 2 * c->dim));
     dfl_mat **ms = xcalloc(12 + 3 * (size_t)c->n_experts, sizeof *ms);
     int n = head_mats(d->mtp, c->n_experts, ms);
-    for (int i = 0; i < n; i++) dfl_mat_transpose(ms[i]);
+    for (int i = 0; i < n; i++) dfl_mat_prepare(ms[i]);
     free(ms);
 }
 

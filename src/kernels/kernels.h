@@ -26,8 +26,11 @@ typedef struct dfl_mat {
     const uint8_t *data;   /* rows * row_bytes */
     size_t row_bytes;
     float *wt;             /* NULL, or the f32 transpose of a small matrix in panels of 24
-                              outputs (dfl_mat_transpose), which dfl_matmul reads instead
-                              of data; the owner frees it */
+                              outputs (dfl_mat_prepare), which dfl_matmul reads instead
+                              of data */
+    uint16_t *sc;          /* NULL, or Q8_0 / Q4_0's f16 block scales, 8 rows side by side:
+                              [(rows + 7) / 8][cols / 32][8] (dfl_mat_prepare), which the
+                              AVX2 tiles of several rows load instead of gathering */
 } dfl_mat;
 
 /* Y[r, o] = sum_i W[o, i] * X[r, i] for r < n, o < W->rows.
@@ -45,12 +48,15 @@ size_t dfl_matmul_scratch(dfl_type t, int n, int cols);
  * least dfl_matmul_scratch(type, n, cols) bytes per distinct X. */
 void dfl_matmul_group(dfl_pool *pool, const dfl_mat *const *W, int n, const float *const *X,
                       float *const *Y, int k, void *scratch);
-/* Gives a small float matrix (f32 / f16 / bf16, at most 256 KiB as f32 and
- * 192 columns: a model whose weights sit in cache) its transpose in m->wt,
- * so products compute 8 outputs per vector with no horizontal sums (the
- * same bits). Returns 1 if it made one. Call once the
- * data is final. */
-int dfl_mat_transpose(dfl_mat *m);
+/* Side copies that make products faster, with the same bits. A small float
+ * matrix (f32 / f16 / bf16, at most 256 KiB as f32 and 192 columns: a model
+ * whose weights sit in cache) gets its transpose in m->wt, so products
+ * compute 8 outputs per vector with no horizontal sums. A Q8_0 / Q4_0
+ * matrix, while the AVX2 path is in use, gets its block scales side by side
+ * in m->sc (6% of its bytes). Returns 1 if it made a transpose. Call once
+ * the data is final; dfl_mat_release frees what it made. */
+int dfl_mat_prepare(dfl_mat *m);
+void dfl_mat_release(dfl_mat *m);
 /* Plain-C twin, single-threaded. */
 void dfl_matmul_ref(const dfl_mat *W, int n, const float *X, int ldx, float *Y, int ldy);
 

@@ -424,7 +424,7 @@ static void gemm_trans(const dfl_mat *W, int o0, int o1, int n, const float *X, 
 
 #endif
 
-int dfl_mat_transpose(dfl_mat *m) {
+static int mat_transpose(dfl_mat *m) {
     size_t np = ((size_t)m->rows + PW - 1) / PW, n = np * PW * (size_t)m->cols;
     /* Longer rows make lane chains too long to hide their latency: measured slower. */
     if (m->type > DFL_BF16 || m->wt || n == 0 || n * sizeof(float) > SMALL_BYTES ||
@@ -440,6 +440,18 @@ int dfl_mat_transpose(dfl_mat *m) {
     }
     free(row);
     return 1;
+}
+
+int dfl_mat_prepare(dfl_mat *m) {
+    dfl_qmat_scales(m);
+    return mat_transpose(m);
+}
+
+void dfl_mat_release(dfl_mat *m) {
+    free(m->wt);
+    free(m->sc);
+    m->wt = NULL;
+    m->sc = NULL;
 }
 
 /* ---- dispatch ------------------------------------------------------------ */

@@ -652,6 +652,20 @@ static void qrows(dfl_isa isa, const dfl_mat *W, const dfl_qact *a, int n, int o
     }
 }
 
+void dfl_qmat_scales(dfl_mat *m) {
+    if ((m->type != DFL_Q8_0 && m->type != DFL_Q4_0) || m->sc || m->rows < 1 ||
+        dfl_kernels_isa() != DFL_ISA_AVX2)
+        return;
+    size_t nb = (size_t)m->cols / 32, n = (size_t)(m->rows + 7) / 8 * nb * 8;
+    size_t bb = m->type == DFL_Q8_0 ? sizeof(dfl_block_q8_0) : sizeof(dfl_block_q4_0);
+    m->sc = dfl_aligned_alloc(n * sizeof(uint16_t));
+    memset(m->sc, 0, n * sizeof(uint16_t)); /* the last group's rows past m->rows */
+    for (int o = 0; o < m->rows; o++)
+        for (size_t b = 0; b < nb; b++) /* (each block's f16 scale comes first) */
+            memcpy(&m->sc[((size_t)o / 8 * nb + b) * 8 + o % 8],
+                   m->data + (size_t)o * m->row_bytes + b * bb, sizeof(uint16_t));
+}
+
 static void qjob_run(void *ctx, int i, int ntask) {
     const qjob *j = ctx;
     (void)ntask;

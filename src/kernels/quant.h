@@ -103,6 +103,8 @@ static inline int8_t *dfl_qact_q(const dfl_qact *a, int r, int c) {
 /* Internal to quant.c and quant_avx2.c / quant_avx512.c / quant_neon.c: the SIMD kernels, each the twin of a
  * plain-C function in quant.c with the same arithmetic. */
 void dfl_qact_quant_avx2(dfl_qact *a, int n, const float *X, int ldx);
+/* m->sc (kernels.h) for a Q8_0 / Q4_0 matrix on the AVX2 path; else nothing. */
+void dfl_qmat_scales(dfl_mat *m);
 /* Output rows [o0, o1) of W for all n activation rows. */
 void dfl_qrows_avx2(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1, float *Y, int ldy);
 /* The AVX-512 kernels (quant_avx512.c): returns 1 if it computed the rows,

@@ -175,7 +175,11 @@ INLINE void transpose8(const int kind, const uint8_t *const *rows, size_t off, _
     for (int k = 0; k < 8; k++) wu[k] = kind == W8 ? _mm256_sign_epi8(ws[k], ws[k]) : ws[k];
 }
 
-/* The f16 scales at rows[j] + off (vo: the rows' offsets from rows[0]). */
+/* The f16 scales at rows[j] + off (vo: the rows' offsets from rows[0]), by
+ * a gather. Tiles of several rows load them from W->sc instead: on Zen 3
+ * the gather made products of 2 rows 15-20% slower and of 4 rows 6-10%
+ * (bench_quant). A lone row, bound by memory, gathers: the 6% more bytes of
+ * W->sc cost it more than the gather. */
 INLINE __m256 scales8(const uint8_t *p, __m256i vo) {
     __m256i h = _mm256_and_si256(_mm256_i32gather_epi32((const int *)p, vo, 1),
                                  _mm256_set1_epi32(0xffff));
@@ -216,9 +220,10 @@ INLINE __m256i block_sums1(const int kind, const uint8_t *const *rows, size_t of
 }
 
 /* R activation rows from r0 (one group of dfl_qact.q) against the 8 weight
- * rows: y[i * ldy + j] for the no real ones. */
-INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, int no, int nb,
-                       const dfl_qact *a, int r0, float *y, int ldy) {
+ * rows (sc: their scales, [nb][8], or NULL): y[i * ldy + j] for the no real
+ * ones. */
+INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, int no,
+                       const uint16_t *sc, int nb, const dfl_qact *a, int r0, float *y, int ldy) {
     __m256 acc[TILE];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
@@ -245,12 +250,13 @@ INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, 
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) _mm_prefetch((const char *)rows[j] + at, _MM_HINT_T1);
         }
-        __m256 dw = scales8(rows[0] + off, vo);
+        __m256 dw = R > 1 && sc ? _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + 8 * b)))
+                                : scales8(rows[0] + off, vo);
         if (R == 1) {
-            __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx));
+            __m256 dwx = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx));
             __m256i s = block_sums1(kind, rows, off + 2, load(x));
             if (kind == W4) s = _mm256_add_epi32(s, _mm256_set1_epi32(xo[0]));
-            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[0]);
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dwx, acc[0]);
             continue;
         }
         __m256i ws[8], wu[8];
@@ -264,8 +270,8 @@ INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, 
                 if (kind == W8) p = _mm256_sign_epi8(p, ws[k]);
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], p), one));
             }
-            __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[i]);
+            __m256 dwx = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dwx, acc[i]);
         }
     }
 #pragma GCC unroll 8

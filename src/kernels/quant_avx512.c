@@ -208,8 +208,9 @@ INLINE __m512 scales16(const uint8_t *p, __m512i vo) {
 /* R activation rows from r0 (r0 a multiple of 8: rows r0.. and r0+8.. are
  * two groups of dfl_qact.q) against the 16 weight rows: y[i * ldy + j] for
  * the no real ones. */
-INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, int no, int nb,
-                       const dfl_qact *a, int r0, float *y, int ldy) {
+INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, int no,
+                       const uint16_t *sc, int nb, const dfl_qact *a, int r0, float *y, int ldy) {
+    (void)sc; /* (W->sc is made for the AVX2 path only) */
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();

@@ -113,11 +113,12 @@ DFL_QINLINE void prime_rows(const dfl_mat *W, int o0, int o1, int out) {
 }
 
 /* name(W, a, n, o0, o1, Y, ldy) for Q8_0 and Q4_0, whose kernels put OUT outputs side
- * by side: TILE_FN(K, R, rows, no, nb, a, r, y, ldy) for each run of OUT output
+ * by side: TILE_FN(K, R, rows, no, sc, nb, a, r, y, ldy) for each run of OUT output
  * rows (rows: their pointers, the last real one repeated past o1; no: how
- * many are real) and each tile of R <= RT activation rows from r, RT 8 or 16.
- * PRIME: prime_rows first (measured on AVX2 only). */
-#define DFL_Q8_CASE(R, F, K) case R: F(K, R, rows, no, nb, a, r, y, ldy); break;
+ * many are real; sc: their 8 first rows' scales in W->sc, or NULL) and each
+ * tile of R <= RT activation rows from r, RT 8 or 16. o0 is a multiple of 8
+ * (quant.c's tasks). PRIME: prime_rows first (measured on AVX2 only). */
+#define DFL_Q8_CASE(R, F, K) case R: F(K, R, rows, no, sc, nb, a, r, y, ldy); break;
 #define DFL_Q8_CASES8(F, K)                                                                        \
     DFL_Q8_CASE(1, F, K) DFL_Q8_CASE(2, F, K) DFL_Q8_CASE(3, F, K) DFL_Q8_CASE(4, F, K)            \
     DFL_Q8_CASE(5, F, K) DFL_Q8_CASE(6, F, K) DFL_Q8_CASE(7, F, K) DFL_Q8_CASE(8, F, K)
@@ -135,6 +136,7 @@ DFL_QINLINE void prime_rows(const dfl_mat *W, int o0, int o1, int out) {
             const uint8_t *rows[OUT];                                                              \
             for (int j = 0; j < (OUT); j++)                                                        \
                 rows[j] = W->data + (size_t)(o + (j < no ? j : no - 1)) * W->row_bytes;            \
+            const uint16_t *sc = W->sc ? W->sc + (size_t)(o / 8) * nb * 8 : NULL;                  \
             for (int r = 0; r < n; r += (RT)) {                                                    \
                 float *y = Y + (size_t)r * ldy + o;                                                \
                 switch (n - r < (RT) ? n - r : (RT)) { DFL_Q8_CASES##RT(TILE_FN, K) }              \

@@ -203,7 +203,7 @@ static void alloc_scratch(dfl_target *t) {
     size_t qs = dfl_matmul_scratch(t->lm_head.type, R, t->lm_head.cols);
     /* Cache-resident models: transposed copies for dfl_matmul (8 outputs
      * per vector; the weights are not streamed from memory). */
-    dfl_mat_transpose(&t->lm_head);
+    dfl_mat_prepare(&t->lm_head);
     for (int l = 0; l < c->n_layers; l++) {
         int n = layer_mats(&t->layers[l], c, ms);
         for (int i = 0; i < n; i++) {
@@ -211,7 +211,7 @@ static void alloc_scratch(dfl_target *t) {
             size_t g = (size_t)2 * c->top_k * dfl_matmul_scratch(ms[i]->type, 1, ms[i]->cols);
             if (s > qs) qs = s;
             if (g > qs) qs = g;   /* a decode step's experts as one group */
-            dfl_mat_transpose(ms[i]);
+            dfl_mat_prepare(ms[i]);
         }
     }
     t->qscratch = dfl_aligned_alloc(qs);
@@ -279,12 +279,12 @@ void dfl_target_free(dfl_target *t) {
     if (!t) return;
     if (t->x) dfl_ticket_destroy(&t->lock);
     dfl_combiner_free(t->comb);
-    free(t->lm_head.wt);
+    dfl_mat_release(&t->lm_head);
     dfl_mat **ms = xcalloc(13 + 3 * (size_t)t->c.n_experts + 4, sizeof *ms);
     for (int l = 0; t->layers && l < t->c.n_layers; l++) {
         dfl_layer *L = &t->layers[l];
         int n = layer_mats(L, &t->c, ms);
-        for (int i = 0; i < n; i++) free(ms[i]->wt);
+        for (int i = 0; i < n; i++) dfl_mat_release(ms[i]);
         if (L->moe) free(L->moe->gate), free(L->moe->up), free(L->moe->down), free(L->moe);
         free(L->gdn);
     }

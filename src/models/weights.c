@@ -84,8 +84,10 @@ static int convert_mat(dfl_weights *w, const char *name, dfl_mat *m, dfl_error *
     m->type = w->type;
     m->data = dst;
     m->row_bytes = rb;
-    m->wt = NULL;   /* a transpose of the old data (its owner frees it): dfl_matmul
-                       would read it instead of the new */
+    /* side copies of the old data (their owner frees them): dfl_matmul would
+     * read them instead of the new */
+    m->wt = NULL;
+    m->sc = NULL;
     return 0;
 }
 
