@@ -458,6 +458,16 @@ static int load_weights(dfl_drafter *d, const dfl_load_opts *o, dfl_error *err) 
 
 static size_t fmax_sz(size_t a, size_t b) { return a > b ? a : b; }
 
+/* Every matrix of a layer (some with no rows where the kind lacks them), for
+ * scratch sizes, side copies and frees; returns how many. */
+enum { DLAYER_MATS = 10 };
+static int dlayer_mats(dfl_dlayer *L, dfl_mat **out) {
+    dfl_mat *ms[DLAYER_MATS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                &L->wg, &L->conv_proj[0], &L->conv_proj[1]};
+    memcpy(out, ms, sizeof ms);
+    return DLAYER_MATS;
+}
+
 static void alloc_scratch(dfl_drafter *d) {
     const dfl_config *c = &d->c;
     int R = d->max_rows, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
@@ -486,24 +496,17 @@ static void alloc_scratch(dfl_drafter *d) {
     size_t qs = dfl_matmul_scratch(d->fc.type, R, d->fc.cols);
     if (d->conv_k) qs = fmax_sz(qs, dfl_matmul_scratch(d->sel_proj.type, R, d->sel_proj.cols));
     qs = fmax_sz(qs, dfl_matmul_scratch(d->head.type, LOGIT_ROWS, d->head.cols));
-    for (int l = 0; l < c->n_layers; l++) {
-        const dfl_dlayer *L = &d->layers[l];
-        const dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
-                               &L->wg, &L->conv_proj[0], &L->conv_proj[1]};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+    dfl_mat *ms[DLAYER_MATS];
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0, n = dlayer_mats(&d->layers[l], ms); i < n; i++)
             qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
-    }
     d->qscratch = dfl_aligned_alloc(qs);
     /* Cache-resident drafters: transposed copies for dfl_matmul. */
     dfl_mat_prepare(&d->fc);
     if (d->sel_proj.rows) dfl_mat_prepare(&d->sel_proj);
-    for (int l = 0; l < c->n_layers; l++) {
-        dfl_dlayer *L = &d->layers[l];
-        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg,
-                         &L->conv_proj[0], &L->conv_proj[1]};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0, n = dlayer_mats(&d->layers[l], ms); i < n; i++)
             if (ms[i]->rows) dfl_mat_prepare(ms[i]);
-    }
 }
 
 static int is_file(const char *path) {
@@ -559,12 +562,9 @@ void dfl_drafter_free(dfl_drafter *d) {
     if (!d) return;
     dfl_mtp_free(d->mtp, d->c.n_experts);
     dfl_mat_release(&d->fc);
-    for (int l = 0; d->layers && l < d->c.n_layers; l++) {
-        dfl_dlayer *L = &d->layers[l];
-        dfl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->wg,
-                         &L->conv_proj[0], &L->conv_proj[1]};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) dfl_mat_release(ms[i]);
-    }
+    dfl_mat *ms[DLAYER_MATS];
+    for (int l = 0; d->layers && l < d->c.n_layers; l++)
+        for (int i = 0, n = dlayer_mats(&d->layers[l], ms); i < n; i++) dfl_mat_release(ms[i]);
     dfl_mat_release(&d->sel_proj);
     free(d->layers);
     free(d->rope.inv_freq);
