@@ -111,7 +111,8 @@ static mats make_mats(dfl_type t, int rows, int cols, size_t total) {
             for (size_t i = 100; i < m.bytes; i += 4096) d[i] ^= (uint8_t)c;
         }
         m.W[c] = (dfl_mat){t, rows, cols, d, rb};
-        dfl_mat_prepare(&m.W[c]); /* the side copies a loaded model's matrices get */
+        dfl_qmat_il8(&m.W[c]); /* the layout and side copies a loaded model's matrices get */
+        dfl_mat_prepare(&m.W[c]);
     }
     free(row);
     return m;

@@ -329,6 +329,42 @@ static void check_paths(dfl_pool **pools, const qmat *m, const float *X, int ldx
 
 }
 
+/* The il8 layout (a copy of m's bytes rewritten, on the AVX2 path): made
+ * exactly for Q8_0 of whole groups of 8 rows; the twin's bits on the AVX2
+ * tiles, on an AVX-512 CPU's path (which hands il8 to them) and on the twin
+ * reading the layout; every row read back as it was. */
+static void check_il8(dfl_pool **pools, const qmat *m, const float *X, int ldx, float *Y,
+                      float *Y1, const float *Yref, int ldy, size_t ysz, const char *what) {
+    int want = m->W.type == DFL_Q8_0 && m->W.rows % 8 == 0;
+    CHECK(dfl_qmat_il8_wants(&m->W) == want, "%s: il8 %s", what, want ? "not wanted" : "wanted");
+    if (!want) return;
+    size_t bytes = (size_t)m->W.rows * m->W.row_bytes;
+    qmat c = *m;
+    c.data = malloc(bytes);
+    memcpy(c.data, m->data, bytes);
+    c.W.data = c.data;
+    dfl_qmat_il8(&c.W);
+    CHECK(c.W.il8 && memcmp(c.data, m->data, bytes) != 0, "%s: il8 left the bytes as they were",
+          what);
+    CHECK(!dfl_qmat_il8_wants(&c.W), "%s: il8 wanted twice", what);
+    char wi[200];
+    for (int isa = DFL_ISA_GENERIC; isa < DFL_ISA_COUNT; isa++) {
+        if (isa == DFL_ISA_NEON || dfl_kernels_set_isa((dfl_isa)isa)) continue;
+        snprintf(wi, sizeof wi, "%s, il8 on the %s path", what, dfl_isa_name((dfl_isa)isa));
+        check_paths(pools, &c, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
+    }
+    dfl_kernels_set_isa(DFL_ISA_AVX2);
+    float *a = malloc(sizeof(float) * m->W.cols), *b = malloc(sizeof(float) * m->W.cols);
+    int bad = 0;
+    for (int r = 0; r < m->W.rows; r++) {
+        dfl_mat_row(&c.W, r, a);
+        dfl_mat_row(&m->W, r, b);
+        bad += memcmp(a, b, sizeof(float) * m->W.cols) != 0;
+    }
+    CHECK(bad == 0, "%s: %d il8 rows read back differently", what, bad);
+    free(a), free(b), free(c.data);
+}
+
 static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, int kind) {
     char what[128];
     snprintf(what, sizeof what, "%s %dx%d %s", dfl_type_name(t), rows, cols,
@@ -363,6 +399,7 @@ static void test_matmul_case(dfl_pool **pools, dfl_type t, int rows, int cols, i
             check_paths(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
         }
         dfl_mat_release(&m.W);
+        if (isa == DFL_ISA_AVX2) check_il8(pools, &m, X, ldx, Y, Y1, Yref, ldy, ysz, wi);
     }
     dfl_kernels_set_isa(dfl_cpu_isa());
 
@@ -403,20 +440,20 @@ static void test_matmul(void) {
     /* the last two shapes have rows in several L2 groups (quant_avx2.c
      * GROUP_BYTES); 6144 columns is Qwen3-1.7B's w_down, 8 rows of which
      * overflow L1 */
-    static const int shapes[][2] = {{1, 256},   {13, 512},   {40, 768},
-                                    {67, 1024}, {29, 6144}, {45, 12288}};
+    static const int shapes[][2] = {{1, 256},   {13, 512},   {40, 768},  {67, 1024},
+                                    {29, 6144}, {45, 12288}, {64, 1024}, {16, 6144}};
     for (int ti = 0; ti < NTYPES; ti++) {
-        for (int s = 0; s < 6; s++)
+        for (int s = 0; s < 8; s++)
             for (int kind = 0; kind < 2; kind++)
                 test_matmul_case(pools, types[ti], shapes[s][0], shapes[s][1], kind);
         printf("matmul: %s done\n", dfl_type_name(types[ti]));
     }
     /* Q8_0, Q4_0 and Q4_1 rows of an odd number of 32-blocks: the AVX2 tiles take
      * blocks two at a time, and a last single block has its own path. */
-    static const int odd[][2] = {{9, 96}, {17, 160}, {11, 2080}};
+    static const int odd[][2] = {{9, 96}, {17, 160}, {11, 2080}, {24, 160}};
     for (int ti = 0; ti < NTYPES; ti++)
         if (dfl_type_block(types[ti]) == 32)
-            for (int s = 0; s < 3; s++)
+            for (int s = 0; s < 4; s++)
                 test_matmul_case(pools, types[ti], odd[s][0], odd[s][1], 0);
     for (int p = 0; p < 3; p++) dfl_pool_free(pools[p]);
 }
@@ -453,17 +490,31 @@ static void test_group(void) {
         void *scratch = dfl_aligned_alloc(GK * dfl_matmul_scratch(types[ti], GMAXN, GCOLS));
         for (int isa = DFL_ISA_GENERIC; isa <= (int)dfl_cpu_isa(); isa++) {
             dfl_kernels_set_isa((dfl_isa)isa);
-            for (int sc = 0; sc < 2; sc++) { /* then with the AVX2 path's W->sc */
-                for (int j = 0; j < GK && sc; j++) dfl_mat_prepare(&m[j].W);
+            for (int sc = 0; sc < 3; sc++) { /* then with the AVX2 path's W->sc, and il8 */
+                qmat g[GK];
+                for (int j = 0; j < GK; j++) {
+                    g[j] = m[j];
+                    if (sc == 2 && dfl_qmat_il8_wants(&m[j].W)) {
+                        size_t bytes = (size_t)m[j].W.rows * m[j].W.row_bytes;
+                        g[j].W.data = g[j].data = malloc(bytes);
+                        memcpy(g[j].data, m[j].data, bytes);
+                        dfl_qmat_il8(&g[j].W);
+                    }
+                    if (sc) dfl_mat_prepare(&g[j].W);
+                }
                 for (int p = 0; p < 3; p++)
                     for (int k = 0; k < 3; k++) {
                         char what[96];
-                        snprintf(what, sizeof what, "%s, %s path%s, %d threads",
+                        snprintf(what, sizeof what, "%s, %s path%s%s, %d threads",
                                  dfl_type_name(types[ti]), dfl_isa_name((dfl_isa)isa),
-                                 m[0].W.sc ? " (scales side by side)" : "", p + 1);
-                        group_case(pools[p], m, ns[k], scratch, what);
+                                 g[0].W.sc ? " (scales side by side)" : "",
+                                 g[1].W.il8 ? " (il8)" : "", p + 1);
+                        group_case(pools[p], g, ns[k], scratch, what);
                     }
-                for (int j = 0; j < GK; j++) dfl_mat_release(&m[j].W);
+                for (int j = 0; j < GK; j++) {
+                    dfl_mat_release(&g[j].W);
+                    if (g[j].data != m[j].data) free(g[j].data);
+                }
             }
         }
         dfl_kernels_set_isa(dfl_cpu_isa());

@@ -19,9 +19,7 @@ int dfl_capture_rows(dfl_session *s, const int32_t *ids, int n, const int *layer
 }
 
 static void dequant_all(const dfl_mat *m, float *out) {
-    for (int r = 0; r < m->rows; r++)
-        dfl_dequant_row(m->type, m->data + (size_t)r * m->row_bytes, out + (size_t)r * m->cols,
-                        m->cols);
+    for (int r = 0; r < m->rows; r++) dfl_mat_row(m, r, out + (size_t)r * m->cols);
 }
 
 int dfl_export_embeddings(const dfl_engine *e, float *embed, float *lm_head, dfl_error *err) {

@@ -502,11 +502,16 @@ static void alloc_scratch(dfl_drafter *d) {
             qs = fmax_sz(qs, dfl_matmul_scratch(ms[i]->type, R, ms[i]->cols));
     d->qscratch = dfl_aligned_alloc(qs);
     /* Cache-resident drafters: transposed copies for dfl_matmul. */
-    dfl_mat_prepare(&d->fc);
-    if (d->sel_proj.rows) dfl_mat_prepare(&d->sel_proj);
+    dfl_tensors *ts = d->gguf ? &d->gguf->tensors : &d->ts;
+    dfl_w_prepare(ts, d->owned, &d->fc);
+    if (d->sel_proj.rows) dfl_w_prepare(ts, d->owned, &d->sel_proj);
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0, n = dlayer_mats(&d->layers[l], ms); i < n; i++)
-            if (ms[i]->rows) dfl_mat_prepare(ms[i]);
+            if (ms[i]->rows) dfl_w_prepare(ts, d->owned, ms[i]);
+    /* A head converted for the drafter (load_weights) is its own: Q8_0 takes the
+     * il8 layout too, which makes no side copy (none is released for it). */
+    if (d->head.data != d->t->lm_head.data && dfl_qmat_il8_wants(&d->head))
+        dfl_w_prepare(ts, d->owned, &d->head);
 }
 
 static int is_file(const char *path) {

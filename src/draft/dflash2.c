@@ -65,7 +65,7 @@ int dfl_dflash2_weights(dfl_drafter *d, dfl_weights *w, int gguf, dfl_error *err
 
 /* Row v of a codebook as f32. */
 static void codebook_row(const dfl_mat *m, int32_t v, float *out) {
-    dfl_dequant_row(m->type, m->data + (size_t)v * m->row_bytes, out, m->cols);
+    dfl_mat_row(m, v, out);
 }
 
 /* Rows descending, so every y_{i-t} read is still the input. One sum order

@@ -148,7 +148,7 @@ static void alloc_scratch(dfl_drafter *d) {
     d->qscratch = dfl_aligned_alloc(dfl_matmul_scratch(d->mtp->fc.type, R, 2 * c->dim));
     dfl_mat **ms = xcalloc(12 + 3 * (size_t)c->n_experts, sizeof *ms);
     int n = head_mats(d->mtp, c->n_experts, ms);
-    for (int i = 0; i < n; i++) dfl_mat_prepare(ms[i]);
+    for (int i = 0; i < n; i++) dfl_w_prepare(&d->t->ts, d->mtp->owned, ms[i]);
     free(ms);
 }
 

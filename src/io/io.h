@@ -50,6 +50,11 @@ int dfl_tensors_copy_maps(dfl_tensors *ts, dfl_error *err);
  * else v1; see types.c). Where a default makes the copy, a model that would
  * crowd the machine's memory stays read in place. */
 int dfl_tensors_copy_fits(const dfl_tensors *ts);
+/* Makes the bytes [p, p + n) of one of ts's mappings writable (1) or
+ * read-only again (0), whole pages; 0 when done, -1 when they lie in none of
+ * them or the kernel refused. A file's pages are copied as they are written
+ * (private mappings): the file never changes. */
+int dfl_tensors_protect(dfl_tensors *ts, const void *p, size_t n, int writable);
 /* Finds a tensor by exact name; NULL if absent. */
 dfl_tensor *dfl_tensors_find(dfl_tensors *ts, const char *name);
 

@@ -131,6 +131,18 @@ int dfl_tensors_copy_maps(dfl_tensors *ts, dfl_error *err) {
     return 0;
 }
 
+int dfl_tensors_protect(dfl_tensors *ts, const void *p, size_t n, int writable) {
+    uintptr_t a = (uintptr_t)p, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < ts->n_maps; i++) {
+        uintptr_t m = (uintptr_t)ts->maps[i].addr;
+        if (a < m || a + n > m + ts->maps[i].len) continue;
+        uintptr_t lo = a & ~(pg - 1), hi = (a + n + pg - 1) & ~(pg - 1);
+        int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+        return mprotect((void *)lo, hi - lo, prot) ? -1 : 0;
+    }
+    return -1;
+}
+
 /* The first number that `fmt` reads from file `path`; -1 when none. */
 static double read_num(const char *path, const char *fmt) {
     FILE *f = fopen(path, "r");

@@ -501,12 +501,24 @@ static void acc_block32(float acc[8], const int8_t *w, const int8_t *x, float s)
     for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane4(w, x, k), s, acc[k]);
 }
 
+/* Block b of Q8_0 row o as a plain block: in place, or (il8) gathered into tmp. */
+static const uint8_t *q8_block(const dfl_mat *W, int o, int b, uint8_t *tmp) {
+    if (!W->il8) return W->data + (size_t)o * W->row_bytes + (size_t)b * sizeof(dfl_block_q8_0);
+    const uint8_t *g = W->data + ((size_t)(o / 8) * (W->cols / 32) + b) * 8 * sizeof(dfl_block_q8_0);
+    memcpy(tmp, g + 2 * (o % 8), 2);
+    for (int k = 0; k < 8; k++) memcpy(tmp + 2 + 4 * k, g + 16 + 32 * k + 4 * (o % 8), 4);
+    return tmp;
+}
+
 /* Each against activation row r of a. Q8_0 and Q4_0 (q40; weights q - 8):
  * acc = fma(isum, dw * dx, acc) per block, isum the block's whole integer
  * sum (at most 32 * 128 * 127 in magnitude, so exact as a float). */
-static float dot_whole_ref(const uint8_t *p, int nb, const dfl_qact *a, int r, int q40) {
+static float dot_whole_ref(const dfl_mat *W, int o, int nb, const dfl_qact *a, int r, int q40) {
     float acc = 0;
-    for (int b = 0; b < nb; b++, p += q40 ? sizeof(dfl_block_q4_0) : sizeof(dfl_block_q8_0)) {
+    for (int b = 0; b < nb; b++) {
+        uint8_t tmp[sizeof(dfl_block_q8_0)];
+        const uint8_t *p = q40 ? W->data + (size_t)o * W->row_bytes + b * sizeof(dfl_block_q4_0)
+                               : q8_block(W, o, b, tmp);
         const int8_t *x = dfl_qact_q(a, r, b);
         int8_t w[32];
         if (q40) {
@@ -594,8 +606,8 @@ static void qrows_ref(const dfl_mat *W, const dfl_qact *a, int n, int o0, int o1
             const int16_t *bs = a->bsum ? a->bsum + (size_t)r * (W->cols / 16) : NULL;
             float y = 0;
             switch (W->type) {
-            case DFL_Q8_0: y = dot_whole_ref(w, nb, a, r, 0); break;
-            case DFL_Q4_0: y = dot_whole_ref(w, nb, a, r, 1); break;
+            case DFL_Q8_0: y = dot_whole_ref(W, o, nb, a, r, 0); break;
+            case DFL_Q4_0: y = dot_whole_ref(W, o, nb, a, r, 1); break;
             case DFL_Q4_1: y = dot_q4_1_ref(w, nb, a, r); break;
             case DFL_Q4_K: y = dot_q4_K_ref(w, nb, a, r, bs); break;
             case DFL_Q6_K: y = dot_q6_K_ref(w, nb, a, r, bs); break;
@@ -640,8 +652,8 @@ static void qrows(dfl_isa isa, const dfl_mat *W, const dfl_qact *a, int n, int o
                   float *Y, int ldy) {
     switch (isa) {
 #if DFL_X86
-    case DFL_ISA_AVX512:
-        if (dfl_qrows_avx512(W, a, n, o0, o1, Y, ldy)) return;
+    case DFL_ISA_AVX512: /* an il8 matrix (made on the AVX2 path) has AVX2 tiles only */
+        if (!W->il8 && dfl_qrows_avx512(W, a, n, o0, o1, Y, ldy)) return;
         /* fall through - no AVX-512 kernel for this type or row count */
     case DFL_ISA_AVX2: dfl_qrows_avx2(W, a, n, o0, o1, Y, ldy); return;
 #endif
@@ -652,8 +664,45 @@ static void qrows(dfl_isa isa, const dfl_mat *W, const dfl_qact *a, int n, int o
     }
 }
 
+int dfl_qmat_il8_wants(const dfl_mat *m) {
+    return m->type == DFL_Q8_0 && !m->il8 && m->rows >= 8 && m->rows % 8 == 0 &&
+           m->cols % 32 == 0 && m->row_bytes == dfl_type_row_bytes(DFL_Q8_0, m->cols) &&
+           dfl_kernels_isa() == DFL_ISA_AVX2;
+}
+
+/* Group by group through a copy of its 8 rows: the layout is a permutation
+ * of each group's bytes. */
+void dfl_qmat_il8(dfl_mat *m) {
+    if (!dfl_qmat_il8_wants(m)) return;
+    size_t nb = (size_t)m->cols / 32, bb = sizeof(dfl_block_q8_0), gb = 8 * m->row_bytes;
+    uint8_t *tmp = xmalloc(gb), *dst = (uint8_t *)m->data;
+    for (int g = 0; g < m->rows / 8; g++, dst += gb) {
+        memcpy(tmp, dst, gb);
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *o = dst + b * 8 * bb;
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *w = tmp + j * m->row_bytes + b * bb;
+                memcpy(o + 2 * j, w, 2);
+                for (int k = 0; k < 8; k++) memcpy(o + 16 + 32 * k + 4 * j, w + 2 + 4 * k, 4);
+            }
+        }
+    }
+    free(tmp);
+    m->il8 = 1;
+}
+
+void dfl_mat_row(const dfl_mat *m, int r, float *out) {
+    if (!m->il8) {
+        dfl_dequant_row(m->type, m->data + (size_t)r * m->row_bytes, out, m->cols);
+        return;
+    }
+    uint8_t tmp[sizeof(dfl_block_q8_0)];
+    for (int b = 0; b < m->cols / 32; b++)
+        dfl_dequant_row(DFL_Q8_0, q8_block(m, r, b, tmp), out + 32 * b, 32);
+}
+
 void dfl_qmat_scales(dfl_mat *m) {
-    if ((m->type != DFL_Q8_0 && m->type != DFL_Q4_0) || m->sc || m->rows < 1 ||
+    if ((m->type != DFL_Q8_0 && m->type != DFL_Q4_0) || m->sc || m->il8 || m->rows < 1 ||
         dfl_kernels_isa() != DFL_ISA_AVX2)
         return;
     size_t nb = (size_t)m->cols / 32, n = (size_t)(m->rows + 7) / 8 * nb * 8;

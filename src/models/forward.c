@@ -408,9 +408,7 @@ void dfl_target_forward_rows(dfl_target *t, dfl_fwd *f, int n_seq) {
 
 void dfl_target_embed(const dfl_target *t, const int32_t *tok, int n, float *out) {
     const dfl_mat *E = &t->embed;
-    for (int r = 0; r < n; r++)
-        dfl_dequant_row(E->type, E->data + (size_t)tok[r] * E->row_bytes, out + (size_t)r * E->cols,
-                        E->cols);
+    for (int r = 0; r < n; r++) dfl_mat_row(E, tok[r], out + (size_t)r * E->cols);
 }
 
 void dfl_target_lm_head(dfl_target *t, const float *x, int n, float *logits, void *qscratch) {

@@ -203,7 +203,9 @@ static void alloc_scratch(dfl_target *t) {
     size_t qs = dfl_matmul_scratch(t->lm_head.type, R, t->lm_head.cols);
     /* Cache-resident models: transposed copies for dfl_matmul (8 outputs
      * per vector; the weights are not streamed from memory). */
-    dfl_mat_prepare(&t->lm_head);
+    dfl_tensors *ts = t->gguf ? &t->gguf->tensors : &t->ts;
+    dfl_w_prepare(ts, t->owned, &t->lm_head);
+    if (t->embed.data == t->lm_head.data) t->embed.il8 = t->lm_head.il8;   /* tied */
     for (int l = 0; l < c->n_layers; l++) {
         int n = layer_mats(&t->layers[l], c, ms);
         for (int i = 0; i < n; i++) {
@@ -211,7 +213,7 @@ static void alloc_scratch(dfl_target *t) {
             size_t g = (size_t)2 * c->top_k * dfl_matmul_scratch(ms[i]->type, 1, ms[i]->cols);
             if (s > qs) qs = s;
             if (g > qs) qs = g;   /* a decode step's experts as one group */
-            dfl_mat_prepare(ms[i]);
+            dfl_w_prepare(ts, t->owned, ms[i]);
         }
     }
     t->qscratch = dfl_aligned_alloc(qs);

@@ -4,6 +4,7 @@
 
 typedef struct owned_block {
     struct owned_block *next;
+    size_t n;
     _Alignas(64) unsigned char data[];
 } owned_block;
 
@@ -15,8 +16,30 @@ static void *own(dfl_weights *w, size_t n, dfl_error *err) {
         return NULL;
     }
     b->next = w->owned;
+    b->n = n;
     w->owned = b;
     return b->data;
+}
+
+/* Whether [p, p + n) lies in one allocation of the list owned. */
+static int in_owned(const void *owned, const void *p, size_t n) {
+    for (const owned_block *b = owned; b; b = b->next)
+        if ((const unsigned char *)p >= b->data && (const unsigned char *)p + n <= b->data + b->n)
+            return 1;
+    return 0;
+}
+
+void dfl_w_prepare(dfl_tensors *ts, const void *owned, dfl_mat *m) {
+    size_t n = (size_t)m->rows * m->row_bytes;
+    if (dfl_qmat_il8_wants(m)) {
+        if (in_owned(owned, m->data, n)) {
+            dfl_qmat_il8(m);
+        } else if (ts && !dfl_tensors_protect(ts, m->data, n, 1)) {
+            dfl_qmat_il8(m);
+            dfl_tensors_protect(ts, m->data, n, 0);
+        }
+    }
+    dfl_mat_prepare(m);
 }
 
 void dfl_weights_free_owned(void *owned) {

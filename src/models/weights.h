@@ -76,5 +76,11 @@ void dfl_w_ignore_prefix(dfl_weights *w, const char *prefix);
 /* Refuses any tensor not bound: names the first few. */
 int dfl_w_end(dfl_weights *w, dfl_error *err);
 void dfl_weights_free_owned(void *owned);
+/* dfl_mat_prepare, after giving a Q8_0 matrix the il8 layout in its own
+ * bytes where the AVX2 path runs (dfl_qmat_il8): bytes of the list owned
+ * (converted at load) as they are, bytes of one of ts's mappings made
+ * writable for it; others (whose writability is unknown) keep the plain
+ * layout. Every dfl_mat that shares m's bytes must copy its il8 after. */
+void dfl_w_prepare(dfl_tensors *ts, const void *owned, dfl_mat *m);
 
 #endif
