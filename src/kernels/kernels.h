@@ -69,8 +69,8 @@ int dfl_qmat_il8_wants(const dfl_mat *m);
 /* Rewrites m's bytes in place into the il8 layout (the caller makes them
  * writable; every dfl_mat sharing them must set il8 too). Why: the AVX2 tiles
  * of several activation rows transposed each block of 8 weight rows with 24
- * shuffles; laid out so at load, products of 2-4 rows ran 15-23% faster and
- * of 8-32 rows 10% (Zen 3, bench_quant), in the same bytes. */
+ * shuffles; laid out so at load (the same bytes), products of 2-4 rows ran
+ * 1.34-1.46x faster and of 8-32 rows 1.23-1.29x (Zen 3, bench_quant). */
 void dfl_qmat_il8(dfl_mat *m);
 /* Row r of m in f32, whatever its layout. */
 void dfl_mat_row(const dfl_mat *m, int r, float *out);
