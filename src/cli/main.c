@@ -33,6 +33,10 @@ static void usage(FILE *f) {
                "the best this CPU has; every path gives the same tokens)\n");
 }
 
+/* made by the build in its own folder (cmake/git_version.cmake), so not a layer's */
+#if __has_include(<git_version.h>)
+#include <git_version.h>
+#endif
 #ifndef DFLASH_GIT
 #define DFLASH_GIT ""
 #endif
