@@ -219,6 +219,27 @@ INLINE __m256i block_sums1(const int kind, const uint8_t *const *rows, size_t of
     return sum8(p);
 }
 
+/* One block of 8 transposed weight rows (ws, and wu what maddubs takes
+ * unsigned; dw their scales) into acc[i] for R activation rows x ([R][32],
+ * dx their scales, xo Q4_0's offsets): the tiles of both layouts. */
+INLINE void block_rows(const int kind, const int R, const __m256i *ws, const __m256i *wu,
+                       __m256 dw, const int8_t *x, const float *dx, const int32_t *xo,
+                       __m256 *acc) {
+    const __m256i one = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m256i s = kind == W4 ? _mm256_set1_epi32(xo[i]) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m256i p = _mm256_set1_epi32(quad(x + 32 * i, k));
+            if (kind == W8) p = _mm256_sign_epi8(p, ws[k]);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], p), one));
+        }
+        __m256 dwx = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dwx, acc[i]);
+    }
+}
+
 /* R activation rows from r0 (one group of dfl_qact.q) against the 8 weight
  * rows (sc: their scales, [nb][8], or NULL): y[i * ldy + j] for the no real
  * ones. */
@@ -233,7 +254,6 @@ INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, 
     const __m256i vo = _mm256_setr_epi32(0, row_off(rows, 1), row_off(rows, 2), row_off(rows, 3),
                                          row_off(rows, 4), row_off(rows, 5), row_off(rows, 6),
                                          row_off(rows, 7));
-    const __m256i one = _mm256_set1_epi16(1);
     const size_t next = 8 * (size_t)row_off(rows, 1), bb = whole_bytes(kind);
     for (int b = 0; b < nb; b++, x += 32 * R, dx += 8, xo = xo ? xo + 8 : xo) {
         size_t off = (size_t)b * bb;
@@ -261,18 +281,7 @@ INLINE void tile_whole(const int kind, const int R, const uint8_t *const *rows, 
         }
         __m256i ws[8], wu[8];
         transpose8(kind, rows, off + 2, ws, wu);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m256i s = kind == W4 ? _mm256_set1_epi32(xo[i]) : _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                __m256i p = _mm256_set1_epi32(quad(x + 32 * i, k));
-                if (kind == W8) p = _mm256_sign_epi8(p, ws[k]);
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], p), one));
-            }
-            __m256 dwx = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dwx, acc[i]);
-        }
+        block_rows(kind, R, ws, wu, dw, x, dx, xo, acc);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
@@ -301,7 +310,6 @@ INLINE void tile_il8(const int R, const uint8_t *g, int nb, const dfl_qact *a, i
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     const int8_t *x = dfl_qact_q(a, r0, 0);          /* [nb][R][32] */
     const float *dx = a->d + dfl_qact_di(nb, r0, 0); /* [nb][8] */
-    const __m256i one = _mm256_set1_epi16(1);
     for (int b = 0; b < nb; b++, g += IL8_BLOCK, x += 32 * R, dx += 8) {
         /* the group's bytes are one stream: fetched 8 blocks ahead, a lone row
          * read 36-38 GB/s, not 32 (Zen 3, bench_quant; 4 rows 12% faster) */
@@ -314,17 +322,7 @@ INLINE void tile_il8(const int R, const uint8_t *g, int nb, const dfl_qact *a, i
             ws[k] = loadu(g + 16 + 32 * k);
             wu[k] = _mm256_sign_epi8(ws[k], ws[k]);
         }
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                __m256i p = _mm256_sign_epi8(_mm256_set1_epi32(quad(x + 32 * i, k)), ws[k]);
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], p), one));
-            }
-            __m256 dwx = _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + i));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dwx, acc[i]);
-        }
+        block_rows(W8, R, ws, wu, dw, x, dx, NULL, acc);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) _mm256_storeu_ps(y + (size_t)i * ldy, acc[i]);
