@@ -329,6 +329,16 @@ static void check_paths(dfl_pool **pools, const qmat *m, const float *X, int ldx
 
 }
 
+/* A copy of m with its own bytes, rewritten in the il8 layout (free its data). */
+static qmat il8_copy(const qmat *m) {
+    size_t bytes = (size_t)m->W.rows * m->W.row_bytes;
+    qmat c = *m;
+    c.W.data = c.data = malloc(bytes);
+    memcpy(c.data, m->data, bytes);
+    dfl_qmat_il8(&c.W);
+    return c;
+}
+
 /* The il8 layout (a copy of m's bytes rewritten, on the AVX2 path): made
  * exactly for Q8_0 of whole groups of 8 rows; the twin's bits on the AVX2
  * tiles, on an AVX-512 CPU's path (which hands il8 to them) and on the twin
@@ -338,13 +348,8 @@ static void check_il8(dfl_pool **pools, const qmat *m, const float *X, int ldx, 
     int want = m->W.type == DFL_Q8_0 && m->W.rows % 8 == 0;
     CHECK(dfl_qmat_il8_wants(&m->W) == want, "%s: il8 %s", what, want ? "not wanted" : "wanted");
     if (!want) return;
-    size_t bytes = (size_t)m->W.rows * m->W.row_bytes;
-    qmat c = *m;
-    c.data = malloc(bytes);
-    memcpy(c.data, m->data, bytes);
-    c.W.data = c.data;
-    dfl_qmat_il8(&c.W);
-    CHECK(c.W.il8 && memcmp(c.data, m->data, bytes) != 0, "%s: il8 left the bytes as they were",
+    qmat c = il8_copy(m);
+    CHECK(c.W.il8 && memcmp(c.data, m->data, (size_t)m->W.rows * m->W.row_bytes) != 0, "%s: il8 left the bytes as they were",
           what);
     CHECK(!dfl_qmat_il8_wants(&c.W), "%s: il8 wanted twice", what);
     char wi[200];
@@ -493,13 +498,7 @@ static void test_group(void) {
             for (int sc = 0; sc < 3; sc++) { /* then with the AVX2 path's W->sc, and il8 */
                 qmat g[GK];
                 for (int j = 0; j < GK; j++) {
-                    g[j] = m[j];
-                    if (sc == 2 && dfl_qmat_il8_wants(&m[j].W)) {
-                        size_t bytes = (size_t)m[j].W.rows * m[j].W.row_bytes;
-                        g[j].W.data = g[j].data = malloc(bytes);
-                        memcpy(g[j].data, m[j].data, bytes);
-                        dfl_qmat_il8(&g[j].W);
-                    }
+                    g[j] = sc == 2 && dfl_qmat_il8_wants(&m[j].W) ? il8_copy(&m[j]) : m[j];
                     if (sc) dfl_mat_prepare(&g[j].W);
                 }
                 for (int p = 0; p < 3; p++)
