@@ -266,7 +266,7 @@ done
 if ((tok_target)); then
   echo "fuzz: building fuzz_tokenizer"
   "$cc" "${flags[@]}" fuzz/fuzz_tokenizer.c src/base/base.c src/io/types.c src/io/gguf.c \
-    src/io/json.c src/tokenizer/*.c -o "$out/fuzz_tokenizer" -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+    src/io/json.c src/tokenizer/*.c src/api/tokenize.c -o "$out/fuzz_tokenizer" -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
   mkdir -p "$seeds/tokenizer"
   /usr/bin/python3 - "$seeds/tokenizer" <<'EOF'
 import json, struct, sys

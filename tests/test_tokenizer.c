@@ -64,8 +64,8 @@ static char *decode(const dfl_tokenizer *t, const int32_t *ids, int n, int show_
     eng.tok = (dfl_tokenizer *)t;
     dfl_detok d;
     dfl_detok_init(&d, &eng, show_special);
-    size_t cap = 64 + (size_t)n * 3 * (TOK_MAX_PIECE + 8), len = 0;
-    char *out = malloc(cap > (1 << 24) ? (1 << 24) : cap), chunk[3 * TOK_MAX_PIECE + 32];
+    size_t cap = 64 + (size_t)n * 3 * (DFL_TOK_MAX_PIECE + 8), len = 0;
+    char *out = malloc(cap > (1 << 24) ? (1 << 24) : cap), chunk[3 * DFL_TOK_MAX_PIECE + 32];
     *broken = 0;
     for (int i = 0; i <= n; i++) {
         int r = i < n ? dfl_detok_push(&d, ids[i], chunk, sizeof chunk)
@@ -341,7 +341,7 @@ static char *llama_json_from_gguf(const dfl_tokenizer *g) {
         int kl = (int)g->key_len[id];
         cJSON_AddItemToObject(vocab, k, cJSON_CreateNumber(id));
         int first = nm;
-        for (int i = tok_utf8_len((unsigned char)k[0]); i < kl; i += tok_utf8_len((unsigned char)k[i])) {
+        for (int i = dfl_tok_utf8_len((unsigned char)k[0]); i < kl; i += dfl_tok_utf8_len((unsigned char)k[i])) {
             int32_t a = tok_strmap_get(g, k, (size_t)i), b = tok_strmap_get(g, k + i, (size_t)(kl - i));
             if (a < 0 || b < 0) continue;
             if (nm == cap) m = realloc(m, (size_t)(cap = cap * 2 + 1024) * sizeof *m);

@@ -219,7 +219,7 @@ static int initial_symbols(const dfl_tokenizer *t, const char *w, size_t n, int3
         return m;
     }
     for (size_t i = 0; i < n;) {
-        int l = tok_utf8_len((unsigned char)w[i]);
+        int l = dfl_tok_utf8_len((unsigned char)w[i]);
         if ((size_t)l > n - i) l = (int)(n - i);
         int32_t id = tok_strmap_get(t, w + i, (size_t)l);
         if (id >= 0) {
@@ -343,7 +343,7 @@ static void spm_word(const dfl_tokenizer *t, const char *s, size_t n, tok_ids *o
     spm_sym *sym = n <= WORD_STACK ? small : xmalloc(n * sizeof *sym);
     int m = 0;
     for (size_t off = 0; off < n;) {
-        int l = tok_utf8_len((unsigned char)s[off]);
+        int l = dfl_tok_utf8_len((unsigned char)s[off]);
         if ((size_t)l > n - off) l = (int)(n - off);
         sym[m] = (spm_sym){(int32_t)off, l, m - 1, off + l == n ? -1 : m + 1};
         off += (size_t)l;

@@ -38,7 +38,7 @@ int dfl_chat_render_vars(const char *template_text, const char *bos, const char 
                          char *dst, size_t cap, dfl_error *err) {
     if (!messages_json) return dfl_fail(err, DFL_EARG, "chat: no messages");
     const char *tmpl = template_text ? template_text : dfl_chatml_template;
-    char tok_json[2][6 * TOK_MAX_PIECE + 8];
+    char tok_json[2][6 * DFL_TOK_MAX_PIECE + 8];
     *put_json_str(tok_json[0], bos) = 0;
     *put_json_str(tok_json[1], eos) = 0;
     dfl_jinja_var vars[] = {

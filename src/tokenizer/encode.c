@@ -101,7 +101,7 @@ static int find_match(enc *c, const pcre2_code *re, const char *s, size_t n, siz
             return 1;
         }
         if (ov[0] >= n) return 0; /* empty match at the end */
-        *at = ov[0] + (size_t)tok_utf8_len((unsigned char)s[ov[0]]);
+        *at = ov[0] + (size_t)dfl_tok_utf8_len((unsigned char)s[ov[0]]);
     }
     return 0;
 }

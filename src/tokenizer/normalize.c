@@ -30,7 +30,7 @@ int tok_nfc_inert(uint32_t cp) {
 
 /* Code point at s (valid UTF-8 is checked before normalizing). */
 static uint32_t decode_cp(const unsigned char *s, int *len) {
-    int l = tok_utf8_len(s[0]);
+    int l = dfl_tok_utf8_len(s[0]);
     *len = l;
     if (l == 1) return s[0];
     if (l == 2) return (uint32_t)(s[0] & 0x1f) << 6 | (s[1] & 0x3f);

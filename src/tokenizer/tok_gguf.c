@@ -89,9 +89,9 @@ static int set_pre(gl *l, const char *pre, size_t n) {
 /* Token i's text, type and score into the tables. */
 static int set_token(gl *l, int32_t i, gguf_str s, int type) {
     dfl_tokenizer *t = l->t;
-    if (s.len > TOK_MAX_PIECE)
+    if (s.len > DFL_TOK_MAX_PIECE)
         return dfl_fail(l->err, DFL_EFORMAT, "%s: tokenizer.ggml.tokens[%d] is %llu bytes (at "
-                        "most %d)", l->src, i, (unsigned long long)s.len, TOK_MAX_PIECE);
+                        "most %d)", l->src, i, (unsigned long long)s.len, DFL_TOK_MAX_PIECE);
     size_t bad = tok_utf8_check(s.s, s.len);
     if (bad < s.len)
         return dfl_fail(l->err, DFL_EFORMAT, "%s: tokenizer.ggml.tokens[%d] is not valid UTF-8 "
@@ -99,7 +99,7 @@ static int set_token(gl *l, int32_t i, gguf_str s, int type) {
     if (type < 0 || type > TT_BYTE)
         return dfl_fail(l->err, DFL_EFORMAT, "%s: tokenizer.ggml.token_type[%d] = %d (expected "
                         "0..6)", l->src, i, type);
-    char buf[TOK_MAX_PIECE];
+    char buf[DFL_TOK_MAX_PIECE];
     int m = -1;
     int text_like = type == TT_CONTROL || type == TT_USER_DEFINED || type == TT_UNKNOWN;
     if (t->byte_level && !text_like) m = tok_bl_decode(s.s, s.len, buf);
@@ -125,13 +125,13 @@ static int load_merges(gl *l) {
         return dfl_fail(l->err, DFL_EFORMAT, "%s: %llu merges (at most %d)", l->src,
                         (unsigned long long)kv->arr_n, TOK_MAX_ID);
     tok_pairmap_init(&t->merges, (int)kv->arr_n);
-    char a[TOK_MAX_PIECE], b[TOK_MAX_PIECE], ab[2 * TOK_MAX_PIECE];
+    char a[DFL_TOK_MAX_PIECE], b[DFL_TOK_MAX_PIECE], ab[2 * DFL_TOK_MAX_PIECE];
     for (uint64_t r = 0; r < kv->arr_n; r++) {
         gguf_str s = kv->strs[r];
         const char *sp = s.len > 1 ? memchr(s.s + 1, ' ', s.len - 1) : NULL;
         size_t an = sp ? (size_t)(sp - s.s) : 0, bn = sp ? s.len - an - 1 : 0;
         int ra = -1, rb = -1;
-        if (sp && an <= TOK_MAX_PIECE && bn <= TOK_MAX_PIECE) {
+        if (sp && an <= DFL_TOK_MAX_PIECE && bn <= DFL_TOK_MAX_PIECE) {
             ra = tok_bl_decode(s.s, an, a);
             rb = tok_bl_decode(sp + 1, bn, b);
         }

@@ -320,10 +320,10 @@ static int parse_decoder(ld *l, const cJSON *d) {
 static int set_key(ld *l, int32_t id, const char *s) {
     dfl_tokenizer *t = l->t;
     size_t n = strlen(s);
-    if (n > TOK_MAX_PIECE)
+    if (n > DFL_TOK_MAX_PIECE)
         return dfl_fail(l->err, DFL_EFORMAT, "%s: token %d is %zu bytes (at most %d)", l->src,
-                        id, n, TOK_MAX_PIECE);
-    char buf[TOK_MAX_PIECE];
+                        id, n, DFL_TOK_MAX_PIECE);
+    char buf[DFL_TOK_MAX_PIECE];
     int m = t->byte_level ? tok_bl_decode(s, n, buf) : -1;
     int64_t off = m >= 0 ? tok_pool_add(t, buf, (size_t)m) : tok_pool_add(t, s, n);
     if (off < 0) return dfl_fail(l->err, DFL_EFORMAT, "%s: vocabulary text too large", l->src);
@@ -334,8 +334,8 @@ static int set_key(ld *l, int32_t id, const char *s) {
 
 /* Looks a merge half up by its vocabulary spelling. */
 static int32_t find_piece(ld *l, const char *s, size_t n) {
-    char buf[TOK_MAX_PIECE];
-    if (n > TOK_MAX_PIECE) return -1;
+    char buf[DFL_TOK_MAX_PIECE];
+    if (n > DFL_TOK_MAX_PIECE) return -1;
     if (l->t->byte_level) {
         int m = tok_bl_decode(s, n, buf);
         if (m >= 0) return tok_strmap_get(l->t, buf, (size_t)m);
@@ -424,7 +424,7 @@ static int load_merges(ld *l, const cJSON *merges) {
     dfl_tokenizer *t = l->t;
     int n = merges ? cJSON_GetArraySize(merges) : 0, rank = 0;
     tok_pairmap_init(&t->merges, n);
-    char *both = xmalloc(2 * TOK_MAX_PIECE + 1);
+    char *both = xmalloc(2 * DFL_TOK_MAX_PIECE + 1);
     const cJSON *m;
     int rc = 0;
     cJSON_ArrayForEach(m, merges) {
@@ -432,7 +432,7 @@ static int load_merges(ld *l, const cJSON *merges) {
         size_t an = 0, bn = 0;
         if ((rc = merge_halves(l, m, rank, &a, &an, &b, &bn))) break;
         int32_t ia = find_piece(l, a, an), ib = find_piece(l, b, bn), ic = -1;
-        if (ia >= 0 && ib >= 0 && an + bn <= 2 * TOK_MAX_PIECE) {
+        if (ia >= 0 && ib >= 0 && an + bn <= 2 * DFL_TOK_MAX_PIECE) {
             memcpy(both, a, an);
             memcpy(both + an, b, bn);
             ic = find_piece(l, both, an + bn);
@@ -514,9 +514,9 @@ static int parse_added(ld *l, const cJSON *added) {
         const char *s = utf8_str(l, item(e, "content"), "added_tokens[].content");
         if (!s) return DFL_EFORMAT;
         size_t len = strlen(s);
-        if (!len || len > TOK_MAX_PIECE)
+        if (!len || len > DFL_TOK_MAX_PIECE)
             return dfl_fail(l->err, DFL_EFORMAT, "%s: added token %lld has %zu bytes (expected "
-                            "1..%d)", l->src, (long long)id, len, TOK_MAX_PIECE);
+                            "1..%d)", l->src, (long long)id, len, DFL_TOK_MAX_PIECE);
         tok_added *a = &t->added[k];
         a->id = (int32_t)id;
         /* as Hugging Face: a token is normalized unless special, when the file does not say */

@@ -30,8 +30,8 @@ enum {
     TA_UNUSED = 8,  /* an id no entry defines */
 };
 
-/* Largest id we accept, and the most bytes in one token's text. */
-enum { TOK_MAX_ID = 1 << 24, TOK_MAX_PIECE = 4096 };
+/* Largest id we accept (the most bytes in one token's text: tokenizer.h). */
+enum { TOK_MAX_ID = 1 << 24 };
 
 /* Open-addressing map from a byte string to an id; the strings live in the
  * tokenizer's pool (key_off/key_len per id). */
@@ -174,8 +174,6 @@ extern const uint16_t tok_bl_cp[256];
 /* Decodes a byte-level string to raw bytes in out (cap >= n); returns the
  * length, or -1 if a char is outside the alphabet or the UTF-8 is bad. */
 int tok_bl_decode(const char *s, size_t n, char *out);
-/* Length of the UTF-8 sequence starting at s (1 for an invalid lead byte). */
-int tok_utf8_len(unsigned char c);
 /* Offset of the first invalid UTF-8 byte in s, or n when valid. */
 size_t tok_utf8_check(const char *s, size_t n);
 int tok_utf8_encode(uint32_t cp, char *out);

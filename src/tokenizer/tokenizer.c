@@ -160,7 +160,7 @@ const uint16_t tok_bl_cp[256] = {
     0xae, 0xaf, R16(0xb0), R16(0xc0), R16(0xd0), R16(0xe0), R16(0xf0),
 };
 
-int tok_utf8_len(unsigned char c) {
+int dfl_tok_utf8_len(unsigned char c) {
     if (c < 0x80) return 1;
     if (c >= 0xc2 && c <= 0xdf) return 2;
     if (c >= 0xe0 && c <= 0xef) return 3;
@@ -172,7 +172,7 @@ int tok_utf8_len(unsigned char c) {
 static int utf8_valid_len(const unsigned char *s, size_t n) {
     unsigned char c = s[0];
     if (c < 0x80) return 1;
-    int len = tok_utf8_len(c);
+    int len = dfl_tok_utf8_len(c);
     if (len == 1 || (size_t)len > n) return 0;
     unsigned char lo = 0x80, hi = 0xbf;
     if (c == 0xe0) lo = 0xa0;
@@ -316,7 +316,7 @@ static size_t metaspace_decode(const char *k, size_t n, const char *rep, int is_
 }
 
 int tok_build_pieces(dfl_tokenizer *t, int byte_level_decode, const char *rep, dfl_error *err) {
-    char buf[TOK_MAX_PIECE];
+    char buf[DFL_TOK_MAX_PIECE];
     for (int32_t id = 0; id < t->n_vocab; id++) {
         const char *k = tok_key(t, id);
         uint32_t n = t->key_len[id];

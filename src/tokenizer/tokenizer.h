@@ -8,6 +8,11 @@
 
 typedef struct dfl_tokenizer dfl_tokenizer;
 
+/* The most bytes in one token's text. */
+enum { DFL_TOK_MAX_PIECE = 4096 };
+/* Length of the UTF-8 sequence starting with byte c (1 for an invalid lead byte). */
+int dfl_tok_utf8_len(unsigned char c);
+
 /* dir holds tokenizer.json (+ tokenizer_config.json when present). */
 int dfl_tok_load_hf(const char *dir, dfl_tokenizer **out, dfl_error *err);
 /* From an open GGUF file's tokenizer.ggml.* metadata. */

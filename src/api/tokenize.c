@@ -1,10 +1,11 @@
-/* api.c - the tokenizer's public functions in dflash.h: encode, streaming
- * decode, special ids, chat rendering. They reach the tokenizer through the
- * engine's tok field. */
+/* tokenize.c - the tokenizer's public functions in dflash.h: encode,
+ * streaming decode, special ids, chat rendering. They reach the tokenizer
+ * through the engine's tok field, so they live in the api layer (in
+ * src/tokenizer they reached up into engine.h). */
 #include <string.h>
 
 #include "api/engine.h"
-#include "tokenizer/tok_impl.h"
+#include "tokenizer/tokenizer.h"
 
 static const dfl_tokenizer *tok_of(const dfl_engine *e) { return e ? e->tok : NULL; }
 
@@ -39,7 +40,7 @@ static int utf8_step(const unsigned char *s, size_t n, int *bad) {
     unsigned char c = s[0];
     *bad = 1;
     if (c < 0x80) return 1;
-    int len = tok_utf8_len(c);
+    int len = dfl_tok_utf8_len(c);
     if (len == 1) return 0;
     unsigned char lo = 0x80, hi = 0xbf;
     if (c == 0xe0) lo = 0xa0;
@@ -111,9 +112,9 @@ int dfl_detok_push(dfl_detok *d, int32_t id, char *out, size_t cap) {
         }
     }
     /* pending (< 4 bytes) + the piece, worst case 3 output bytes per input byte */
-    unsigned char buf[TOK_MAX_PIECE + 8];
+    unsigned char buf[DFL_TOK_MAX_PIECE + 8];
     size_t m = (size_t)d->n_pending;
-    if ((size_t)n > TOK_MAX_PIECE) return DFL_EARG;
+    if ((size_t)n > DFL_TOK_MAX_PIECE) return DFL_EARG;
     memcpy(buf, d->pending, m);
     memcpy(buf + m, p, (size_t)n);
     dfl_detok saved = *d;
@@ -136,7 +137,7 @@ int dfl_detok_flush(dfl_detok *d, char *out, size_t cap) {
 /* ---- chat ------------------------------------------------------------------- */
 
 /* The text of a special token (empty when none). */
-static void special_text(const dfl_tokenizer *t, int32_t id, char out[TOK_MAX_PIECE + 1]) {
+static void special_text(const dfl_tokenizer *t, int32_t id, char out[DFL_TOK_MAX_PIECE + 1]) {
     const char *p;
     int special, len = t && id >= 0 ? dfl_tok_piece(t, id, &p, &special) : 0;
     if (len > 0) memcpy(out, p, (size_t)len);
@@ -154,7 +155,7 @@ int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_ch
                     int n, int add_generation_prompt, int enable_thinking, char *out, size_t cap,
                     dfl_error *err) {
     const dfl_tokenizer *t = tok_of(e);
-    char bos[TOK_MAX_PIECE + 1], eos[TOK_MAX_PIECE + 1];
+    char bos[DFL_TOK_MAX_PIECE + 1], eos[DFL_TOK_MAX_PIECE + 1];
     special_text(t, t ? dfl_tok_bos(t) : -1, bos);
     special_text(t, t ? dfl_tok_eos(t) : -1, eos);
     return dfl_chat_render_text(dfl_chat_template(e, NULL), template_name, bos, eos, msgs, n,
@@ -166,7 +167,7 @@ int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
                          const char *kwargs_json, int add_generation_prompt, char *out,
                          size_t cap, dfl_error *err) {
     const dfl_tokenizer *t = tok_of(e);
-    char bos[TOK_MAX_PIECE + 1], eos[TOK_MAX_PIECE + 1];
+    char bos[DFL_TOK_MAX_PIECE + 1], eos[DFL_TOK_MAX_PIECE + 1];
     special_text(t, t ? dfl_tok_bos(t) : -1, bos);
     special_text(t, t ? dfl_tok_eos(t) : -1, eos);
     int rc = template_text ? dfl_chat_forced(template_text, &template_text, err) : 0;
