@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""check_layers.py - fails on an #include that goes up the layers.
+"""check_layers.py - fails on an #include that goes up the layers, and on a
+function of include/dflash.h defined outside src/api/ (the public API is
+implemented in one layer).
 
 DESIGN.md: layers include downward only,
     base <- kernels <- io <- models/draft <- decode <- api <- cli/server.
@@ -84,16 +86,47 @@ def check(root):
     return bad, n
 
 
+DECL = re.compile(r"^(?:[A-Za-z_]\w*[\s*]+)+(dfl_\w+)\(", re.M)
+
+
+def api_outside(root):
+    """Definitions of include/dflash.h's functions outside src/api/: the public
+    API is implemented in one layer (the CLI and the server see it there)."""
+    try:
+        with open(os.path.join(root, "include", "dflash.h"), encoding="utf-8") as fh:
+            public = set(DECL.findall(fh.read()))
+    except OSError:
+        return []
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(root, "src")):
+        rel_dir = os.path.relpath(dirpath, root).split(os.sep)
+        if rel_dir[:2] == ["src", "api"]:
+            continue
+        for f in sorted(files):
+            if not f.endswith(".c"):
+                continue
+            path = os.path.join(dirpath, f)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for ln, line in enumerate(fh, 1):
+                    m = DECL.match(line)
+                    if m and m.group(1) in public and not line.rstrip().endswith(";"):
+                        bad.append(f"{os.path.relpath(path, root)}:{ln}: {m.group(1)} of "
+                                   f"include/dflash.h is defined outside src/api/")
+    return bad
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), ".."))
     bad, n = check(root)
+    bad += api_outside(root)
     for b in bad:
         print(b)
     if bad:
-        print(f"check_layers: {len(bad)} include(s) go up the layers (of {n})")
+        print(f"check_layers: {len(bad)} problem(s): includes that go up the layers (of {n}), "
+              f"or public functions outside src/api/")
         return 1
-    print(f"check_layers: {n} includes, all downward")
+    print(f"check_layers: {n} includes, all downward; the public API is in src/api/")
     return 0
 
 

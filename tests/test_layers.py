@@ -3,7 +3,8 @@
 "layers include downward only"): the tree passes it, and on a small
 made-up tree it names the file and line of each include that goes up
 (kernels -> io, decode -> api, the CLI -> an internal header, a folder
-with no layer) and lets downward and same-layer includes through."""
+with no layer) and lets downward and same-layer includes through; and it
+names a function of include/dflash.h defined outside src/api/."""
 import os
 import subprocess
 import sys
@@ -25,7 +26,12 @@ def main():
     check(rc == 0, f"the tree's includes go downward only:\n{out}")
 
     files = {
-        "include/dflash.h": "",
+        "include/dflash.h": "int dfl_open(const char *path);\n"
+                            "const char *dfl_name(void);   /* two public functions */\n"
+                            "typedef int (*dfl_cb)(void *ud);\n",
+        "src/api/open.c": '#include "engine.h"\nint dfl_open(const char *path) { return !path; }\n',
+        "src/io/name.c": '#include "io/io.h"\nstatic int helper(void);\n'
+                         'const char *dfl_name(void) {\n    return "x";\n}\n',    # public: line 3
         "src/base/base.h": '#include "dflash.h"\n',
         "src/io/io.h": '#include "base/base.h"\n',
         "src/kernels/kernels.h": '#include "base/base.h"\n\n#include "io/io.h"\n',   # up: line 3
@@ -48,7 +54,7 @@ def main():
         check(rc == 1, f"a tree with upward includes fails (rc {rc})")
         lines = [l for l in out.splitlines() if not l.startswith("check_layers:")]
         want = ["src/kernels/kernels.h:3:", "src/decode/loop.c:2:", "src/cli/cmd.c:3:",
-                "src/misc/x.c:1:"]
+                "src/misc/x.c:1:", "src/io/name.c:3: dfl_name"]
         for w in want:
             check(any(l.startswith(w) for l in lines), f"{w} is named in:\n{out}")
         check(len(lines) == len(want), f"only the {len(want)} bad includes are named:\n{out}")
@@ -59,6 +65,7 @@ def main():
             with open(os.path.join(root, name), "w") as f:
                 f.write(text)
         os.remove(os.path.join(root, "src/misc/x.c"))
+        os.rename(os.path.join(root, "src/io/name.c"), os.path.join(root, "src/api/name.c"))
         rc, out = run(root)
         check(rc == 0, f"the same tree with downward includes only passes:\n{out}")
     return finish()

@@ -1,4 +1,4 @@
-/* format.c - dfl_format_new: structured output for an engine's vocabulary
+/* format.c - dfl_format_*: structured output for an engine's vocabulary
  * (the automaton and the masks are in src/sample/format.c). */
 #include <stdlib.h>
 
@@ -28,4 +28,10 @@ int dfl_format_new(dfl_engine *e, const char *schema, const char *prefix, const 
     if (!e->fmt_vocab) e->fmt_vocab = vocab_of(e);
     pthread_mutex_unlock(&e->mu);
     return dfl_fmt_compile(schema, prefix, suffix, e->fmt_vocab, out, err);
+}
+
+void dfl_format_free(dfl_format *f) { dfl_fmt_free(f); }
+
+int dfl_format_accepts(const dfl_format *f, const char *text, size_t n) {
+    return dfl_fmt_accepts(f, text, n);
 }

@@ -115,6 +115,9 @@ const gguf_kv *dfl_gguf_arr(const gguf_file *g, const char *key, gguf_vtype elem
 int64_t dfl_gguf_arr_i64(const gguf_kv *kv, uint64_t i); /* integer element i as int64 */
 float dfl_gguf_arr_f32(const gguf_kv *kv, uint64_t i);
 
+/* dfl_quantize_gguf (dflash.h): a GGUF rewritten with its matrices in another type. */
+int dfl_gguf_quantize(const dfl_quantize_opts *o, dfl_quantize_result *res, dfl_error *err);
+
 /* Writes GGUF v3 (dflash quantize, tests): kv pairs and tensors. */
 typedef struct gguf_wkv {
     const char *key;

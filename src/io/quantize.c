@@ -236,7 +236,7 @@ static int quantize(const char *in, const char *out, dfl_type to, int embeddings
     return rc;
 }
 
-int dfl_quantize_gguf(const dfl_quantize_opts *o, dfl_quantize_result *res, dfl_error *err) {
+int dfl_gguf_quantize(const dfl_quantize_opts *o, dfl_quantize_result *res, dfl_error *err) {
     memset(res, 0, sizeof *res);
     int to = o->type ? dfl_type_from_name(o->type) : -1;
     if (to < 0 || to == DFL_F32)

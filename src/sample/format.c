@@ -84,7 +84,7 @@ static void fixed_nodes(dfl_format *f) {
     lit_add(f->node[w].lit, "null", 4);
 }
 
-void dfl_format_free(dfl_format *f) {
+void dfl_fmt_free(dfl_format *f) {
     if (!f) return;
     for (int i = 0; i < f->n_node; i++) {
         fnode *n = &f->node[i];
@@ -477,7 +477,7 @@ int dfl_fmt_compile(const char *schema, const char *prefix, const char *suffix,
         rc = dfl_fail(err, DFL_EUNSUP, "the schema can be more than %d of its anyOf branches at "
                       "once (or an anyOf refers to itself)", DFL_FMT_MAX_ALT);
     if (rc) {
-        dfl_format_free(f);
+        dfl_fmt_free(f);
         return rc;
     }
     *out = f;
@@ -818,7 +818,7 @@ static int state_feed_bytes(const dfl_format *f, fstate *s, const char *p, int n
     return 1;
 }
 
-int dfl_format_accepts(const dfl_format *f, const char *text, size_t n) {
+int dfl_fmt_accepts(const dfl_format *f, const char *text, size_t n) {
     fstate *s = xmalloc(sizeof *s);
     state_init(f, s);
     int ok = n <= INT32_MAX && state_feed_bytes(f, s, text, (int)n) &&

@@ -74,6 +74,9 @@ void dfl_fmt_vocab_free(dfl_fmt_vocab *v);
 /* dfl_format (dflash.h) is the compiled schema; schema NULL: any JSON object. */
 int dfl_fmt_compile(const char *schema, const char *prefix, const char *suffix,
                     const dfl_fmt_vocab *v, dfl_format **out, dfl_error *err);
+void dfl_fmt_free(dfl_format *f);
+/* Whether text[0..n) is a whole document of the format. */
+int dfl_fmt_accepts(const dfl_format *f, const char *text, size_t n);
 
 /* One generation's view: the state after the tokens generated so far. */
 typedef struct dfl_fmt_run dfl_fmt_run;
