@@ -198,13 +198,15 @@ int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_ch
  * JSON array of messages (role, content as a string or a list of parts,
  * tool_calls, tool_call_id, name, reasoning_content); tools_json a JSON array
  * or NULL; kwargs_json a JSON object of extra variables (enable_thinking...)
- * or NULL. bos_token and eos_token come from e (none when e is NULL).
+ * or NULL. bos_token and eos_token come from e (none when e is NULL). now:
+ * the clock strftime_now reads, unix seconds (0: the real one; a caller that
+ * renders twice, to size and then to fill, passes one value to both).
  * Returns bytes needed as snprintf, < 0 on error; a template's
  * raise_exception(msg) gives DFL_EARG with err->msg exactly msg. */
 int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
                          const char *messages_json, const char *tools_json,
-                         const char *kwargs_json, int add_generation_prompt, char *out,
-                         size_t cap, dfl_error *err);
+                         const char *kwargs_json, int add_generation_prompt, int64_t now,
+                         char *out, size_t cap, dfl_error *err);
 /* The template dfl_chat_render uses for e; *fallback set when the model has
  * none and ChatML stands in. */
 const char *dfl_chat_template(const dfl_engine *e, int *fallback);

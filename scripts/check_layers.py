@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""check_layers.py - fails on an #include that goes up the layers, and on a
+"""check_layers.py - fails on an #include that goes up the layers, on a
 function of include/dflash.h defined outside src/api/ (the public API is
-implemented in one layer).
+implemented in one layer), and on getenv outside src/cli/ (the library's
+knobs are options).
 
 DESIGN.md: layers include downward only,
     base <- kernels <- io <- models/draft <- decode <- api <- cli/server.
@@ -115,18 +116,40 @@ def api_outside(root):
     return bad
 
 
+GETENV = re.compile(r"\bgetenv\s*\(")
+
+
+def env_reads(root):
+    """getenv below the CLI: the engine and the server take their knobs from
+    options structs, which the CLI fills (from flags or the environment)."""
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(root, "src")):
+        if os.path.relpath(dirpath, root).split(os.sep)[:2] == ["src", "cli"]:
+            continue
+        for f in sorted(files):
+            if f.endswith((".c", ".h")):
+                path = os.path.join(dirpath, f)
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for ln, line in enumerate(fh, 1):
+                        if GETENV.search(line.split("//")[0]):
+                            bad.append(f"{os.path.relpath(path, root)}:{ln}: reads the "
+                                       f"environment; take it in an options struct")
+    return bad
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), ".."))
     bad, n = check(root)
-    bad += api_outside(root)
+    bad += api_outside(root) + env_reads(root)
     for b in bad:
         print(b)
     if bad:
         print(f"check_layers: {len(bad)} problem(s): includes that go up the layers (of {n}), "
-              f"or public functions outside src/api/")
+              f"public functions outside src/api/, or the environment read below the CLI")
         return 1
-    print(f"check_layers: {n} includes, all downward; the public API is in src/api/")
+    print(f"check_layers: {n} includes, all downward; the public API is in src/api/; "
+          f"only the CLI reads the environment")
     return 0
 
 

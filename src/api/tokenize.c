@@ -164,8 +164,8 @@ int dfl_chat_render(const dfl_engine *e, const char *template_name, const dfl_ch
 
 int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
                          const char *messages_json, const char *tools_json,
-                         const char *kwargs_json, int add_generation_prompt, char *out,
-                         size_t cap, dfl_error *err) {
+                         const char *kwargs_json, int add_generation_prompt, int64_t now,
+                         char *out, size_t cap, dfl_error *err) {
     const dfl_tokenizer *t = tok_of(e);
     char bos[DFL_TOK_MAX_PIECE + 1], eos[DFL_TOK_MAX_PIECE + 1];
     special_text(t, t ? dfl_tok_bos(t) : -1, bos);
@@ -177,5 +177,5 @@ int dfl_chat_render_json(const dfl_engine *e, const char *template_text,
         template_text = tool ? tool : dfl_chat_template(e, NULL);
     }
     return dfl_chat_render_vars(template_text, t ? bos : NULL, t ? eos : NULL, messages_json,
-                                tools_json, kwargs_json, add_generation_prompt, 0, out, cap, err);
+                                tools_json, kwargs_json, add_generation_prompt, now, out, cap, err);
 }

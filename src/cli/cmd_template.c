@@ -1,9 +1,12 @@
 /* cmd_template.c - `dflash template`: renders a chat template for given
  * messages, as transformers' apply_chat_template would, and prints the text.
  * A template can so be checked from the shell (and against transformers). */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -20,7 +23,24 @@ static void help(void) {
            "  --kwargs JSON           extra variables, e.g. '{\"enable_thinking\": false}'\n"
            "  --bos S, --eos S        bos_token / eos_token (override the model's)\n"
            "\n"
-           "A template's raise_exception(msg) prints 'error: msg' and exits 1.\n");
+           "A template's raise_exception(msg) prints 'error: msg' and exits 1.\n"
+           "SOURCE_DATE_EPOCH (unix seconds) sets the clock strftime_now reads.\n");
+}
+
+/* strftime_now's clock: SOURCE_DATE_EPOCH (the reproducible-builds
+ * convention; the tests against transformers set it), else now. */
+static int64_t clock_of_env(void) {
+    const char *s = getenv("SOURCE_DATE_EPOCH");
+    if (!s || !*s) return (int64_t)time(NULL);
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v <= 0) {
+        fprintf(stderr, "dflash template: SOURCE_DATE_EPOCH='%s' is not a positive number of "
+                        "seconds; unset it for the real clock\n", s);
+        exit(2);
+    }
+    return (int64_t)v;
 }
 
 static char *slurp(const char *path) { return cli_read_file(NULL, "file", path, NULL); }
@@ -98,9 +118,10 @@ int cmd_template(int argc, char **argv) {
             p += sprintf(p, "}");
         kwargs = kw;
     }
-    int need_n = dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, NULL, 0, &err);
+    int64_t now = clock_of_env();
+    int need_n = dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, now, NULL, 0, &err);
     char *out = need_n >= 0 ? cli_alloc((size_t)need_n + 1, 1) : NULL;
-    if (out) dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, out, (size_t)need_n + 1, &err);
+    if (out) dfl_chat_render_json(e, tmpl, msgs, tools, kwargs, gen, now, out, (size_t)need_n + 1, &err);
     int rc = 0;
     if (need_n < 0 || !out) {
         fprintf(stderr, "error: %s\n", need_n < 0 ? err.msg : "out of memory");

@@ -522,11 +522,12 @@ static char *render_chat(srv_job *j, const cJSON *root, int *len, srv_err *e) {
         return NULL;
     }
     size_t cap = 4096 + 2 * in;
+    int64_t now = (int64_t)time(NULL);   /* one clock for both tries */
     for (int tries = 0; tries < 2 && mj; tries++) {
         free(rendered);
         rendered = malloc(cap);
         int n = rendered ? dfl_chat_render_json(srv->e, srv->o.chat_template, mj, tj, kj, 1,
-                                                rendered, cap, &err)
+                                                now, rendered, cap, &err)
                          : DFL_ENOMEM;
         if (n < 0) {
             srv_errf(e, 400, "messages", "could not render the chat template: %s", err.msg);

@@ -50,9 +50,6 @@ int dfl_chat_render_vars(const char *template_text, const char *bos, const char 
         {"add_generation_prompt", add_generation_prompt ? "true" : "false"},
         {NULL, kwargs_json ? kwargs_json : "{}"},
     };
-    /* SOURCE_DATE_EPOCH (the reproducible-builds convention) fixes the clock, for tests */
-    const char *epoch = getenv("SOURCE_DATE_EPOCH");
-    if (!now && epoch) now = strtoll(epoch, NULL, 10);
     dfl_jinja_limits lim = {.now = now, .chat = 1};
     char *out;
     size_t n;
