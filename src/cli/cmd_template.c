@@ -48,14 +48,6 @@ static char *slurp(const char *path) { return cli_read_file(NULL, "file", path, 
 const char *cli_chat_template_file(const char *path) { return slurp(path); }
 const char *cli_file_text(const char *path) { return slurp(path); }
 
-static const char *need(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "dflash: %s needs a value\n", argv[*i]);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 int cmd_template(int argc, char **argv) {
     const char *tmpl_file = NULL, *model = NULL, *msgs_file = NULL, *tools_file = NULL;
     const char *kwargs = NULL, *bos = NULL, *eos = NULL;
@@ -63,13 +55,13 @@ int cmd_template(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return help(), 0;
-        else if (!strcmp(a, "--template")) tmpl_file = need(argc, argv, &i);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = need(argc, argv, &i);
-        else if (!strcmp(a, "--messages")) msgs_file = need(argc, argv, &i);
-        else if (!strcmp(a, "--tools")) tools_file = need(argc, argv, &i);
-        else if (!strcmp(a, "--kwargs")) kwargs = need(argc, argv, &i);
-        else if (!strcmp(a, "--bos")) bos = need(argc, argv, &i);
-        else if (!strcmp(a, "--eos")) eos = need(argc, argv, &i);
+        else if (!strcmp(a, "--template")) tmpl_file = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--messages")) msgs_file = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--tools")) tools_file = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--kwargs")) kwargs = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--bos")) bos = cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--eos")) eos = cli_need(argc, argv, &i);
         else if (!strcmp(a, "--add-generation-prompt")) gen = 1;
         else {
             fprintf(stderr, "dflash template: unknown option %s (see --help)\n", a);

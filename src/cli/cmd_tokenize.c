@@ -62,14 +62,6 @@ static dfl_engine *load_vocab(const char *model) {
     return e;
 }
 
-static const char *need(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "dflash: %s needs a value\n", argv[*i]);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 /* Prints the ids of s[0..len) as one JSON array line; 1 on error. */
 static int print_ids(dfl_engine *e, const char *s, size_t len, int add_special, int parse_special) {
     dfl_error err = {0};
@@ -97,13 +89,13 @@ int cmd_tokenize(int argc, char **argv) {
             help_tokenize();
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            model = need(argc, argv, &i);
+            model = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--text") || !strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            text = need(argc, argv, &i);
+            text = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--file") || !strcmp(a, "-f")) {
-            file = need(argc, argv, &i);
+            file = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--jsonl")) {
-            jsonl = need(argc, argv, &i);
+            jsonl = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--special")) {
             add_special = 1;
         } else if (!strcmp(a, "--no-parse-special")) {
@@ -223,11 +215,11 @@ int cmd_detokenize(int argc, char **argv) {
             help_detokenize();
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            model = need(argc, argv, &i);
+            model = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--ids")) {
-            list = need(argc, argv, &i);
+            list = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--jsonl")) {
-            jsonl = need(argc, argv, &i);
+            jsonl = cli_need(argc, argv, &i);
         } else if (!strcmp(a, "--skip-special")) {
             show_special = 0;
         } else {
