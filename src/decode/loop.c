@@ -631,13 +631,13 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     r.crowd = pol[DFL_LANE_DRAFTER].crowd_rate;
     double d0 = st->t_draft, v0 = st->t_verify;
     r.anchor = prompt[n_prompt - 1];
+    int adaptive = r.spec && o->block == 0 && o->tree_budget <= 0;
     while (r.stop == DFL_STOP_NONE) {
         if (r.gen >= o->max_tokens) r.stop = DFL_STOP_LENGTH;
         else if (q->kv->len >= q->kv->cap) r.stop = DFL_STOP_CTX;
         if (r.stop) break;
         int active = r.spec ? dfl_target_active(q->t) : 1, gen0 = r.gen;
         r.crowded = active > 1;
-        int adaptive = r.spec && o->block == 0 && o->tree_budget <= 0;
         int held = adaptive && o->gate && !dfl_gate_open(o->gate, dfl_now(), active);
         r.gated = held;
         double price = active > 1 ? crowd_price(&r, active) : 0;
@@ -691,6 +691,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
         st->t_draft += dfl_now() - f0;
     }
     dfl_target_leave(q->t);
+    if (adaptive && o->gate) dfl_gate_leave(o->gate, dfl_now());
     for (int l = 0; l < DFL_LANES; l++)
         if (carry[l] && r.spec && o->block == 0 && lane_proposer(q, l))
             *carry[l] = pol[l], carry[l]->crowd_rate = r.crowd;

@@ -252,6 +252,8 @@ int dfl_gate_open(dfl_gate *g, double now, int active);
 /* A sequence committed `tokens` with `active` sequences joined; `wants`: it
  * was held to a classic step and wanted to speculate (dfl_lanes_want). */
 void dfl_gate_note(dfl_gate *g, int active, int tokens, int wants);
+/* A sequence that called dfl_gate_open leaves the engine: the span ends. */
+void dfl_gate_leave(dfl_gate *g, double now);
 /* A sequence starts (+1) or ends (-1) prefilling its prompt. */
 void dfl_gate_prefill(dfl_gate *g, double now, int delta);
 /* Crowd c's (active - 2) measured tokens per second in mode m; 0: not yet. */
