@@ -24,12 +24,13 @@ typedef struct sink {
      * that grammar (a round without its bonus that is not the last) */
     uint64_t kinds[3], groups, misplaced;
     int open;   /* a round's drafts came without its bonus yet */
+    int first;  /* the first token's kind */
 } sink;
 
 static int on_tok(void *ud, const dfl_token_info *t) {
     sink *s = ud;
     if (s->n < MAXG) s->ids[s->n] = t->id, s->lp[s->n] = t->logprob;
-    s->n++;
+    if (!s->n++) s->first = t->kind;
     if (t->kind < 0 || t->kind > DFL_TOKEN_BONUS) {
         s->misplaced++;
     } else {
@@ -179,6 +180,9 @@ static void test_sampling(dfl_engine *e, const int32_t *prompt, int n) {
         CHECK(rc == 0 && st.rounds > 0 && st.accept_rule == DFL_ACCEPT_EXACT,
               "temperature 0.8, block %d: rounds %llu, note '%s'", block,
               (unsigned long long)st.rounds, st.note);
+        /* adaptive: the first token does not wait for a round (time to first token) */
+        CHECK((a.first == DFL_TOKEN_CLASSIC) == (block == 0), "block %d: the first token's "
+              "kind is %d", block, a.first);
         p.block_size = 1;
         run(s, prompt, n, &p, &b, &st);
         CHECK(same(&a, &b) && b.n == 50, "sampled block %d differs from classic", block);
