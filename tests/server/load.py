@@ -46,6 +46,11 @@ async def one():
     else:
         req = {"model": model, "prompt": prompts[p], "max_tokens": max_tokens, "temperature": 0, "stream": True,
                "stream_options": {"include_usage": True}}
+    # A quarter pin a block: their rounds run under load whatever the adaptive
+    # policy makes of the random drafter (it may take only classic steps), and
+    # their greedy answers must equal the others'.
+    if rand() < 0.25:
+        req["block_size"] = 4
     r = types.SimpleNamespace(chat=chat, t0=now_ms(), ttft=None, t1=None, tokens=0, outcome=None, error=None)
     aborted = False
     s = types.SimpleNamespace(text="", finish=None, usage=None)
