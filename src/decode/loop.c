@@ -675,7 +675,8 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
             continue;
         }
         dfl_policy *dp = &pol[DFL_LANE_DRAFTER];
-        if (r.gated && !wants && B == 1) {
+        /* a held probe waits for the first token: the drafter's pass would delay it */
+        if (r.gated && !wants && B == 1 && !r.first) {
             double f0 = dfl_now();
             rc = shadow_start(&r, dp, active, err);
             st->t_draft += dfl_now() - f0;

@@ -524,7 +524,7 @@ int dfl_gate_open(dfl_gate *g, double now, int active) {
     pthread_mutex_lock(&g->mu);
     if (g->n != active || (active >= 2 && (now - g->t0 >= DFL_GATE_WINDOW_S || try_lost(g, now))))
         gate_turn(g, now, active);
-    int open = active < 2 || g->spec;
+    int open = g->spec;   /* gate_turn opens it for fewer than two */
     pthread_mutex_unlock(&g->mu);
     return open;
 }
