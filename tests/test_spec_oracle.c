@@ -330,7 +330,7 @@ static void test_stops(const int32_t *prompt, int n) {
  * at the second step, then two more (a crowd of two probes half as often
  * as a slot alone). With every draft right (all7)
  * every position probed hits; with the mix, the first probe's first draft
- * misses, the second's fourth. */
+ * misses, the second's fourth, the third's second. */
 static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
     char what[64];
     snprintf(what, sizeof what, "gated, %s, %s", can_skip ? "skipping" : "no skip",
