@@ -483,14 +483,19 @@ static int spec_wanted(const dfl_gate *g, int c) {
  * crowd's first window of speculation, its policies still learning the
  * crowd's costs, ran at about 0.8x classic steps (Zen 4, four clients), and
  * in crowds of four and eight, at tau 3 and 6.5 alike, cost that much for
- * nothing: there classic steps win. The other mode gets a window once
- * it has not been measured for the crowd's `every` windows; speculation only
- * if spec_wanted. */
+ * nothing: there classic steps win. That first window is a try: far
+ * behind it ends after DFL_GATE_ABORT_S, and its verdict sets when the next
+ * comes. (Run as a whole window that left `every` alone, it and the try 5
+ * windows later cost a fresh crowd of eight about 1 s of its rate at a third
+ * of classic steps': 4% of a 25 s stage, where DFlash ran 0.94-0.95x.) The
+ * other mode gets a window once it has not been measured for the crowd's
+ * `every` windows; speculation only if spec_wanted. */
 static int gate_pick(dfl_gate *g, int active) {
     int c = crowd(active), best = gate_best(g, c), spec;
     g->trying = 0;
     if (best < 0) {
         spec = !(dfl_gate_rate(g, c, 1) > 0) && dfl_gate_rate(g, c, 0) > 0 && spec_wanted(g, c);
+        g->trying = spec;   /* the first window of speculation is a try (above) */
     } else {
         g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
         if (g->trying && !best && !spec_wanted(g, c)) g->trying = 0;
