@@ -329,13 +329,14 @@ static void log_job(const srv_slot *s, const srv_job *j) {
     fprintf(stderr,
             "dflash serve: %s slot %d: %d prompt (%d cached) + %d tokens, %.1f tok/s, "
             "%llu rounds tau %.2f, %.1f rows of others per forward, queued %.0f ms, "
-            "total %.0f ms: %s\n",
+            "prefill %.0f ms, drafter %.0f ms, total %.0f ms: %s\n",
             who, s->idx, j->n_prompt, j->n_cached, j->n_gen,
             st->t_decode > 0 ? j->n_gen / st->t_decode : 0.0, (unsigned long long)st->rounds,
             st->rounds ? (double)st->committed / (double)st->rounds : 0.0,
             st->rounds + st->classic_steps
                 ? (double)st->shared_rows / (double)(st->rounds + st->classic_steps) : 0.0,
-            (j->t_start - j->t_submit) * 1e3, (j->t_end - j->t_submit) * 1e3, fin[j->finish]);
+            (j->t_start - j->t_submit) * 1e3, st->t_prefill * 1e3, st->t_draft * 1e3,
+            (j->t_end - j->t_submit) * 1e3, fin[j->finish]);
 }
 
 /* Runs j on slot s and settles its finish reason; returns the code its end
