@@ -412,6 +412,30 @@ static void gate_fresh_far(void) {
     dfl_gate_free(&g);
 }
 
+/* Held probes share a budget of the crowd's time: eight sequences whose
+ * probes are always due, each probe 25 ms of a drafter pass that all eight
+ * wait for, spend at most DFL_GATE_PROBE_SHARE of a minute (plus the first
+ * full credit); probes that cost microseconds are never refused. */
+static void gate_probe_budget(void) {
+    dfl_gate g;
+    dfl_gate_init(&g);
+    int probes = 0, asked = 0;
+    double spent = 0;
+    for (double now = 0; now < 60; now += 0.045, asked++)
+        if (dfl_gate_probe_ok(&g, now)) dfl_gate_probe_spent(&g, 8, 0.025), probes++, spent += 0.2;
+    CHECK(probes >= 1 && spent <= DFL_GATE_PROBE_SHARE * 60 + DFL_GATE_PROBE_CAP_S + 0.2,
+          "held probes of 25 ms among eight: %d of %d asked in 60 s, %.2f crowd-seconds", probes,
+          asked, spent);
+    CHECK(probes >= 2, "... and they go on after the first credit: %d", probes);
+    dfl_gate_free(&g);
+    dfl_gate_init(&g);
+    probes = asked = 0;
+    for (double now = 0; now < 60; now += 0.045, asked++)
+        if (dfl_gate_probe_ok(&g, now)) dfl_gate_probe_spent(&g, 8, 1e-6), probes++;
+    CHECK(probes == asked, "probes of a microsecond are never refused: %d of %d", probes, asked);
+    dfl_gate_free(&g);
+}
+
 /* A window in which a prompt was prefilled measures its ticks after the
  * prefill: a fresh crowd's first window (classic steps), which opens with
  * the prefills, counts, and its mode does not run a second one unmeasured. */
@@ -525,6 +549,7 @@ static void gate(void) {
     gate_far();
     gate_unwanted();
     gate_fresh_far();
+    gate_probe_budget();
     gate_prefill_end();
     gate_gaps();
 }

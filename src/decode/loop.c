@@ -235,19 +235,28 @@ static int park_row(run *r, dfl_error *err) {
  * carries no extra row. Each probe still costs the crowd a drafter pass
  * (its lm_head alone reads 160 MB beside a 0.6B target); eight held slots
  * probing on a lone slot's schedule ran 0.90x classic steps at tau 6.5, so
- * the schedule is stretched by the crowd's size. Starts one when due. */
+ * the schedule is stretched by the crowd's size, and the crowd's probes
+ * share a budget of its time (DFL_GATE_PROBE_SHARE). Starts one when due. */
 static int shadow_start(run *r, dfl_policy *p, int active, dfl_error *err) {
     dfl_seq *q = r->q;
     if (r->shadow_b || !q->pr || r->o->accept || r->o->max_tokens - r->gen < 2) return 0;
     int B = imin(dfl_policy_held_probe(p, active), r->o->max_tokens - r->gen);
     if (B < 2) return 0;
+    dfl_gate *g = r->o->gate;
+    double t0 = dfl_now();
+    if (g && !dfl_gate_probe_ok(g, t0)) {   /* over the crowd's budget: due again next step */
+        dfl_policy_skip(p);
+        return 0;
+    }
     int rc = settle_parked(r, err);
     if (!rc) rc = flush_pending(r, err);
-    if (rc) return rc;
-    q->hist[q->kv->len] = r->anchor;
-    if ((rc = q->pr->draft(q->pr, r->anchor, q->kv->len, B, r->shadow, NULL, err))) return rc;
-    r->shadow_b = B, r->shadow_at = 0;
-    return 0;
+    if (!rc) {
+        q->hist[q->kv->len] = r->anchor;
+        rc = q->pr->draft(q->pr, r->anchor, q->kv->len, B, r->shadow, NULL, err);
+    }
+    if (g) dfl_gate_probe_spent(g, active, dfl_now() - t0);
+    if (!rc) r->shadow_b = B, r->shadow_at = 0;
+    return rc;
 }
 
 /* A classic step committed id: the held probe under way checks its next draft. */

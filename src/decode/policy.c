@@ -565,3 +565,26 @@ void dfl_gate_prefill(dfl_gate *g, double now, int delta) {
     g->span_dropped = g->prefill > 0;
     pthread_mutex_unlock(&g->mu);
 }
+
+/* The credit grows by the share of the time since it was last topped up,
+ * from a full one at the first probe (a server's first crowd has spent
+ * nothing yet). */
+int dfl_gate_probe_ok(dfl_gate *g, double now) {
+    pthread_mutex_lock(&g->mu);
+    double c = g->probe_t > 0 ? g->probe_credit + DFL_GATE_PROBE_SHARE * (now - g->probe_t)
+                              : DFL_GATE_PROBE_CAP_S;
+    g->probe_credit = c < DFL_GATE_PROBE_CAP_S ? c : DFL_GATE_PROBE_CAP_S;
+    g->probe_t = now;
+    int ok = g->probe_credit >= g->probe_last;
+    if (ok) g->probe_credit -= g->probe_last;
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+void dfl_gate_probe_spent(dfl_gate *g, int active, double seconds) {
+    pthread_mutex_lock(&g->mu);
+    double spent = seconds * (active > 1 ? active : 1);
+    g->probe_credit += g->probe_last - spent;   /* the reservation, settled */
+    g->probe_last = spent;
+    pthread_mutex_unlock(&g->mu);
+}

@@ -225,6 +225,15 @@ enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS +
 #define DFL_GATE_ABORT_S 0.5
 #define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here; the
                                    evidence halves in weight every such time of its mode */
+/* Held probes (a sequence held to classic steps drafts now and then to keep
+ * its acceptance known) may take at most this share of the crowd's time. A
+ * drafter pass holds the machine, so every sequence of the crowd waits for
+ * it: at eight clients on Zen 4 each request's probes took 25 ms of its 5.9 s,
+ * and the crowd, waiting for eight such, ran 0.972x classic steps (16 pairs,
+ * 95% interval of the median 0.960-0.992). The budget accrues with time, up
+ * to DFL_GATE_PROBE_CAP_S, and each probe spends its time times the crowd. */
+#define DFL_GATE_PROBE_SHARE 0.005
+#define DFL_GATE_PROBE_CAP_S 0.25
 typedef struct dfl_gate {
     pthread_mutex_t mu;
     int spec;                   /* the open window's mode: 1 speculation allowed */
@@ -243,6 +252,10 @@ typedef struct dfl_gate {
     int wanted[DFL_GATE_CROWDS];       /* a sequence held to classic steps in crowd c wanted to
                                    speculate since that crowd's last speculation window */
     uint64_t windows[2];        /* windows measured in each mode (for stats) */
+    double probe_credit;        /* crowd-seconds held probes may still spend */
+    double probe_t;             /* when the credit was last topped up (0: never) */
+    double probe_last;          /* the last held probe's crowd-seconds: what one is expected
+                                   to spend */
 } dfl_gate;
 void dfl_gate_init(dfl_gate *g);
 void dfl_gate_free(dfl_gate *g);
@@ -254,6 +267,11 @@ int dfl_gate_open(dfl_gate *g, double now, int active);
 void dfl_gate_note(dfl_gate *g, int active, int tokens, int wants);
 /* A sequence that called dfl_gate_open leaves the engine: the span ends. */
 void dfl_gate_leave(dfl_gate *g, double now);
+/* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE)? If so
+ * the probe's expected cost is reserved, and dfl_gate_probe_spent settles it
+ * with the seconds the probe took. */
+int dfl_gate_probe_ok(dfl_gate *g, double now);
+void dfl_gate_probe_spent(dfl_gate *g, int active, double seconds);
 /* A sequence starts (+1) or ends (-1) prefilling its prompt. */
 void dfl_gate_prefill(dfl_gate *g, double now, int delta);
 /* Crowd c's (active - 2) measured tokens per second in mode m; 0: not yet. */
