@@ -349,7 +349,8 @@ static void gate_margin(void) {
 
 /* Speculation far behind (4 tok/s against 40): its tries end after
  * DFL_GATE_ABORT_S and come four times rarer each, so over two minutes the
- * crowd loses under 3% (whole windows, twice rarer: 4.5%). */
+ * crowd loses under 3% (whole windows, twice rarer: 4.5%), and after that
+ * under 0.7%. */
 static void gate_far(void) {
     double tok[2] = {4, 1}, sec[2] = {0.1, 0.25}, now = 0, share;
     dfl_gate g;
@@ -359,6 +360,12 @@ static void gate_far(void) {
           got, 40.0 * 120);
     CHECK(g.windows[1] >= 3, "... and still tried now and then (%llu windows)",
           (unsigned long long)g.windows[1]);
+    /* the steady state: a try in DFL_GATE_EXPLORE_FAR windows (in 40: 1.1% lost) */
+    uint64_t w = g.windows[1];
+    got = gate_run(&g, &now, 240, 4, tok, sec, NULL);
+    CHECK(got >= 0.993 * 40 * 240 && g.windows[1] - w >= 1,
+          "far behind, the next 240 s: %.0f tokens, classic %.0f, %llu tries", got, 40.0 * 240,
+          (unsigned long long)(g.windows[1] - w));
     dfl_gate_free(&g);
 }
 

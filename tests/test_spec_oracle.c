@@ -397,6 +397,47 @@ static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
     dfl_kv_free(kv);
 }
 
+/* In a crowd whose gate measured speculation far behind (held_far), a
+ * prompt's rows but the newest 7 (PARK_KEEP) become a hole in a proposer
+ * that can skip, and the rows parked at the end do too; with a fresh gate
+ * (no evidence) every row is fed. Either way the ids are classic decode's,
+ * the fed rows carry their own features (the oracle checks them bit for
+ * bit), and the proposer keeps in step with the cache. */
+static void test_held_prompt(void) {
+    int mix[] = {0}, n = 40;
+    for (int far = 0; far < 2; far++) {
+        dfl_seq q;
+        oracle o;
+        dfl_kv *kv = oracle_seq(&q, &o, mix, 1);
+        o.base.skip = o_skip;
+        dfl_gate g;
+        dfl_gate_init(&g);
+        if (far) g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
+        dfl_costs alone, crowd[DFL_LANES];
+        dfl_costs_init(&alone, 16);
+        for (int l = 0; l < DFL_LANES; l++) dfl_costs_init(&crowd[l], 16);
+        dfl_loop_opts opt = {.block = 0, .max_tokens = 4, .gate = &g, .costs = &alone,
+                             .crowd_costs = crowd};
+        sink s = {0};
+        dfl_stats st = {0};
+        dfl_error err = {0};
+        dfl_target_join(T);   /* an idle second sequence: a crowd of two */
+        int rc = dfl_spec_generate(&q, &opt, ref, n, on_tok, &s, &st, &err);
+        dfl_target_leave(T);
+        int same = rc == 0 && s.n == 4;
+        for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + i];
+        const char *what = far ? "held far" : "fresh gate";
+        CHECK(same, "%s: ids differ from classic decode (%s)", what, err.msg);
+        CHECK(far ? o.fed == 7 && o.skipped == kv->len - 7 : o.fed == kv->len && !o.skipped,
+              "%s: %d rows fed, %d skipped, of %d", what, o.fed, o.skipped, kv->len);
+        CHECK(o.len == kv->len && o.bad == 0, "%s: proposer %d, kv %d, %d bookkeeping failures",
+              what, o.len, kv->len, o.bad);
+        dfl_gate_free(&g);
+        seq_free(&q);
+        dfl_kv_free(kv);
+    }
+}
+
 int main(void) {
     const char *path = getenv("DFLASH_ORACLE_TARGET");
     if (!path) path = test_asset("stories260K/stories260K.gguf");
@@ -414,6 +455,7 @@ int main(void) {
     test_prefix_reuse(prompt, 6);
     test_stops(prompt, 6);
     for (int k = 0; k < 4; k++) test_gated(prompt, 6, k & 1, k >> 1);
+    test_held_prompt();
     free(ref_feat);
     /* a one-token prompt: the first round drafts with an empty context */
     make_reference(prompt, 1);

@@ -433,6 +433,14 @@ static int far_behind(const dfl_gate *g, int c) {
     return r0 > 0 && r1 > 0 && r1 < DFL_GATE_FAR * r0;
 }
 
+int dfl_gate_far(dfl_gate *g, int active) {
+    if (active < 2) return 0;
+    pthread_mutex_lock(&g->mu);
+    int far = far_behind(g, crowd(active));
+    pthread_mutex_unlock(&g->mu);
+    return far;
+}
+
 /* The open window counts once its spans measured a quarter of it: its mode's
  * evidence of that crowd is fresh, the other mode's ages by a window, and a
  * try of the mode behind sets when it is next tried. */
@@ -449,8 +457,9 @@ static void window_close(dfl_gate *g) {
      * its own schedule: speculation behind is behind in the larger crowds too
      * (their verify rows cost more), classic steps in the smaller ones, so
      * their tries wait as long, counted from their own last. */
-    int ahead = m ? spec_ahead(g, c) : !spec_ahead(g, c), grow = m && far_behind(g, c) ? 4 : 2;
-    int every = grow * g->every[c] < DFL_GATE_EXPLORE_MAX ? grow * g->every[c] : DFL_GATE_EXPLORE_MAX;
+    int far = m && far_behind(g, c), ahead = m ? spec_ahead(g, c) : !spec_ahead(g, c);
+    int cap = far ? DFL_GATE_EXPLORE_FAR : DFL_GATE_EXPLORE_MAX, grow = far ? 4 : 2;
+    int every = grow * g->every[c] < cap ? grow * g->every[c] : cap;
     g->every[c] = ahead ? DFL_GATE_EXPLORE : every;
     for (int j = 0; j < DFL_GATE_CROWDS && !ahead; j++)
         if ((m ? j > c : j < c) && g->every[j] < every) g->every[j] = every;

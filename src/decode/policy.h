@@ -208,7 +208,11 @@ int dfl_tree_policy_choose(dfl_tree_policy *p, const dfl_costs *tree_costs,
 enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS + 1 (more
                                    share the last) */
        DFL_GATE_EXPLORE = 5,    /* windows between tries of the mode that measured behind */
-       DFL_GATE_EXPLORE_MAX = 40 };  /* ... doubled after each try it loses again, up to this */
+       DFL_GATE_EXPLORE_MAX = 40,    /* ... doubled after each try it loses again, up to this */
+       /* ... and up to this for speculation that lost far behind (DFL_GATE_FAR): at eight
+          clients on Zen 4 a try cost the crowd about 0.5 s of its rate, and tries every 40
+          windows cost it 1.5% (16 pairs inside one server, tau 6.5) */
+       DFL_GATE_EXPLORE_FAR = 120 };
 /* Speculation wins a crowd only when its windows measured this much ahead of
  * classic steps'. The windows leave out the prefills and the crowd's end,
  * where speculation costs more: requests of one crowd finish at uneven times
@@ -267,6 +271,9 @@ int dfl_gate_open(dfl_gate *g, double now, int active);
 void dfl_gate_note(dfl_gate *g, int active, int tokens, int wants);
 /* A sequence that called dfl_gate_open leaves the engine: the span ends. */
 void dfl_gate_leave(dfl_gate *g, double now);
+/* Whether crowd `active` measured speculation far behind classic steps
+ * (DFL_GATE_FAR): a crowd its sequences are not expected to speculate in. */
+int dfl_gate_far(dfl_gate *g, int active);
 /* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE)? If so
  * the probe's expected cost is reserved, and dfl_gate_probe_spent settles it
  * with the seconds the probe took. */
