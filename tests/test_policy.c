@@ -443,6 +443,20 @@ static void gate_probe_budget(void) {
     dfl_gate_free(&g);
 }
 
+/* dfl_gate_far: speculation far behind in a crowd is far behind in larger
+ * ones, not in smaller ones nor alone. */
+static void gate_far_crowds(void) {
+    dfl_gate g;
+    dfl_gate_init(&g);
+    g.tok[2][0] = 40, g.sec[2][0] = 1, g.tok[2][1] = 4, g.sec[2][1] = 1;   /* four: 4 vs 40 */
+    CHECK(dfl_gate_far(&g, 4) && dfl_gate_far(&g, 8) && dfl_gate_far(&g, 20),
+          "far behind at four: at four, eight and twenty too");
+    CHECK(!dfl_gate_far(&g, 3) && !dfl_gate_far(&g, 1), "... not at three, nor alone");
+    g.tok[2][1] = 32;   /* 32 vs 40: behind, not far */
+    CHECK(!dfl_gate_far(&g, 4) && !dfl_gate_far(&g, 8), "behind but not far: not held far");
+    dfl_gate_free(&g);
+}
+
 /* A window in which a prompt was prefilled measures its ticks after the
  * prefill: a fresh crowd's first window (classic steps), which opens with
  * the prefills, counts, and its mode does not run a second one unmeasured. */
@@ -557,6 +571,7 @@ static void gate(void) {
     gate_unwanted();
     gate_fresh_far();
     gate_probe_budget();
+    gate_far_crowds();
     gate_prefill_end();
     gate_gaps();
 }

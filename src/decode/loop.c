@@ -99,20 +99,29 @@ static int skip_models(dfl_seq *q, int n, dfl_error *err) {
     return rc;
 }
 
-/* dfl_spec_prefill, but the first `hole` rows skip the model lanes (the
- * n-gram lane takes every row: it costs nothing); the target captures
- * features only for chunks that feed some. */
-static int prefill(dfl_seq *q, const int32_t *tok, int n, int feed, int hole, dfl_error *err) {
+/* Rows a held sequence keeps of those the drafter would be fed (parked rows,
+ * a prompt's): the newest, so a drafter has the latest context when the
+ * crowd lets it draft again. */
+enum { PARK_KEEP = 7 };
+
+/* dfl_spec_prefill; with a gate (may_hole), when the first chunk's forward
+ * is done in a crowd held far (dfl_gate_far: the crowd has formed by then),
+ * the rows but the newest PARK_KEEP skip the model lanes, a hole in their
+ * stores (the n-gram lane takes every row: it costs nothing). */
+static int prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_gate *may_hole,
+                   dfl_error *err) {
     feed = feed && (q->pr || q->ng || q->mt);
-    int n_cap = feed ? seq_ncap(q) : 0;
+    int n_cap = feed ? seq_ncap(q) : 0, hole = 0;
     size_t fd = (size_t)n_cap * q->t->c.dim;
     for (int a = 0; a < n;) {
         int m = imin(n - a, q->t->max_rows), pos = q->kv->len;
-        int s = hole > a ? imin(m, hole - a) : 0, nc = s < m ? n_cap : 0;
-        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, nc ? seq_cap(q) : NULL, nc,
-                                    q->feat, err);
+        int rc = dfl_target_forward(q->t, q->kv, tok + a, m, m, NULL, n_cap ? seq_cap(q) : NULL,
+                                    n_cap, q->feat, err);
         if (rc) return rc;
         memcpy(q->hist + pos, tok + a, (size_t)m * sizeof(int32_t));
+        if (!a && may_hole && n > PARK_KEEP && dfl_gate_far(may_hole, dfl_target_active(q->t)))
+            hole = n - PARK_KEEP;
+        int s = hole > a ? imin(m, hole - a) : 0;
         if (feed && s) rc = skip_models(q, s, err);
         if (feed && s && !rc && q->ng) rc = q->ng->add_context(q->ng, NULL, tok + a, s, err);
         if (feed && s < m && !rc) rc = feed_lanes(q, fd ? q->feat + fd * s : q->feat, tok + a + s,
@@ -124,7 +133,7 @@ static int prefill(dfl_seq *q, const int32_t *tok, int n, int feed, int hole, df
 }
 
 int dfl_spec_prefill(dfl_seq *q, const int32_t *tok, int n, int feed, dfl_error *err) {
-    return prefill(q, tok, n, feed, 0, err);
+    return prefill(q, tok, n, feed, NULL, err);
 }
 
 /* ---- one round ------------------------------------------------------------ */
@@ -208,10 +217,6 @@ static int flush_pending(run *r, dfl_error *err) {
     return feed_models(q, fd ? q->feat + fd : NULL, q->hist + q->kv->len - n, n, err);
 }
 
-/* Rows a gated sequence keeps parked when its buffer fills: the newest, so
- * a drafter has the latest context when the crowd lets it draft again. */
-enum { PARK_KEEP = 7 };
-
 /* While the crowd gate holds a sequence to classic steps, feeding its
  * drafter every row cost a crowd of 4 about 5% of its rate (a 0.6B target
  * with a 5-layer drafter, measured): the oldest parked rows become a hole in
@@ -237,12 +242,16 @@ static int settle_parked(run *r, dfl_error *err) {
                                                               : flush_pending(r, err);
 }
 
-/* A sequence in a crowd that the gate measured speculation far behind in
- * (dfl_gate_far): it is not expected to draft again soon. */
-static int held_far(const run *r) {
+/* The gate, when this call's rows may become a hole in a crowd held far
+ * (dfl_gate_far: the sequence is not expected to draft again soon). */
+static dfl_gate *hole_gate(const run *r) {
     const dfl_loop_opts *o = r->o;
-    return r->spec && o->gate && o->block == 0 && o->tree_budget <= 0 && can_skip(r->q) &&
-           dfl_gate_far(o->gate, dfl_target_active(r->q->t));
+    return r->spec && o->block == 0 && o->tree_budget <= 0 && can_skip(r->q) ? o->gate : NULL;
+}
+
+static int held_far(const run *r) {
+    dfl_gate *g = hole_gate(r);
+    return g && dfl_gate_far(g, dfl_target_active(r->q->t));
 }
 
 /* At the end of a call the parked rows reach the proposer, in step with the
@@ -659,8 +668,7 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
      * feeding them was a drafter pass the whole crowd waited for, and held
      * DFlash requests at eight clients ran 1.2% slower than classic ones in
      * the same server, their drafter's probes already budgeted (Zen 4). */
-    int np = n_prompt - 1 - keep, hole = np > PARK_KEEP && held_far(&r) ? np - PARK_KEEP : 0;
-    rc = prefill(q, prompt + keep, np, r.spec, hole, err);
+    rc = prefill(q, prompt + keep, n_prompt - 1 - keep, r.spec, hole_gate(&r), err);
     if (o->gate && r.spec) dfl_gate_prefill(o->gate, dfl_now(), -1);
     if (rc) {
         dfl_target_leave(q->t);

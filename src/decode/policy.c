@@ -433,10 +433,13 @@ static int far_behind(const dfl_gate *g, int c) {
     return r0 > 0 && r1 > 0 && r1 < DFL_GATE_FAR * r0;
 }
 
+/* Far behind in a crowd is far behind in every larger one: their verify
+ * rows cost more (window_close's schedule assumes the same). */
 int dfl_gate_far(dfl_gate *g, int active) {
     if (active < 2) return 0;
     pthread_mutex_lock(&g->mu);
-    int far = far_behind(g, crowd(active));
+    int far = 0;
+    for (int c = 0; c <= crowd(active) && !far; c++) far = far_behind(g, c);
     pthread_mutex_unlock(&g->mu);
     return far;
 }

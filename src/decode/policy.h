@@ -271,8 +271,8 @@ int dfl_gate_open(dfl_gate *g, double now, int active);
 void dfl_gate_note(dfl_gate *g, int active, int tokens, int wants);
 /* A sequence that called dfl_gate_open leaves the engine: the span ends. */
 void dfl_gate_leave(dfl_gate *g, double now);
-/* Whether crowd `active` measured speculation far behind classic steps
- * (DFL_GATE_FAR): a crowd its sequences are not expected to speculate in. */
+/* Whether crowd `active`, or a smaller one, measured speculation far behind
+ * classic steps (DFL_GATE_FAR): its sequences are not expected to speculate. */
 int dfl_gate_far(dfl_gate *g, int active);
 /* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE)? If so
  * the probe's expected cost is reserved, and dfl_gate_probe_spent settles it
