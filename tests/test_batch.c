@@ -14,6 +14,7 @@
  * $DFLASH_BATCH_TARGET and $DFLASH_BATCH_DRAFT run all of it on that pair
  * instead (test_hf_oracle.py: a Qwen3.5 hybrid, whose recurrent states roll
  * back through snapshots, or restart when a rollback reaches further). */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -296,6 +297,35 @@ static void test_join_classic(dfl_engine *e) {
     CHECK(late.st.shared_forwards > 0, "join: the late sequence shared no forward");
 }
 
+/* A drafter pass is charged to a sequence by its rows' share, counted as if
+ * every sequence joined to the target had drafted beside it: in a crowd a
+ * round drafted alone is not priced at the whole pass, which each slot
+ * alone would decline though the crowd drafting together gains. */
+static void no_pass(void *ctx, dfl_side_call **cs, int k) { (void)ctx, (void)cs, (void)k; }
+
+static int near(double a, double b) { return fabs(a - b) <= 1e-9 * (fabs(b) + 1e-9); }
+
+static void test_side_charge(dfl_engine *e) {
+    dfl_target *t = e->t;
+    dfl_side_call c = {.fn = no_pass, .rows = 4};
+    dfl_target_join(t);
+    dfl_target_side_run(t, &c, t->max_rows);
+    CHECK(c.crowd == 1 && c.pass_rows == 4 && near(dfl_side_charge(&c), c.seconds),
+          "alone: crowd %d, rows %d, charged %g of %g s", c.crowd, c.pass_rows,
+          dfl_side_charge(&c), c.seconds);
+    dfl_target_join(t);
+    dfl_target_join(t);
+    dfl_target_side_run(t, &c, t->max_rows);   /* the others never come: it leads alone */
+    CHECK(c.crowd == 3 && c.pass_rows == 4 && near(dfl_side_charge(&c), c.seconds / 3),
+          "drafting alone in a crowd of 3: crowd %d, charged %g of %g s", c.crowd,
+          dfl_side_charge(&c), c.seconds);
+    for (int i = 0; i < 3; i++) dfl_target_leave(t);
+    /* a pass the crowd shared: its rows' share of what it carried */
+    dfl_side_call shared = {.rows = 4, .pass_rows = 10, .crowd = 2, .seconds = 0.02};
+    CHECK(near(dfl_side_charge(&shared), 0.008), "shared pass: charged %g s, not 0.008",
+          dfl_side_charge(&shared));
+}
+
 static void run_pair(const char *model, const char *draft, const char *name, int n_dtypes) {
     static const char *dtypes[] = {"auto", "q8_0", "q4_1"};
     if (small()) n_dtypes = 1;
@@ -315,7 +345,7 @@ static void run_pair(const char *model, const char *draft, const char *name, int
         if (rc) continue;
         printf("%s, %s\n", name, dtypes[d]);
         test_seam(e, dtypes[d]);
-        if (d == 0) test_join_classic(e), test_counts(e);
+        if (d == 0) test_join_classic(e), test_counts(e), test_side_charge(e);
         if (d != 1) test_crowd(e);
         if (d == 0) test_spec_exact(e);
         dfl_engine_free(e);

@@ -977,7 +977,7 @@ static void side_pass(void *ctx, dfl_side_call **cs, int k) {
 static void submit(dfl_drafter *d, dfl_dwork *w) {
     dcall c = {.side = {.fn = side_pass, .ctx = d, .rows = w->B > 0 ? w->B : w->n}, .w = w};
     dfl_target_side_run(d->t, &c.side, d->max_rows);
-    w->s->spent += c.side.seconds * c.side.rows / (c.side.pass_rows > 0 ? c.side.pass_rows : 1);
+    w->s->spent += dfl_side_charge(&c.side);
 }
 
 /* Rows that no later block's window reaches are never projected. */

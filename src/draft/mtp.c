@@ -273,8 +273,7 @@ static void mtp_pass(void *ctx, dfl_side_call **cs, int k) {
 static void run_call(mcall *m, int rows) {
     m->side = (dfl_side_call){.fn = mtp_pass, .ctx = m->d, .rows = rows};
     dfl_target_side_run(m->d->t, &m->side, m->d->max_rows);
-    m->s->spent += m->side.seconds * m->side.rows /
-                   (m->side.pass_rows > 0 ? m->side.pass_rows : 1);
+    m->s->spent += dfl_side_charge(&m->side);
 }
 
 /* Rows mkv->len .. len-2 now know their next token: tok[i + 1 - old]. */

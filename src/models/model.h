@@ -291,9 +291,12 @@ struct dfl_side_call {
     /* filled by the combiner */
     int done;
     int pass_rows;        /* rows of every call in the pass that ran it */
+    int crowd;            /* sequences joined to the target then */
     double seconds;       /* that pass's time */
 };
 void dfl_target_side_run(dfl_target *t, dfl_side_call *call, int max_rows);
+/* The seconds of its pass a done call's sequence is charged (see batch.c). */
+double dfl_side_charge(const dfl_side_call *call);
 void dfl_combiner_free(dfl_combiner *c);
 void dfl_target_leave(dfl_target *t);
 /* Seconds a row adds to a forward: the slope of forwards' times against their
