@@ -455,14 +455,15 @@ static void window_close(dfl_gate *g) {
     g->windows[m]++;
     if (!g->every[c]) g->every[c] = DFL_GATE_EXPLORE;
     if (!g->trying) return;
-    /* The mode behind: still behind waits twice as long, ahead resets. A busy
+    /* The mode behind: still behind waits twice as long (far behind, the
+     * longest: DFL_GATE_EXPLORE_FAR), ahead resets. A busy
      * server's crowd changes size every second or so, and each size tried on
      * its own schedule: speculation behind is behind in the larger crowds too
      * (their verify rows cost more), classic steps in the smaller ones, so
      * their tries wait as long, counted from their own last. */
     int far = m && far_behind(g, c), ahead = m ? spec_ahead(g, c) : !spec_ahead(g, c);
-    int cap = far ? DFL_GATE_EXPLORE_FAR : DFL_GATE_EXPLORE_MAX, grow = far ? 4 : 2;
-    int every = grow * g->every[c] < cap ? grow * g->every[c] : cap;
+    int every = far ? DFL_GATE_EXPLORE_FAR
+                    : 2 * g->every[c] < DFL_GATE_EXPLORE_MAX ? 2 * g->every[c] : DFL_GATE_EXPLORE_MAX;
     g->every[c] = ahead ? DFL_GATE_EXPLORE : every;
     for (int j = 0; j < DFL_GATE_CROWDS && !ahead; j++)
         if ((m ? j > c : j < c) && g->every[j] < every) g->every[j] = every;
@@ -501,16 +502,20 @@ static int spec_wanted(const dfl_gate *g, int c) {
  * windows later cost a fresh crowd of eight about 1 s of its rate at a third
  * of classic steps': 4% of a 25 s stage, where DFlash ran 0.94-0.95x.) The
  * other mode gets a window once it has not been measured for the crowd's
- * `every` windows; speculation only if spec_wanted. */
+ * `every` windows; speculation only if spec_wanted, and not while a prompt
+ * is prefilling: a span with a prefill in it is not measured, so a try
+ * there cannot end early, and one ran its whole window at 0.55x classic
+ * steps (eight clients, Zen 4). It waits for the next window. */
 static int gate_pick(dfl_gate *g, int active) {
     int c = crowd(active), best = gate_best(g, c), spec;
     g->trying = 0;
     if (best < 0) {
-        spec = !(dfl_gate_rate(g, c, 1) > 0) && dfl_gate_rate(g, c, 0) > 0 && spec_wanted(g, c);
+        spec = !(dfl_gate_rate(g, c, 1) > 0) && dfl_gate_rate(g, c, 0) > 0 &&
+               spec_wanted(g, c) && !g->prefill;
         g->trying = spec;   /* the first window of speculation is a try (above) */
     } else {
         g->trying = g->age[c][!best] >= (g->every[c] ? g->every[c] : DFL_GATE_EXPLORE);
-        if (g->trying && !best && !spec_wanted(g, c)) g->trying = 0;
+        if (g->trying && !best && (!spec_wanted(g, c) || g->prefill)) g->trying = 0;
         spec = g->trying ? !best : best;
     }
     if (spec) g->wanted[c] = 0;

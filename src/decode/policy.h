@@ -209,9 +209,10 @@ enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS +
                                    share the last) */
        DFL_GATE_EXPLORE = 5,    /* windows between tries of the mode that measured behind */
        DFL_GATE_EXPLORE_MAX = 40,    /* ... doubled after each try it loses again, up to this */
-       /* ... and up to this for speculation that lost far behind (DFL_GATE_FAR): at eight
-          clients on Zen 4 a try cost the crowd about 0.5 s of its rate, and tries every 40
-          windows cost it 1.5% (16 pairs inside one server, tau 6.5) */
+       /* ... and this after a try of speculation that lost far behind (DFL_GATE_FAR): at
+          eight clients on Zen 4 a try ran 0.6-1 s at 0.55x classic steps; tries every 40
+          windows cost the crowd 1.5%, and growing fourfold towards this, 1.4% (16 pairs
+          inside one server, tau 6.5) */
        DFL_GATE_EXPLORE_FAR = 120 };
 /* Speculation wins a crowd only when its windows measured this much ahead of
  * classic steps'. The windows leave out the prefills and the crowd's end,
@@ -222,9 +223,9 @@ enum { DFL_GATE_CROWDS = 8,     /* active counts tracked: 2 .. DFL_GATE_CROWDS +
  * classic's. */
 #define DFL_GATE_MARGIN 1.1
 /* Speculation below this share of classic steps' rate is far behind: a try
- * measuring that ends after DFL_GATE_ABORT_S, and the next waits four times as
- * long instead of twice (at 8 clients on Zen 5 a try committed about a third
- * of a classic window's tokens, and the tries cost the crowd 3-9%). */
+ * measuring that ends after DFL_GATE_ABORT_S, and the next waits
+ * DFL_GATE_EXPLORE_FAR windows (at 8 clients on Zen 5 a try committed about a
+ * third of a classic window's tokens, and the tries cost the crowd 3-9%). */
 #define DFL_GATE_FAR 0.7
 #define DFL_GATE_ABORT_S 0.5
 #define DFL_GATE_WINDOW_S 1.0   /* a window's length: about 10-30 ticks of a crowd here; the
