@@ -456,6 +456,23 @@ static void gate_far_crowds(void) {
     dfl_gate_free(&g);
 }
 
+/* dfl_gate_idle: a crowd whose sequences are not expected to draft soon,
+ * held far, or never having measured speculation while none wants it. */
+static void gate_idle(void) {
+    dfl_gate g;
+    dfl_gate_init(&g);
+    g.tok[6][0] = 200, g.sec[6][0] = 1;   /* eight: classic steps measured, nothing else */
+    CHECK(dfl_gate_idle(&g, 8) && !dfl_gate_idle(&g, 1),
+          "a crowd of eight, speculation never measured nor wanted: idle (alone never)");
+    g.wanted[6] = 1;
+    CHECK(!dfl_gate_idle(&g, 8), "... a held sequence wants to speculate: not idle");
+    g.wanted[6] = 0, g.tok[6][1] = 190, g.sec[6][1] = 1;   /* measured, behind but not far */
+    CHECK(!dfl_gate_idle(&g, 8), "... speculation measured, not far behind: not idle");
+    g.tok[6][1] = 100;
+    CHECK(dfl_gate_idle(&g, 8), "... far behind: idle");
+    dfl_gate_free(&g);
+}
+
 /* A window in which a prompt was prefilled measures its ticks after the
  * prefill: a fresh crowd's first window (classic steps), which opens with
  * the prefills, counts, and its mode does not run a second one unmeasured. */
@@ -592,6 +609,7 @@ static void gate(void) {
     gate_fresh_far();
     gate_probe_budget();
     gate_far_crowds();
+    gate_idle();
     gate_prefill_end();
     gate_gaps();
 }

@@ -491,6 +491,15 @@ static int spec_wanted(const dfl_gate *g, int c) {
     return g->wanted[c] || g->age[c][1] >= DFL_GATE_EXPLORE_MAX;
 }
 
+int dfl_gate_idle(dfl_gate *g, int active) {
+    if (active < 2) return 0;
+    int c = crowd(active), far = dfl_gate_far(g, active);
+    pthread_mutex_lock(&g->mu);
+    int idle = far || (!(dfl_gate_rate(g, c, 1) > 0) && !spec_wanted(g, c));
+    pthread_mutex_unlock(&g->mu);
+    return idle;
+}
+
 /* A window's mode: the one measured ahead. With no evidence anywhere,
  * classic steps first, then speculation once wanted (spec_wanted): a fresh
  * crowd's first window of speculation, its policies still learning the

@@ -275,6 +275,10 @@ void dfl_gate_leave(dfl_gate *g, double now);
 /* Whether crowd `active`, or a smaller one, measured speculation far behind
  * classic steps (DFL_GATE_FAR): its sequences are not expected to speculate. */
 int dfl_gate_far(dfl_gate *g, int active);
+/* Whether the sequences of crowd `active` are not expected to draft soon:
+ * it is held far (dfl_gate_far), or it never measured speculation and no
+ * sequence held to classic steps wants it (so no try is due). */
+int dfl_gate_idle(dfl_gate *g, int active);
 /* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE)? If so
  * the probe's expected cost is reserved, and dfl_gate_probe_spent settles it
  * with the seconds the probe took. */
