@@ -349,15 +349,15 @@ static void gate_margin(void) {
 
 /* Speculation far behind (4 tok/s against 40): its try ends after
  * DFL_GATE_ABORT_S and the next waits DFL_GATE_EXPLORE_FAR windows, so over
- * two minutes the crowd loses under 1% (tries growing fourfold from 20
- * windows: 3%; whole windows, twice rarer: 4.5%), and after that under 0.5%,
- * but speculation is still tried now and then. */
+ * two minutes the crowd loses 0.3% (1.0% in three tries when their distance
+ * grew fourfold from 20 windows; whole windows, twice rarer: 4.5%), and
+ * after that under 0.5%, but speculation is still tried now and then. */
 static void gate_far(void) {
     double tok[2] = {4, 1}, sec[2] = {0.1, 0.25}, now = 0, share;
     dfl_gate g;
     dfl_gate_init(&g);
     double got = gate_run(&g, &now, 120, 4, tok, sec, &share);
-    CHECK(got >= 0.99 * 40 * 120 && g.windows[1] == 1,
+    CHECK(got >= 0.995 * 40 * 120 && g.windows[1] == 1,
           "speculation far behind: %.0f tokens in 120 s, classic %.0f, %llu tries", got,
           40.0 * 120, (unsigned long long)g.windows[1]);
     uint64_t w = g.windows[1];
