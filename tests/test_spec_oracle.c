@@ -397,22 +397,27 @@ static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
     dfl_kv_free(kv);
 }
 
-/* In a crowd whose gate measured speculation far behind (held_far), a
- * prompt's rows but the newest 7 (PARK_KEEP) become a hole in a proposer
- * that can skip, and the rows parked at the end do too; with a fresh gate
- * (no evidence) every row is fed. Either way the ids are classic decode's,
- * the fed rows carry their own features (the oracle checks them bit for
- * bit), and the proposer keeps in step with the cache. */
+/* In a crowd not expected to draft soon (held_idle: its gate measured
+ * speculation far behind, or a fresh gate that measured none and that no
+ * held sequence asked for), a prompt's rows but the newest 7 (PARK_KEEP)
+ * become a hole in a proposer that can skip, and the rows parked at the end
+ * do too; where the gate measured speculation ahead every row is fed.
+ * Either way the ids are classic decode's, the fed rows carry their own
+ * features (the oracle checks them bit for bit), and the proposer keeps in
+ * step with the cache. */
 static void test_held_prompt(void) {
     int mix[] = {0}, n = 40;
-    for (int far = 0; far < 2; far++) {
+    static const char *whats[] = {"speculation ahead", "fresh gate", "held far"};
+    for (int k = 0; k < 3; k++) {
+        int hole = k > 0;
         dfl_seq q;
         oracle o;
         dfl_kv *kv = oracle_seq(&q, &o, mix, 1);
         o.base.skip = o_skip;
         dfl_gate g;
         dfl_gate_init(&g);
-        if (far) g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
+        if (k != 1) g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
+        if (k == 0) g.tok[0][0] = 1, g.tok[0][1] = 1e6;
         dfl_costs alone, crowd[DFL_LANES];
         dfl_costs_init(&alone, 16);
         for (int l = 0; l < DFL_LANES; l++) dfl_costs_init(&crowd[l], 16);
@@ -426,9 +431,9 @@ static void test_held_prompt(void) {
         dfl_target_leave(T);
         int same = rc == 0 && s.n == 4;
         for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + i];
-        const char *what = far ? "held far" : "fresh gate";
+        const char *what = whats[k];
         CHECK(same, "%s: ids differ from classic decode (%s)", what, err.msg);
-        CHECK(far ? o.fed == 7 && o.skipped == kv->len - 7 : o.fed == kv->len && !o.skipped,
+        CHECK(hole ? o.fed == 7 && o.skipped == kv->len - 7 : o.fed == kv->len && !o.skipped,
               "%s: %d rows fed, %d skipped, of %d", what, o.fed, o.skipped, kv->len);
         CHECK(o.len == kv->len && o.bad == 0, "%s: proposer %d, kv %d, %d bookkeeping failures",
               what, o.len, kv->len, o.bad);
