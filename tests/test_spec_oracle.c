@@ -416,8 +416,8 @@ static void test_held_prompt(void) {
         o.base.skip = o_skip;
         dfl_gate g;
         dfl_gate_init(&g);
-        if (k != 1) g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
-        if (k == 0) g.tok[0][0] = 1, g.tok[0][1] = 1e6;
+        double r0 = k ? 1e6 : 1, r1 = k ? 1 : 1e6;   /* classic / speculation, tok/s */
+        if (k != 1) g.tok[0][0] = r0, g.sec[0][0] = 1, g.tok[0][1] = r1, g.sec[0][1] = 1;
         dfl_costs alone, crowd[DFL_LANES];
         dfl_costs_init(&alone, 16);
         for (int l = 0; l < DFL_LANES; l++) dfl_costs_init(&crowd[l], 16);

@@ -435,11 +435,16 @@ static int far_behind(const dfl_gate *g, int c) {
 
 /* Far behind in a crowd is far behind in every larger one: their verify
  * rows cost more (window_close's schedule assumes the same). */
+static int far_upto(const dfl_gate *g, int c) {
+    for (int j = 0; j <= c; j++)
+        if (far_behind(g, j)) return 1;
+    return 0;
+}
+
 int dfl_gate_far(dfl_gate *g, int active) {
     if (active < 2) return 0;
     pthread_mutex_lock(&g->mu);
-    int far = 0;
-    for (int c = 0; c <= crowd(active) && !far; c++) far = far_behind(g, c);
+    int far = far_upto(g, crowd(active));
     pthread_mutex_unlock(&g->mu);
     return far;
 }
@@ -493,9 +498,9 @@ static int spec_wanted(const dfl_gate *g, int c) {
 
 int dfl_gate_idle(dfl_gate *g, int active) {
     if (active < 2) return 0;
-    int c = crowd(active), far = dfl_gate_far(g, active);
+    int c = crowd(active);
     pthread_mutex_lock(&g->mu);
-    int idle = far || (!(dfl_gate_rate(g, c, 1) > 0) && !spec_wanted(g, c));
+    int idle = far_upto(g, c) || (!(dfl_gate_rate(g, c, 1) > 0) && !spec_wanted(g, c));
     pthread_mutex_unlock(&g->mu);
     return idle;
 }
