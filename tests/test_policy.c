@@ -428,7 +428,7 @@ static void gate_probe_budget(void) {
     int probes = 0, asked = 0;
     double spent = 0;
     for (double now = 0; now < 60; now += 0.045, asked++)
-        if (dfl_gate_probe_ok(&g, now)) dfl_gate_probe_spent(&g, 8, 0.025), probes++, spent += 0.2;
+        if (dfl_gate_probe_ok(&g, now, 8)) dfl_gate_probe_spent(&g, 8, 0.025), probes++, spent += 0.2;
     CHECK(probes >= 1 && spent <= DFL_GATE_PROBE_SHARE * 60 + DFL_GATE_PROBE_CAP_S + 0.2,
           "held probes of 25 ms among eight: %d of %d asked in 60 s, %.2f crowd-seconds", probes,
           asked, spent);
@@ -437,8 +437,25 @@ static void gate_probe_budget(void) {
     dfl_gate_init(&g);
     probes = asked = 0;
     for (double now = 0; now < 60; now += 0.045, asked++)
-        if (dfl_gate_probe_ok(&g, now)) dfl_gate_probe_spent(&g, 8, 1e-6), probes++;
+        if (dfl_gate_probe_ok(&g, now, 8)) dfl_gate_probe_spent(&g, 8, 1e-6), probes++;
     CHECK(probes == asked, "probes of a microsecond are never refused: %d of %d", probes, asked);
+    dfl_gate_free(&g);
+}
+
+/* A crowd held far probes not at all (its tries come on the gate's own
+ * schedule); a smaller crowd, not held far, still does, and the credit the
+ * refusals left alone is still there for it. */
+static void gate_probe_far(void) {
+    dfl_gate g;
+    dfl_gate_init(&g);
+    g.tok[2][0] = 40, g.sec[2][0] = 1, g.tok[2][1] = 4, g.sec[2][1] = 1;   /* four: 4 vs 40 */
+    int refused = 0;
+    for (double now = 1; now < 30; now += 0.05) refused += !dfl_gate_probe_ok(&g, now, 4);
+    CHECK(refused == 580, "held far at four: %d of 580 probes refused", refused);
+    CHECK(dfl_gate_probe_ok(&g, 30, 3), "... at three, not held far, a probe may run");
+    dfl_gate_probe_spent(&g, 3, 0.01);
+    g.tok[2][1] = 32;   /* 32 vs 40: behind, not far */
+    CHECK(dfl_gate_probe_ok(&g, 31, 4), "at four behind but not far, a probe may run");
     dfl_gate_free(&g);
 }
 
@@ -609,6 +626,7 @@ static void gate(void) {
     gate_fresh_far();
     gate_probe_budget();
     gate_far_crowds();
+    gate_probe_far();
     gate_idle();
     gate_prefill_end();
     gate_gaps();

@@ -319,22 +319,24 @@ static void test_stops(const int32_t *prompt, int n) {
 }
 
 /* While the crowd gate holds a sequence to classic steps (a second, idle
- * sequence joined; the gate's evidence has classic far ahead), its parked
- * rows become holes in a proposer that can skip, and are fed to one that
- * cannot; either way the proposer stays in step with the cache, the ids are
- * classic decode's, and once alone again it drafts from the rows it has.
- * Held, it verifies no block, but probes on its policy's schedule (never
- * before its first token, which would wait for the drafter): drafts
- * checked against the classic steps that follow, whose evidence reaches
- * the policy it hands on (opt.carry): three in 80 tokens, an overdue one
- * at the second step, then two more (a crowd of two probes half as often
- * as a slot alone). With every draft right (all7)
- * every position probed hits; with the mix, the first probe's first draft
- * misses, the second's fourth, the third's second. */
-static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
+ * sequence joined; the gate's evidence, a crowd of three's, has classic far
+ * ahead), its parked rows become holes in a proposer that can skip, and are
+ * fed to one that cannot; either way the proposer stays in step with the
+ * cache, the ids are classic decode's, and once alone again it drafts from
+ * the rows it has. Held, it verifies no block, but probes on its policy's
+ * schedule (never before its first token, which would wait for the
+ * drafter): drafts checked against the classic steps that follow, whose
+ * evidence reaches the policy it hands on (opt.carry): three in 80 tokens,
+ * an overdue one at the second step, then two more (a crowd of two probes
+ * half as often as a slot alone). With every draft right (all7) every
+ * position probed hits; with the mix, the first probe's first draft misses,
+ * the second's fourth, the third's second. Held far (that evidence its own
+ * crowd's, of two) it does not probe at all: the gate's next try comes on
+ * its own schedule. */
+static void test_gated(const int32_t *prompt, int n, int can_skip, int all7, int far) {
     char what[64];
-    snprintf(what, sizeof what, "gated, %s, %s", can_skip ? "skipping" : "no skip",
-             all7 ? "drafts right" : "mixed drafts");
+    snprintf(what, sizeof what, "gated%s, %s, %s", far ? " far" : "",
+             can_skip ? "skipping" : "no skip", all7 ? "drafts right" : "mixed drafts");
     dfl_seq q;
     oracle o;
     int mix[] = {0, 3, 1, 7}, right[] = {7};
@@ -343,7 +345,9 @@ static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
     if (can_skip) o.base.skip = o_skip;
     dfl_gate g;
     dfl_gate_init(&g);
-    g.tok[0][0] = 1e6, g.sec[0][0] = 1, g.tok[0][1] = 1, g.sec[0][1] = 1;
+    /* far behind at three is far behind at two only if measured there */
+    int c = far ? 0 : 1;
+    g.tok[c][0] = 1e6, g.sec[c][0] = 1, g.tok[c][1] = 1, g.sec[c][1] = 1;
     g.every[0] = DFL_GATE_EXPLORE_MAX;
     dfl_costs alone, crowd[DFL_LANES];
     dfl_costs_init(&alone, 16);
@@ -364,12 +368,13 @@ static void test_gated(const int32_t *prompt, int n, int can_skip, int all7) {
     int same = rc == 0 && s.n == 80;
     for (int i = 0; same && i < s.n; i++) same &= s.ids[i] == ref[n + i];
     CHECK(same, "%s: ids differ from classic decode (%s)", what, err.msg);
-    CHECK(st.rounds == 0 && o.calls == 3, "%s: %d rounds, %d held probes", what,
+    CHECK(st.rounds == 0 && o.calls == (far ? 0 : 3), "%s: %d rounds, %d held probes", what,
           (int)st.rounds, o.calls);
     CHECK(s.calls_first == 0, "%s: %d held probes before the first token", what, s.calls_first);
     int probed = carry.tries[0] > 0 && carry.hits[0] > 0;
-    CHECK(all7 ? probed && carry.hits[6] > 0 && carry.hits[0] == carry.tries[0]
-               : probed && carry.hits[0] < carry.tries[0] && carry.tries[1] > 0,
+    CHECK(far ? carry.tries[0] == 0
+              : all7 ? probed && carry.hits[6] > 0 && carry.hits[0] == carry.tries[0]
+                     : probed && carry.hits[0] < carry.tries[0] && carry.tries[1] > 0,
           "%s: evidence tries %g %g .. %g, hits %g %g .. %g", what, carry.tries[0],
           carry.tries[1], carry.tries[6], carry.hits[0], carry.hits[1], carry.hits[6]);
     CHECK(o.len == kv->len && o.bad == 0, "%s: proposer %d, kv %d, %d bookkeeping failures",
@@ -459,7 +464,7 @@ int main(void) {
     test_forced_lengths(prompt, 6);
     test_prefix_reuse(prompt, 6);
     test_stops(prompt, 6);
-    for (int k = 0; k < 4; k++) test_gated(prompt, 6, k & 1, k >> 1);
+    for (int k = 0; k < 6; k++) test_gated(prompt, 6, k & 1, (k >> 1) & 1, k >> 2);
     test_held_prompt();
     free(ref_feat);
     /* a one-token prompt: the first round drafts with an empty context */

@@ -599,9 +599,18 @@ void dfl_gate_prefill(dfl_gate *g, double now, int delta) {
 
 /* The credit grows by the share of the time since it was last topped up,
  * from a full one at the first probe (a server's first crowd has spent
- * nothing yet). */
-int dfl_gate_probe_ok(dfl_gate *g, double now) {
+ * nothing yet). A crowd held far probes not at all: its next try of
+ * speculation comes on the gate's schedule (DFL_GATE_EXPLORE_FAR), wanted or
+ * not, so a probe's evidence would change nothing, and its drafter pass
+ * holds up the whole crowd. (At four clients, tau 6.5, on Zen 4 the probes
+ * of a held wave took 35-62 ms of its 8.5 s: the budget refills between
+ * waves, up to DFL_GATE_PROBE_CAP_S.) */
+int dfl_gate_probe_ok(dfl_gate *g, double now, int active) {
     pthread_mutex_lock(&g->mu);
+    if (active >= 2 && far_upto(g, crowd(active))) {
+        pthread_mutex_unlock(&g->mu);
+        return 0;
+    }
     double c = g->probe_t > 0 ? g->probe_credit + DFL_GATE_PROBE_SHARE * (now - g->probe_t)
                               : DFL_GATE_PROBE_CAP_S;
     g->probe_credit = c < DFL_GATE_PROBE_CAP_S ? c : DFL_GATE_PROBE_CAP_S;

@@ -279,10 +279,11 @@ int dfl_gate_far(dfl_gate *g, int active);
  * it is held far (dfl_gate_far), or it never measured speculation and no
  * sequence held to classic steps wants it (so no try is due). */
 int dfl_gate_idle(dfl_gate *g, int active);
-/* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE)? If so
- * the probe's expected cost is reserved, and dfl_gate_probe_spent settles it
- * with the seconds the probe took. */
-int dfl_gate_probe_ok(dfl_gate *g, double now);
+/* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE; never
+ * while the crowd is held far)? If so the probe's expected cost is
+ * reserved, and dfl_gate_probe_spent settles it with the seconds the probe
+ * took. */
+int dfl_gate_probe_ok(dfl_gate *g, double now, int active);
 void dfl_gate_probe_spent(dfl_gate *g, int active, double seconds);
 /* A sequence starts (+1) or ends (-1) prefilling its prompt. */
 void dfl_gate_prefill(dfl_gate *g, double now, int delta);
