@@ -428,7 +428,8 @@ static void gate_probe_budget(void) {
     int probes = 0, asked = 0;
     double spent = 0;
     for (double now = 0; now < 60; now += 0.045, asked++)
-        if (dfl_gate_probe_ok(&g, now, 8)) dfl_gate_probe_spent(&g, 8, 0.025), probes++, spent += 0.2;
+        if (dfl_gate_probe_ok(&g, now, 8))
+            dfl_gate_probe_spent(&g, 8, 0.025), probes++, spent += 0.2;
     CHECK(probes >= 1 && spent <= DFL_GATE_PROBE_SHARE * 60 + DFL_GATE_PROBE_CAP_S + 0.2,
           "held probes of 25 ms among eight: %d of %d asked in 60 s, %.2f crowd-seconds", probes,
           asked, spent);
