@@ -443,20 +443,28 @@ static void gate_probe_budget(void) {
     dfl_gate_free(&g);
 }
 
-/* A crowd held far probes not at all (its tries come on the gate's own
- * schedule); a smaller crowd, not held far, still does, and the credit the
- * refusals left alone is still there for it. */
-static void gate_probe_far(void) {
+/* A crowd held by the gate's evidence probes not at all (its tries come on
+ * the gate's own schedule): far behind, behind, or a smaller crowd whose
+ * nearest evidence is that; ahead, it probes on the credit the refusals left
+ * alone, and so does a fresh crowd (its probes are how its held sequences
+ * come to want speculation). */
+static void gate_probe_held(void) {
     dfl_gate g;
     dfl_gate_init(&g);
     g.tok[2][0] = 40, g.sec[2][0] = 1, g.tok[2][1] = 4, g.sec[2][1] = 1;   /* four: 4 vs 40 */
     int refused = 0;
     for (double now = 1; now < 30; now += 0.05) refused += !dfl_gate_probe_ok(&g, now, 4);
     CHECK(refused == 580, "held far at four: %d of 580 probes refused", refused);
-    CHECK(dfl_gate_probe_ok(&g, 30, 3), "... at three, not held far, a probe may run");
-    dfl_gate_probe_spent(&g, 3, 0.01);
+    CHECK(!dfl_gate_probe_ok(&g, 30, 3), "... at three, held by four's evidence: refused");
     g.tok[2][1] = 32;   /* 32 vs 40: behind, not far */
-    CHECK(dfl_gate_probe_ok(&g, 31, 4), "at four behind but not far, a probe may run");
+    CHECK(!dfl_gate_probe_ok(&g, 30, 4), "at four behind but not far: refused");
+    g.tok[2][1] = 48;   /* 48 vs 40: ahead */
+    CHECK(dfl_gate_probe_ok(&g, 31, 4), "ahead at four: a probe may run");
+    dfl_gate_probe_spent(&g, 4, 0.01);
+    dfl_gate_free(&g);
+    dfl_gate_init(&g);
+    g.tok[6][0] = 200, g.sec[6][0] = 1;   /* eight: classic steps measured, nothing else */
+    CHECK(dfl_gate_probe_ok(&g, 1, 8), "a fresh crowd of eight: a probe may run");
     dfl_gate_free(&g);
 }
 
@@ -475,7 +483,9 @@ static void gate_far_crowds(void) {
 }
 
 /* dfl_gate_idle: a crowd whose sequences are not expected to draft soon,
- * held far, or never having measured speculation while none wants it. */
+ * held by the gate's evidence (speculation behind or far behind, its own or
+ * its nearest crowd's), or never having measured speculation while none
+ * wants it. */
 static void gate_idle(void) {
     dfl_gate g;
     dfl_gate_init(&g);
@@ -484,8 +494,11 @@ static void gate_idle(void) {
           "a crowd of eight, speculation never measured nor wanted: idle (alone never)");
     g.wanted[6] = 1;
     CHECK(!dfl_gate_idle(&g, 8), "... a held sequence wants to speculate: not idle");
-    g.wanted[6] = 0, g.tok[6][1] = 190, g.sec[6][1] = 1;   /* measured, behind but not far */
-    CHECK(!dfl_gate_idle(&g, 8), "... speculation measured, not far behind: not idle");
+    g.wanted[6] = 0, g.tok[6][1] = 230, g.sec[6][1] = 1;   /* measured ahead */
+    CHECK(!dfl_gate_idle(&g, 8), "... speculation measured ahead: not idle");
+    g.tok[6][1] = 190;   /* behind, not far */
+    CHECK(dfl_gate_idle(&g, 8) && dfl_gate_idle(&g, 7),
+          "... behind, not far: idle, and so is seven, held by that evidence");
     g.tok[6][1] = 100;
     CHECK(dfl_gate_idle(&g, 8), "... far behind: idle");
     dfl_gate_free(&g);
@@ -627,7 +640,7 @@ static void gate(void) {
     gate_fresh_far();
     gate_probe_budget();
     gate_far_crowds();
-    gate_probe_far();
+    gate_probe_held();
     gate_idle();
     gate_prefill_end();
     gate_gaps();

@@ -665,16 +665,18 @@ int dfl_spec_generate(dfl_seq *q, const dfl_loop_opts *o, const int32_t *prompt,
     dfl_target_join(q->t);
     /* the crowd's ticks carry this prefill: the gate does not measure them */
     if (o->gate && r.spec) dfl_gate_prefill(o->gate, dfl_now(), 1);
-    /* Held far, the prompt's rows but the newest PARK_KEEP become a hole in
-     * the drafter's store, as a held sequence's parked rows do (skip_parked):
-     * feeding them was a drafter pass the whole crowd waited for, and held
-     * DFlash requests at eight clients ran 1.2% slower than classic ones in
-     * the same server, their drafter's probes already budgeted (Zen 4). So
-     * too before a crowd has tried speculation, while none of its held
-     * sequences wants it: in a fresh server's first three pairs of waves of
-     * eight clients, before the gate's first try, DFlash waves ran
-     * 0.93-0.98x classic ones, and in the first two their prompts' prefill
-     * took 12-17% longer (Zen 4). */
+    /* Held by the gate's evidence (dfl_gate_idle: speculation measured behind,
+     * so the crowd drafts only in the gate's tries), the prompt's rows but
+     * the newest PARK_KEEP become a hole in the drafter's store, as a held
+     * sequence's parked rows do (skip_parked): feeding them was a drafter
+     * pass the whole crowd waited for: held DFlash requests at eight clients
+     * ran 1.2% slower than classic ones in the same server, their drafter's
+     * probes already budgeted, and at four, held behind but not far, their
+     * prefill took 7.5% longer (Zen 4). So too before a crowd has tried
+     * speculation, while none of its held sequences wants it: in a fresh
+     * server's first three pairs of waves of eight clients, before the
+     * gate's first try, DFlash waves ran 0.93-0.98x classic ones, and in the
+     * first two their prompts' prefill took 12-17% longer (Zen 4). */
     rc = prefill(q, prompt + keep, n_prompt - 1 - keep, r.spec, hole_gate(&r), err);
     if (o->gate && r.spec) dfl_gate_prefill(o->gate, dfl_now(), -1);
     if (rc) {

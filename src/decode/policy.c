@@ -496,11 +496,18 @@ static int spec_wanted(const dfl_gate *g, int c) {
     return g->wanted[c] || g->age[c][1] >= DFL_GATE_EXPLORE_MAX;
 }
 
+/* Whether crowd c is held by evidence: speculation measured behind classic
+ * steps there or in the nearest crowd that measured both (gate_best), or
+ * far behind in a smaller one. Its sequences draft only in the gate's tries,
+ * which come on its schedule (window_close); each drafter pass between them,
+ * a prompt's feed or a held probe, is one the whole crowd waits for. */
+static int held_behind(const dfl_gate *g, int c) { return far_upto(g, c) || !gate_best(g, c); }
+
 int dfl_gate_idle(dfl_gate *g, int active) {
     if (active < 2) return 0;
     int c = crowd(active);
     pthread_mutex_lock(&g->mu);
-    int idle = far_upto(g, c) || (!(dfl_gate_rate(g, c, 1) > 0) && !spec_wanted(g, c));
+    int idle = held_behind(g, c) || (!(dfl_gate_rate(g, c, 1) > 0) && !spec_wanted(g, c));
     pthread_mutex_unlock(&g->mu);
     return idle;
 }
@@ -599,15 +606,16 @@ void dfl_gate_prefill(dfl_gate *g, double now, int delta) {
 
 /* The credit grows by the share of the time since it was last topped up,
  * from a full one at the first probe (a server's first crowd has spent
- * nothing yet). A crowd held far probes not at all: its next try of
- * speculation comes on the gate's schedule (DFL_GATE_EXPLORE_FAR), wanted or
- * not, so a probe's evidence would change nothing, and its drafter pass
- * holds up the whole crowd. (At four clients, tau 6.5, on Zen 4 the probes
- * of a held wave took 35-62 ms of its 8.5 s: the budget refills between
- * waves, up to DFL_GATE_PROBE_CAP_S.) */
+ * nothing yet). A crowd held by evidence (held_behind) probes not at all:
+ * the probes are there to let a fresh crowd's held sequences learn that
+ * they want speculation; once a try has measured it behind, its drafter
+ * passes hold up the whole crowd for evidence the next try measures anyway.
+ * (At four clients, tau 6.5, on Zen 4 the probes of a held wave took 35-62
+ * ms of its 8.5 s: the budget refills between waves, up to
+ * DFL_GATE_PROBE_CAP_S.) */
 int dfl_gate_probe_ok(dfl_gate *g, double now, int active) {
     pthread_mutex_lock(&g->mu);
-    if (active >= 2 && far_upto(g, crowd(active))) {
+    if (active >= 2 && held_behind(g, crowd(active))) {
         pthread_mutex_unlock(&g->mu);
         return 0;
     }

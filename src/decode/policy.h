@@ -276,13 +276,15 @@ void dfl_gate_leave(dfl_gate *g, double now);
  * classic steps (DFL_GATE_FAR): its sequences are not expected to speculate. */
 int dfl_gate_far(dfl_gate *g, int active);
 /* Whether the sequences of crowd `active` are not expected to draft soon:
- * it is held far (dfl_gate_far), or it never measured speculation and no
- * sequence held to classic steps wants it (so no try is due). */
+ * the gate's evidence holds it (speculation measured behind there or in the
+ * nearest crowd that measured both, or far behind in a smaller one: it
+ * drafts only in the gate's tries), or it never measured speculation and
+ * no sequence held to classic steps wants it (so no try is due). */
 int dfl_gate_idle(dfl_gate *g, int active);
 /* May a held sequence of `active` probe now (DFL_GATE_PROBE_SHARE; never
- * while the crowd is held far)? If so the probe's expected cost is
- * reserved, and dfl_gate_probe_spent settles it with the seconds the probe
- * took. */
+ * while the gate's evidence holds the crowd, as in dfl_gate_idle)? If so
+ * the probe's expected cost is reserved, and dfl_gate_probe_spent settles it
+ * with the seconds the probe took. */
 int dfl_gate_probe_ok(dfl_gate *g, double now, int active);
 void dfl_gate_probe_spent(dfl_gate *g, int active, double seconds);
 /* A sequence starts (+1) or ends (-1) prefilling its prompt. */
