@@ -302,7 +302,7 @@ static int shadow_start(run *r, dfl_policy *p, int active, dfl_error *err) {
     if (B < 2) return 0;
     dfl_gate *g = r->o->gate;
     double t0 = dfl_now();
-    /* over the crowd's budget, or held far: due again next step */
+    /* over the crowd's budget, or held by the gate's evidence: due again next step */
     if (g && !dfl_gate_probe_ok(g, t0, active)) {
         dfl_policy_skip(p);
         return 0;
